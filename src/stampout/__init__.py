@@ -1,1 +1,24 @@
-"""stampout."""
+"""stampout: capture PyTorch programs into torch.fx graphs, tracing each repeated region once."""
+
+from ._logging import configure as _configure_logging
+from .api import capture, explain, reset
+from .capture import Capture, RegionEvent, RegionStats
+from .errors import BackendError, CaptureError, GuardError, RegionError, StampoutError
+from .regions.marker import region
+
+_configure_logging()
+
+__all__ = [
+    "BackendError",
+    "Capture",
+    "CaptureError",
+    "GuardError",
+    "RegionError",
+    "RegionEvent",
+    "RegionStats",
+    "StampoutError",
+    "capture",
+    "explain",
+    "region",
+    "reset",
+]

@@ -1,0 +1,198 @@
+"""The public entry points: capture(), explain(), reset() (and compile(), in compile.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import sys
+from typing import Any, Callable, Iterator
+
+import torch
+import torch._higher_order_ops.invoke_subgraph  # noqa: F401  (the module; the package attribute is the HOP)
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .capture import Capture
+from .guards import is_constant
+from .regions.cache import RegionCache
+from .regions.call import RegionCalls
+from .regions.marker import ACTIVE, torch_marked_call
+from .sources import Absolute, Attr, Item, Source, module_path
+from .structure import flatten_inputs, to_template
+from .tracer import Tracer
+from .tracking import LISTENERS, Watch
+
+log = logging.getLogger("stampout.capture")
+torch_invoke_subgraph = sys.modules["torch._higher_order_ops.invoke_subgraph"]
+
+
+def _root_module(fn: Callable) -> torch.nn.Module | None:
+    if isinstance(fn, torch.nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def _tensor_names(fn: Callable) -> dict[int, tuple[str, Source]]:
+    """Placeholder name and source of every tensor the program can reach by name: parameters, buffers,
+    tensor attributes of modules, globals and closure cells of the function."""
+    names: dict[int, tuple[str, Source]] = {}
+
+    def add(t: Any, name: str, source: Source) -> None:
+        if isinstance(t, torch.Tensor) and id(t) not in names:
+            names[id(t)] = (name.replace(".", "_"), source)
+
+    root = _root_module(fn)
+    if root is not None:
+        self_source = Absolute(root, "self")
+        for qual, module in root.named_modules(remove_duplicate=False):
+            for key, value in module.__dict__.items():
+                if isinstance(value, torch.Tensor) and not key.startswith("__"):
+                    add(value, f"{qual}.{key}" if qual else key, module_path(self_source, f"{qual}.{key}".strip(".")))
+        for qual, p in root.named_parameters(remove_duplicate=False):
+            add(p, qual, module_path(self_source, qual))
+        for qual, b in root.named_buffers(remove_duplicate=False):
+            add(b, qual, module_path(self_source, qual))
+        fn = type(root).forward if fn is root else fn
+    func = getattr(fn, "__func__", fn)
+    g = getattr(func, "__globals__", None)
+    if g is not None:
+        g_source = Absolute(g, "globals")
+        for key, value in list(g.items()):
+            add(value, key, Item(g_source, key))
+    code = getattr(func, "__code__", None)
+    for var, cell in zip(getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ()):
+        with contextlib.suppress(ValueError):
+            add(cell.cell_contents, var, Attr(Absolute(cell, f"closure[{var!r}]"), "cell_contents"))
+    return names
+
+
+def _input_names(fn: Callable, args: tuple, labels: list[str]) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    out = []
+    for label in labels:
+        if label.startswith("args[") and params:
+            i = int(label[5:label.index("]")])
+            if i < len(params):
+                label = params[i] + label[label.index("]") + 1:]
+        name = "".join(c if c.isalnum() or c == "_" else "_" for c in label).strip("_")
+        out.append(name or "input")
+    return out
+
+
+@contextlib.contextmanager
+def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[None]:
+    """Enter the fake and torch-function modes and patch what capture needs; restore all on exit."""
+    if ACTIVE.handler is not None:
+        raise RuntimeError("stampout.capture cannot run inside another capture")
+    grad = torch.is_grad_enabled()
+    saved_placeholder = torch_invoke_subgraph.invoke_subgraph_placeholder
+    saved_listeners = (LISTENERS.read, LISTENERS.write)
+    try:
+        with tracer.fake_mode, tracer.mode:
+            ACTIVE.handler = handler
+            torch_invoke_subgraph.invoke_subgraph_placeholder = torch_marked_call
+            yield
+    finally:
+        ACTIVE.handler = None
+        torch_invoke_subgraph.invoke_subgraph_placeholder = saved_placeholder
+        LISTENERS.read, LISTENERS.write = saved_listeners
+        watch.restore()
+        torch._C._set_grad_enabled(grad)
+
+
+def capture(fn: Callable, *args: Any, _cache: RegionCache | None = None, **kwargs: Any) -> Capture:
+    """Capture `fn(*args, **kwargs)` into a `torch.fx.GraphModule`, stamping out repeated regions.
+
+    Example::
+
+        cap = stampout.capture(model, torch.randn(2, 16))
+        print(cap.gm.code)        # the graph: inputs, then parameters as placeholders
+        y = cap(torch.randn(2, 16))
+
+    Args:
+        fn: an `nn.Module` or any callable that runs torch code.
+        *args, **kwargs: example inputs; tensors become graph inputs, everything else is baked in.
+
+    Returns:
+        A `Capture`: `.gm`, `.stats`, `.events`, `.explain()`, callable like `fn`.
+
+    Raises:
+        CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`).
+    """
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    tracer = Tracer(fake_mode, _tensor_names(fn))
+    watch = Watch()
+    handler = RegionCalls(tracer, _cache if _cache is not None else RegionCache(), watch)
+    tracer.regions = handler
+
+    leaves, spec, labels = flatten_inputs(args, kwargs)
+    names = _input_names(fn.forward if isinstance(fn, torch.nn.Module) else fn, args, labels)
+    fake_leaves = list(leaves)
+    tensor_leaves = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            fake = fake_mode.from_tensor(leaf, static_shapes=True)
+            if id(fake) not in tracer.root.nodes:
+                tracer.root.placeholder(names[i], fake)
+                tensor_leaves.append(i)
+            fake_leaves[i] = fake
+    fake_args, fake_kwargs = _rebuild_inputs(args, kwargs, fake_leaves)
+
+    with _capturing(tracer, handler, watch):
+        out = fn(*fake_args, **fake_kwargs)
+        slots: list[torch.Tensor] = []
+        template = to_template(out, slots)
+        nodes = [tracer.root.node_for(t) for t in slots]
+    graph = tracer.root.graph
+    graph.output(tuple(nodes))
+    gm = torch.fx.GraphModule(tracer.root.submodules, graph, class_name="Captured")
+    gm.graph.lint()
+    stats = handler.stats
+    stats.subgraphs = len({e.subgraph for e in handler.events})
+    log.info("captured %s: %d nodes, regions: %s", getattr(fn, "__qualname__", type(fn).__name__),
+             len(graph.nodes), stats)
+    return Capture(
+        gm=gm,
+        input_spec=spec,
+        input_tensor_leaves=tensor_leaves,
+        lifted=[(t, source) for _, t, source in tracer.lifted],
+        output_template=template,
+        stats=stats,
+        events=handler.events,
+        root=_root_module(fn),
+    )
+
+
+def _rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple, dict]:
+    it = iter(leaves)
+
+    def walk(value: Any) -> Any:
+        t = type(value)
+        if t is tuple or t is list:
+            return t(walk(v) for v in value)
+        if isinstance(value, tuple) and hasattr(t, "_fields"):
+            return t(*(walk(v) for v in value))
+        if t is dict:
+            return {k: walk(v) for k, v in value.items()}
+        return next(it)
+
+    return tuple(walk(a) for a in args), {k: walk(v) for k, v in kwargs.items()}
+
+
+def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:
+    """Capture `fn(*args, **kwargs)` and return the per-region-call report; nothing is compiled."""
+    return capture(fn, *args, **kwargs).explain()
+
+
+def reset() -> None:
+    """Drop every cache stampout keeps (compiled functions keep theirs until reset)."""
+    from . import compile as compile_module
+
+    compile_module.reset_all()
+
+
+__all__ = ["capture", "explain", "reset", "is_constant"]

@@ -1,0 +1,105 @@
+"""`Capture`: a captured program — its GraphModule, how to feed it, and what happened to its regions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .errors import StampoutError, message
+from .frames import user_location
+from .runner import as_call_modules
+from .sources import MISSING, CallContext, Source
+from .structure import Template, build, flatten_inputs
+
+
+@dataclass
+class RegionStats:
+    """Region calls by outcome, and the number of distinct subgraphs."""
+
+    traces: int = 0
+    reuses: int = 0
+    dedups: int = 0
+    subgraphs: int = 0
+
+    def __str__(self) -> str:
+        return f"traces={self.traces} reuses={self.reuses} dedups={self.dedups} subgraphs={self.subgraphs}"
+
+
+@dataclass
+class RegionEvent:
+    """One region call: which region, where it was called, what happened and, on a miss, why."""
+
+    region: str
+    call_site: str
+    outcome: str  # "traced" | "reused" | "deduped"
+    reason: str = ""  # why a traced call could not reuse (the first failing check), or why it is ineligible
+    subgraph: str = ""
+    ineligible: str = ""
+
+
+@dataclass
+class Capture:
+    """A captured program. Call it like the original; `gm` is the graph it runs.
+
+    Example::
+
+        cap = stampout.capture(model, x)
+        y = cap(x)            # equals model(x), with model's live parameters
+        print(cap.stats)      # traces=1 reuses=31 dedups=0 subgraphs=1
+    """
+
+    gm: fx.GraphModule
+    input_spec: tuple
+    input_tensor_leaves: list[int]  # which flat input leaves are placeholders, in order
+    lifted: list[tuple[torch.Tensor, Source | None]]  # the other placeholders, in order
+    output_template: Template
+    stats: RegionStats = field(default_factory=RegionStats)
+    events: list[RegionEvent] = field(default_factory=list)
+    root: Any = None
+    _runner: fx.GraphModule | None = None
+
+    def placeholders_for(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+        """The real tensors for `gm`'s placeholders: the call's tensors, then live parameters and buffers."""
+        leaves, spec, labels = flatten_inputs(args, kwargs)
+        if spec != self.input_spec:
+            raise StampoutError(message(
+                "the call's input structure differs from the captured one",
+                user_location(),
+                "call with the same argument structure as at capture, or capture again",
+            ))
+        values = [leaves[i] for i in self.input_tensor_leaves]
+        for i, v in zip(self.input_tensor_leaves, values):
+            if not isinstance(v, torch.Tensor):
+                raise StampoutError(message(
+                    f"input {labels[i]} was a tensor at capture and is {type(v).__name__} now",
+                    user_location(), "pass a tensor, or capture again",
+                ))
+        ctx = CallContext([], None)
+        memo: dict[Source, Any] = {}
+        for tensor, source in self.lifted:
+            if source is None:
+                values.append(tensor)
+                continue
+            value = source.resolve(ctx, memo)
+            if not isinstance(value, torch.Tensor):
+                got = "nothing" if value is MISSING else type(value).__name__
+                raise StampoutError(message(
+                    f"{source.name()} was a tensor at capture and is {got} now",
+                    user_location(), "capture again after changing the model's structure",
+                ))
+            values.append(value)
+        return values
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._runner is None:
+            self._runner = as_call_modules(self.gm)
+        outputs = self._runner(*self.placeholders_for(args, kwargs))
+        return build(self.output_template, list(outputs))
+
+    def explain(self) -> str:
+        from .report import explain_text
+
+        return explain_text(self)

@@ -1,0 +1,48 @@
+"""Finding the user's frame: the innermost one that belongs to neither stampout nor torch."""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import FrameType
+
+import torch
+
+_OWN_DIRS = (
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+)
+_FILE_IS_OWN: dict[str, bool] = {}
+
+
+def _is_own(filename: str) -> bool:
+    own = _FILE_IS_OWN.get(filename)
+    if own is None:
+        own = _FILE_IS_OWN[filename] = filename.startswith(_OWN_DIRS) or filename.startswith("<frozen")
+    return own
+
+
+def user_frame(skip: int = 1) -> FrameType | None:
+    """The innermost frame outside stampout and torch, or None."""
+    frame = sys._getframe(skip)
+    while frame is not None and _is_own(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def user_location(skip: int = 2) -> str:
+    """`file:line in function` of the user's innermost frame ("<unknown>" if none)."""
+    frame = user_frame(skip)
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+
+def user_source_line(skip: int = 2) -> str:
+    """The text of the user's current line, for error messages."""
+    import linecache
+
+    frame = user_frame(skip)
+    if frame is None:
+        return ""
+    return linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()

@@ -1,0 +1,213 @@
+"""Guards: checks on sources, compiled into one generated predicate per reuse entry.
+
+A guard never swallows a bug: a value that is not there resolves to MISSING and fails the check;
+any other exception propagates.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from .sources import MISSING, RESOLVE_HELPERS, Absolute, CallContext, Source
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
+
+
+def is_constant(value: Any) -> bool:
+    """Values a trace may bake in as constants: scalars, dtypes, devices, enums and containers of them."""
+    if isinstance(value, _SCALARS) or isinstance(value, _ATOMS):
+        return True
+    if type(value) in (tuple, list, torch.Size, frozenset, set):
+        return all(is_constant(v) for v in value)
+    if type(value) is dict:
+        return all(is_constant(k) and is_constant(v) for k, v in value.items())
+    if type(value) in (slice, range):
+        return True
+    return False
+
+
+def const_key(value: Any) -> Any:
+    """A hashable key equal only for equal constants of the same type (`1`, `1.0`, `True` differ)."""
+    t = type(value)
+    if t is float:
+        return (t, repr(value))  # exact, and NaN equals NaN
+    if t in (tuple, list, torch.Size):
+        return (t, tuple(const_key(v) for v in value))
+    if t in (set, frozenset):
+        return (t, frozenset(const_key(v) for v in value))
+    if t is dict:
+        return (t, tuple((const_key(k), const_key(v)) for k, v in value.items()))
+    if t in (slice, range):
+        return (t, repr(value))
+    return (t, value)
+
+
+def tensor_meta(t: torch.Tensor) -> tuple:
+    """Everything about a tensor that a trace can depend on without reading its values."""
+    return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.layout, t.storage_offset())
+
+
+def hooks_key(module: torch.nn.Module) -> tuple:
+    """The hooks a module call would run (as identities)."""
+    d = module.__dict__
+    return tuple(
+        tuple(d[name].values()) if d.get(name) else ()
+        for name in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+    )
+
+
+def snapshot(obj: Any) -> Any:
+    """Constant key of an object's `__dict__`: fields compared by value, other values by identity."""
+    d = getattr(obj, "__dict__", MISSING)
+    if d is MISSING:
+        return MISSING
+    return tuple(
+        (k, const_key(v) if is_constant(v) else ("id", id(v))) for k, v in sorted(d.items(), key=lambda kv: kv[0])
+    )
+
+
+def _length(value: Any) -> Any:
+    try:
+        return len(value)
+    except TypeError:
+        return MISSING
+
+
+class Kind(enum.Enum):
+    TENSOR = "tensor metadata"
+    CONST = "constant"
+    TYPE = "class"
+    ID = "object identity"
+    HOOKS = "hooks"
+    ABSENT = "attribute absent"
+    SNAPSHOT = "object fields"
+    LEN = "length"
+
+
+# How each kind reads its value, and the expression the generated predicate tests.
+_OBSERVE: dict[Kind, Callable[[Any], Any]] = {
+    Kind.TENSOR: lambda v: tensor_meta(v) if isinstance(v, torch.Tensor) else MISSING,
+    Kind.CONST: lambda v: MISSING if v is MISSING else const_key(v),
+    Kind.TYPE: lambda v: type(v),
+    Kind.ID: lambda v: v,
+    Kind.HOOKS: lambda v: hooks_key(v) if isinstance(v, torch.nn.Module) else MISSING,
+    Kind.ABSENT: lambda v: v,
+    Kind.SNAPSHOT: snapshot,
+    Kind.LEN: _length,
+}
+_HELPERS = {
+    "_tensor_meta": tensor_meta,
+    "_const_key": const_key,
+    "_hooks_key": hooks_key,
+    "_snapshot": snapshot,
+    "_length": _length,
+    "_Tensor": torch.Tensor,
+    "_Module": torch.nn.Module,
+    **RESOLVE_HELPERS,
+}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A check that `source` still resolves to something equal to `expected` under `kind`."""
+
+    source: Source
+    kind: Kind
+    expected: Any
+    where: str = ""  # the user's file:line where the value was read
+
+    def holds(self, value: Any) -> bool:
+        if self.kind is Kind.TYPE:
+            return type(value) in self.expected
+        if self.kind in (Kind.ID, Kind.ABSENT):
+            return value is self.expected
+        return _OBSERVE[self.kind](value) == self.expected
+
+    def observe(self, value: Any) -> Any:
+        """The value as this guard compares it (for explaining a failure)."""
+        if value is MISSING:
+            return "<missing>"
+        if self.kind is Kind.TYPE:
+            return type(value).__qualname__
+        return _OBSERVE[self.kind](value)
+
+    def expected_text(self) -> Any:
+        if self.kind is Kind.TYPE:
+            return self.expected[0].__qualname__
+        if self.kind is Kind.ABSENT:
+            return "<missing>"
+        return self.expected
+
+    def condition(self, var: str, const: str) -> str:
+        k = self.kind
+        if k is Kind.TENSOR:
+            return f"(isinstance({var}, _Tensor) and _tensor_meta({var}) == {const})"
+        if k is Kind.CONST:
+            return f"({var} is not _MISSING and _const_key({var}) == {const})"
+        if k is Kind.TYPE:
+            return f"type({var}) in {const}"
+        if k in (Kind.ID, Kind.ABSENT):
+            return f"{var} is {const}"
+        if k is Kind.HOOKS:
+            return f"(isinstance({var}, _Module) and _hooks_key({var}) == {const})"
+        if k is Kind.SNAPSHOT:
+            return f"_snapshot({var}) == {const}"
+        return f"_length({var}) == {const}"
+
+
+def compile_guards(guards: list[Guard]) -> Callable[[list[Any], Any], bool]:
+    """One generated function `check(leaves, fn) -> bool` testing every guard, shared prefixes once."""
+    namespace: dict[str, Any] = dict(_HELPERS)
+    lines = ["def check(leaves, fn):"]
+    var_of: dict[Source, str] = {}
+
+    def bind(source: Source) -> str:
+        if source in var_of:
+            return var_of[source]
+        if isinstance(source, Absolute):
+            name = f"a{len(var_of)}"
+            namespace[name] = source.obj
+        else:
+            parent = source.base()
+            base_expr = bind(parent) if parent is not None else ""
+            name = f"v{len(var_of)}"
+            lines.append(f"    {name} = {source.expr(base_expr)}")
+        var_of[source] = name
+        return name
+
+    for i, guard in enumerate(guards):
+        var = bind(guard.source)
+        const = f"e{i}"
+        namespace[const] = guard.expected if guard.kind is not Kind.ABSENT else MISSING
+        lines.append(f"    if not {guard.condition(var, const)}: return False")
+    lines.append("    return True")
+    code = "\n".join(lines)
+    exec(compile(code, "<stampout guards>", "exec"), namespace)
+    check = namespace["check"]
+    check.source_code = code  # type: ignore[attr-defined]
+    return check
+
+
+def first_failure(guards: list[Guard], ctx: CallContext) -> tuple[int, Guard, Any] | None:
+    """The first guard that fails in `ctx`, with its index and the observed value; None if all hold."""
+    memo: dict[Source, Any] = {}
+    with torch._C.DisableTorchFunction():
+        for i, guard in enumerate(guards):
+            value = guard.source.resolve(ctx, memo)
+            if not guard.holds(value):
+                return i, guard, guard.observe(value)
+    return None
+
+
+def check_guards(check: Callable, ctx: CallContext) -> bool:
+    with torch._C.DisableTorchFunction():
+        return check(ctx.leaves, ctx.fn)
+
+
+__all__ = ["Guard", "Kind", "compile_guards", "first_failure", "check_guards", "const_key", "is_constant",
+           "tensor_meta", "hooks_key", "snapshot"]

@@ -1,0 +1,85 @@
+"""Reuse entries and the region cache: entries per region, subgraphs, structural dedup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch.fx as fx
+
+from ..guards import Guard, const_key, is_constant, tensor_meta
+from ..structure import Template
+
+
+@dataclass(eq=False)
+class ReuseEntry:
+    """What a traced region call leaves behind so later equivalent calls can be stamped out."""
+
+    region: str
+    fingerprint: tuple
+    guards: list[Guard]
+    check: Callable[[list[Any], Any], bool]
+    lifted: list[tuple[str, Any]]  # per subgraph placeholder: ("arg", leaf index) | ("source", Source)
+    subgraph: str
+    gm: fx.GraphModule
+    outputs: list[tuple[str, int]]  # per template slot: ("out", subgraph output) | ("in", placeholder)
+    template: Template
+    out_meta: dict[tuple, list[tuple]]  # requires_grad pattern of the inputs -> per output
+    # (shape, stride, dtype, device, requires_grad); more patterns are added as calls need them
+    rg_pattern: tuple | None = None  # set when the trace read `requires_grad`: then it must match
+    call_site: str = ""
+
+
+@dataclass
+class RegionCache:
+    """Every reuse entry and subgraph of one capture (or of one `stampout.compile`d function)."""
+
+    entries: dict[Any, list[ReuseEntry]] = field(default_factory=dict)  # code -> entries
+    by_fingerprint: dict[tuple, list[ReuseEntry]] = field(default_factory=dict)  # (code, fp) -> entries
+    hashed: dict[tuple, ReuseEntry] = field(default_factory=dict)  # (code, user hash) -> entry
+    subgraphs: dict[str, fx.GraphModule] = field(default_factory=dict)
+    by_structure: dict[tuple, str] = field(default_factory=dict)
+
+    def add(self, code: Any, entry: ReuseEntry) -> None:
+        self.entries.setdefault(code, []).append(entry)
+        self.by_fingerprint.setdefault((code, entry.fingerprint), []).append(entry)
+
+    def register(self, gm: fx.GraphModule) -> tuple[str, fx.GraphModule, bool]:
+        """Name for a traced subgraph: an existing identical one (deduped=True) or a new one."""
+        key = structure_key(gm)
+        name = self.by_structure.get(key)
+        if name is not None:
+            return name, self.subgraphs[name], True
+        name = f"subgraph_{len(self.subgraphs)}"
+        self.subgraphs[name] = gm
+        self.by_structure[key] = name
+        return name, gm, False
+
+
+def _arg_key(value: Any, index: dict[fx.Node, int]) -> Any:
+    if isinstance(value, fx.Node):
+        return ("node", index[value])
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_arg_key(v, index) for v in value))
+    if isinstance(value, dict):
+        return (dict, tuple((k, _arg_key(v, index)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return (slice, _arg_key((value.start, value.stop, value.step), index))
+    if is_constant(value):
+        return const_key(value)
+    return ("obj", type(value), repr(value))
+
+
+def structure_key(gm: fx.GraphModule) -> tuple:
+    """Equal for graphs with the same nodes, targets, constants and placeholder metadata."""
+    index: dict[fx.Node, int] = {}
+    items = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        meta = None
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            meta = tensor_meta(val)[1:] if val is not None else None
+        target = node.target if isinstance(node.target, str) else (id(node.target), str(node.target))
+        items.append((node.op, target, _arg_key(node.args, index), _arg_key(node.kwargs, index), meta))
+    return tuple(items)

@@ -1,0 +1,298 @@
+"""A region call during capture: fingerprint, look up, stamp out or trace, emit `invoke_subgraph`."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..capture import RegionEvent, RegionStats
+from ..errors import RegionError, message
+from ..frames import user_location
+from ..guards import check_guards, compile_guards, first_failure, is_constant
+from ..runner import INVOKE_SUBGRAPH
+from ..sources import CallContext
+from ..structure import build, flatten_inputs, template_constants, to_template
+from ..tracer import Builder, Tracer
+from ..tracking import LISTENERS, Watch
+from .cache import RegionCache, ReuseEntry
+from .fingerprint import describe_difference, fingerprint, requires_grad_pattern
+from .frame import RegionFrame
+from .marker import Region
+
+log = logging.getLogger("stampout.regions")
+
+
+def _identifier(text: str) -> str:
+    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or "arg"
+    return f"_{name}" if name[0].isdigit() else name
+
+
+class RegionCalls:
+    """Handles every region call of one capture."""
+
+    def __init__(self, tracer: Tracer, cache: RegionCache, watch: Watch) -> None:
+        self.tracer = tracer
+        self.cache = cache
+        self.watch = watch
+        self.frames: list[RegionFrame] = []
+        self.stats = RegionStats()
+        self.events: list[RegionEvent] = []
+        self._subgraph_names: set[str] = set()
+
+    # ---- entry point ------------------------------------------------------------------------
+    def call(self, region: Region, args: tuple, kwargs: dict) -> Any:
+        with torch._C.DisableTorchFunction():
+            leaves, spec, labels = flatten_inputs(args, kwargs)
+            fp = fingerprint(spec, leaves)
+            rg = requires_grad_pattern(leaves)
+            ctx = CallContext(leaves, region.fn)
+            site = user_location(3)
+            if region.reuse_hash_fn is None:
+                for entry in self.cache.by_fingerprint.get((region.code, fp), ()):
+                    if (entry.rg_pattern is None or entry.rg_pattern == rg) and self._holds(entry, ctx):
+                        return self._stamp(region, entry, leaves, ctx, site, rg)
+                reason = self._miss_reason(region, fp, ctx, labels)
+        if region.reuse_hash_fn is not None:
+            return self._call_hashed(region, args, kwargs, leaves, labels, fp, rg, ctx, site)
+        return self._trace(region, args, kwargs, leaves, labels, fp, rg, site, reason)
+
+    def note_autograd_read(self) -> None:
+        """The code being traced read `requires_grad` (or similar): its traces depend on it."""
+        for frame in self.frames:
+            frame.reads_requires_grad = True
+
+    def _holds(self, entry: ReuseEntry, ctx: CallContext) -> bool:
+        read, LISTENERS.read = LISTENERS.read, None
+        try:
+            return check_guards(entry.check, ctx)
+        finally:
+            LISTENERS.read = read
+
+    def _call_hashed(self, region, args, kwargs, leaves, labels, fp, rg, ctx, site) -> Any:
+        key = region.reuse_hash_fn(*args, **kwargs)
+        if type(key) is not int:
+            raise RegionError(message(
+                f"reuse_hash_fn of region {region.name} returned {key!r} ({type(key).__name__}), not an int",
+                site, "make reuse_hash_fn return an int computed from the arguments",
+            ))
+        entry = self.cache.hashed.get((region.code, key))
+        if entry is not None:
+            if entry.fingerprint != fp:
+                raise RegionError(message(
+                    f"region {region.name}: two calls with reuse_hash_fn key {key} have different inputs: "
+                    + describe_difference(entry.fingerprint, fp, labels),
+                    site, "include what differs in the hash key, or drop reuse_hash_fn",
+                ))
+            with torch._C.DisableTorchFunction():
+                return self._stamp(region, entry, leaves, ctx, site, rg)
+        return self._trace(region, args, kwargs, leaves, labels, fp, rg, site,
+                           f"first call with reuse_hash_fn key {key}", hash_key=key)
+
+    # ---- misses -----------------------------------------------------------------------------
+    def _miss_reason(self, region: Region, fp: tuple, ctx: CallContext, labels: list[str]) -> str:
+        entries = self.cache.entries.get(region.code, [])
+        if not entries:
+            return "first call"
+        same = self.cache.by_fingerprint.get((region.code, fp), [])
+        if not same:
+            return "inputs differ: " + describe_difference(entries[-1].fingerprint, fp, labels)
+        best = None
+        read, LISTENERS.read = LISTENERS.read, None
+        try:
+            for entry in same:
+                failure = first_failure(entry.guards, ctx)
+                if failure is not None and (best is None or failure[0] > best[0]):
+                    best = failure
+        finally:
+            LISTENERS.read = read
+        if best is None:
+            return "the trace read requires_grad, and which inputs require grad differs"
+        _, guard, actual = best
+        return (f"guard failed: {guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()!r}, "
+                f"got {actual!r} (read at {guard.where})")
+
+    def _check_cap(self, region: Region, reason: str, site: str) -> None:
+        count = len(self.cache.entries.get(region.code, []))
+        if count >= region.max_reuse_entries:
+            raise RegionError(message(
+                f"region {region.name} needs a new trace but already has max_reuse_entries={region.max_reuse_entries}"
+                f" entries; what keeps differing between calls: {reason}",
+                site,
+                "make the calls equivalent (pass differing values as tensors), raise max_reuse_entries, "
+                "or remove the region marker",
+            ))
+
+    # ---- tracing ------------------------------------------------------------------------------
+    def _trace(self, region, args, kwargs, leaves, labels, fp, rg, site, reason, hash_key=None) -> Any:
+        tracer = self.tracer
+        parent = tracer.builder
+        frame = RegionFrame(region.fn, leaves, labels, self.watch)
+        child = Builder(tracer, parent, frame)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:
+                child.operands.append(parent.node_for(leaf))
+                child.placeholder(_identifier(labels[i]), leaf)
+                frame.lifted.append(("arg", i))
+        tracer.builders.append(child)
+        self.frames.append(frame)
+        saved = (LISTENERS.read, LISTENERS.write)
+        LISTENERS.read, LISTENERS.write = self._on_read, self._on_write
+        try:
+            out = region.fn(*args, **kwargs)
+        finally:
+            LISTENERS.read, LISTENERS.write = saved
+            self.frames.pop()
+            tracer.builders.pop()
+
+        slots: list[torch.Tensor] = []
+        template = to_template(out, slots)
+        slot_nodes = [child.node_for(t) for t in slots]
+        placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
+        outputs: list[tuple[str, int]] = []
+        returned: list[fx.Node] = []
+        for node in slot_nodes:
+            if node in placeholders:
+                outputs.append(("in", placeholders[node]))
+            elif node in returned:
+                outputs.append(("out", returned.index(node)))
+            else:
+                outputs.append(("out", len(returned)))
+                returned.append(node)
+        child.graph.output(tuple(returned))
+        gm = fx.GraphModule(child.submodules, child.graph, class_name="Region")
+        gm.graph.lint()
+        name, gm, deduped = self.cache.register(gm)
+
+        for value in template_constants(template):
+            if not is_constant(value):
+                frame.mark_ineligible(f"returns a {type(value).__name__} (outputs must be tensors and constants)")
+        out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
+        entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
+                           out_meta, rg if frame.reads_requires_grad else None, site)
+        if not frame.ineligible:
+            if hash_key is None:
+                self._check_cap(region, reason, site)
+            entry.check = compile_guards(frame.guards)
+            self.cache.add(region.code, entry)
+            if hash_key is not None:
+                self.cache.hashed[(region.code, hash_key)] = entry
+        elif hash_key is not None:
+            raise RegionError(message(
+                f"region {region.name} has a reuse_hash_fn but its trace cannot be reused: {frame.ineligible[0]}",
+                site, "remove the side effect or the reuse_hash_fn",
+            ))
+
+        self._emit(parent, entry, child.operands, slots)
+        outcome = "deduped" if deduped else "traced"
+        if deduped:
+            self.stats.dedups += 1
+        else:
+            self.stats.traces += 1
+        self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
+        return out
+
+    def _on_read(self, obj: Any, name: str, value: Any) -> None:
+        with torch._C.DisableTorchFunction():
+            for frame in self.frames:
+                frame.on_read(obj, name, value)
+
+    def _on_write(self, obj: Any, name: str) -> None:
+        with torch._C.DisableTorchFunction():
+            for frame in self.frames:
+                frame.on_write(obj, name)
+
+    # ---- stamping -----------------------------------------------------------------------------
+    def _stamp(self, region: Region, entry: ReuseEntry, leaves: list[Any], ctx: CallContext, site: str,
+               rg: tuple) -> Any:
+        parent = self.tracer.builder
+        read, LISTENERS.read = LISTENERS.read, None
+        try:
+            memo: dict = {}
+            values = [leaves[spec] if kind == "arg" else spec.resolve(ctx, memo) for kind, spec in entry.lifted]
+        finally:
+            LISTENERS.read = read
+        for frame in self.frames:
+            frame.import_entry(entry, leaves, region.fn, values)
+        operands = [parent.node_for(v) for v in values]
+        out_meta = entry.out_meta.get(rg)
+        if out_meta is None:
+            out_meta = entry.out_meta[rg] = self._propagate(entry, values)
+        fakes = [self._fake(meta) for meta in out_meta]
+        slots = [fakes[i] if kind == "out" else values[i] for kind, i in entry.outputs]
+        self._emit(parent, entry, operands, slots)
+        self.stats.reuses += 1
+        self._record(region, site, "reused", "", entry.subgraph)
+        return build(entry.template, slots)
+
+    def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[tuple]:
+        """Output metadata of the entry's subgraph for inputs that differ only in requires_grad."""
+        inputs = [self.tracer.fake_of(v) for v in values]
+        outs = fx.Interpreter(entry.gm).run(*inputs)
+        return [_out_meta(t) for t in outs]
+
+    def _fake(self, meta: tuple) -> torch.Tensor:
+        shape, stride, dtype, device, requires_grad = meta
+        with torch._C.DisableTorchFunction():
+            elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            fake = FakeTensor(self.tracer.fake_mode, elem, device)
+            if requires_grad:
+                fake.requires_grad_(True)
+        return fake
+
+    def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], slots: list) -> list[fx.Node]:
+        """Append `invoke_subgraph(subgraph, name, *operands)` and one getitem per output to `builder`."""
+        builder.submodules[entry.subgraph] = entry.gm
+        graph = builder.graph
+        sub = graph.get_attr(entry.subgraph)
+        call = graph.call_function(INVOKE_SUBGRAPH, (sub, entry.subgraph, *operands))
+        outs = []
+        returned = [n for n in entry.gm.graph.nodes if n.op == "output"][0].args[0]
+        for i in range(len(returned)):
+            node = graph.call_function(operator.getitem, (call, i))
+            outs.append(node)
+        call.meta["stack_trace"] = f"  File {entry.call_site}\n"
+        for (kind, i), value in zip(entry.outputs, slots):
+            if kind == "out":
+                outs[i].meta["val"] = value
+                builder.bind(value, outs[i])
+        call.meta["val"] = tuple(n.meta.get("val") for n in outs)
+        return outs
+
+    def _record(self, region: Region, site: str, outcome: str, reason: str, subgraph: str,
+                ineligible: str = "") -> None:
+        event = RegionEvent(region.name, site, outcome, reason, subgraph, ineligible)
+        self.events.append(event)
+        if log.isEnabledFor(logging.DEBUG) or (outcome != "reused" and log.isEnabledFor(logging.INFO)):
+            text = f"region {region.name} at {site}: {outcome}"
+            if reason and outcome != "reused":
+                text += f" ({reason})"
+            if ineligible:
+                text += f"; not reusable: {ineligible}"
+            log.debug(text) if outcome == "reused" else log.info(text)
+
+    # ---- lifting into a region's subgraph -------------------------------------------------------
+    def lift_into_subgraph(self, builder: Builder, t: torch.Tensor) -> fx.Node:
+        frame: RegionFrame = builder.frame
+        source = frame.sources.get(id(t))
+        if source is None:
+            frame.mark_ineligible(
+                f"uses a tensor of shape {tuple(t.shape)} that is not reachable from its arguments, closures "
+                f"or globals (at {user_location(4)})"
+            )
+            label = "captured"
+        else:
+            label = source.name()
+        operand = builder.parent.node_for(t)
+        builder.operands.append(operand)
+        frame.lifted.append(("source", source))
+        return builder.placeholder(_identifier(label), t)
+
+
+def _out_meta(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)

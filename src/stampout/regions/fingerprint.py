@@ -1,0 +1,69 @@
+"""Fingerprints: the structure of a region call's inputs plus the global state a trace depends on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..guards import const_key, is_constant, tensor_meta
+from ..tracking import original_class
+
+_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
+                 "_global_backward_hooks")
+
+
+def leaf_key(leaf: Any) -> tuple:
+    if isinstance(leaf, torch.Tensor):
+        meta = tensor_meta(leaf)
+        return ("tensor", meta[:5] + meta[6:])  # requires_grad is matched separately (see RegionCalls)
+    if is_constant(leaf):
+        return ("constant", const_key(leaf))
+    if isinstance(leaf, torch.nn.Module):
+        return ("module", original_class(leaf))
+    return ("object", original_class(leaf))
+
+
+def state_key() -> tuple:
+    """Grad mode, autocast, default dtype and global module hooks: what every trace depends on."""
+    hooks = torch.nn.modules.module
+    return (
+        torch.is_grad_enabled(),
+        torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
+        torch.get_default_dtype(),
+        tuple(tuple(getattr(hooks, name).values()) for name in _GLOBAL_HOOKS),
+    )
+
+
+def fingerprint(spec: tuple, leaves: list[Any]) -> tuple:
+    return (spec, tuple(leaf_key(leaf) for leaf in leaves), state_key())
+
+
+def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
+    return tuple(leaf.requires_grad for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+
+def _show(key: tuple) -> str:
+    kind, value = key
+    if kind == "tensor":
+        _, shape, stride, dtype, device, _, _ = value
+        return f"tensor(shape={list(shape)}, stride={list(stride)}, dtype={dtype}, device={device})"
+    if kind == "constant":
+        return f"{value[1]!r} ({value[0].__name__})"
+    return f"{kind} of class {value.__qualname__}"
+
+
+def describe_difference(expected: tuple, actual: tuple, labels: list[str]) -> str:
+    """The first difference between two fingerprints, as a user would read it."""
+    if expected[0] != actual[0]:
+        return f"argument structure differs: expected {expected[0]}, got {actual[0]}"
+    for label, a, b in zip(labels, expected[1], actual[1]):
+        if a != b:
+            return f"{label}: expected {_show(a)}, got {_show(b)}"
+    names = ("grad mode", "autocast (cpu)", "autocast dtype (cpu)", "autocast (cuda)", "autocast dtype (cuda)",
+             "default dtype", "global module hooks")
+    for name, a, b in zip(names, expected[2], actual[2]):
+        if a != b:
+            return f"{name}: expected {a}, got {b}"
+    return "no difference"

@@ -1,0 +1,133 @@
+"""`stampout.region`: marking functions, methods and module instances as regions.
+
+Outside a capture a region call is a plain call. Inside one it goes to the capture's region handler,
+keyed by the innermost function's `__code__`. Functions marked with `torch.compiler.nested_compile_region`
+reach the same handler while a capture runs (see `torch_marked_call`).
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..errors import RegionError, message
+from ..frames import user_location
+
+DEFAULT_MAX_REUSE_ENTRIES = 8
+
+
+class _Active:
+    """The capture in progress, if any (one at a time per process)."""
+
+    handler: Any = None
+
+
+ACTIVE = _Active()
+
+
+@dataclass(eq=False)
+class Region:
+    """A marked function: its innermost function and its reuse settings."""
+
+    fn: Callable
+    max_reuse_entries: int = DEFAULT_MAX_REUSE_ENTRIES
+    reuse_hash_fn: Callable | None = None
+    code: types.CodeType = field(init=False)
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.code = self.fn.__code__
+        self.name = getattr(self.fn, "__qualname__", self.code.co_name)
+
+
+def _innermost(fn: Callable) -> Callable:
+    while True:
+        marked = getattr(fn, "__stampout_region__", None)
+        if marked is not None:
+            fn = marked.fn
+            continue
+        inner = getattr(fn, "__marked_compile_region_fn__", None)
+        if inner is not None:
+            fn = inner
+            continue
+        return fn
+
+
+def region(
+    fn: Callable | torch.nn.Module | None = None,
+    *,
+    max_reuse_entries: int = DEFAULT_MAX_REUSE_ENTRIES,
+    reuse_hash_fn: Callable | None = None,
+) -> Any:
+    """Mark a function, method or module instance as a region: traced once, stamped out when equivalent.
+
+    Example::
+
+        class Layer(nn.Module):
+            @stampout.region
+            def forward(self, x):
+                return torch.relu(self.lin(x))
+
+        block = stampout.region(layer)        # a module instance: its forward becomes a region
+        Layer.forward = stampout.region(Layer.forward)   # or wrap at class level
+
+    Args:
+        fn: the function, method or `nn.Module` instance.
+        max_reuse_entries: how many distinct traces one region may keep before it is an error.
+        reuse_hash_fn: called with the region's arguments; calls returning the same int share one trace.
+
+    Returns:
+        A function with the same signature (for a module instance: the instance, its forward rebound).
+    """
+    if fn is None:
+        return functools.partial(region, max_reuse_entries=max_reuse_entries, reuse_hash_fn=reuse_hash_fn)
+    if not isinstance(max_reuse_entries, int) or max_reuse_entries < 1:
+        raise RegionError(message(
+            f"max_reuse_entries must be a positive int, got {max_reuse_entries!r}",
+            user_location(), "pass max_reuse_entries=8 (the default) or another positive int",
+        ))
+    if isinstance(fn, torch.nn.Module):
+        module = fn
+        forward = region(type(module).forward, max_reuse_entries=max_reuse_entries,
+                         reuse_hash_fn=reuse_hash_fn)
+        module.forward = types.MethodType(forward, module)
+        return module
+    inner = _innermost(fn)
+    if not hasattr(inner, "__code__"):
+        raise RegionError(message(
+            f"stampout.region needs a Python function or an nn.Module, got {type(fn).__name__}",
+            user_location(), "mark the Python function (or the module) that does the work",
+        ))
+    info = Region(inner, max_reuse_entries, reuse_hash_fn)
+
+    @functools.wraps(inner)
+    def call_region(*args: Any, **kwargs: Any) -> Any:
+        handler = ACTIVE.handler
+        if handler is None:
+            return inner(*args, **kwargs)
+        return handler.call(info, args, kwargs)
+
+    call_region.__stampout_region__ = info  # type: ignore[attr-defined]
+    return call_region
+
+
+_TORCH_REGIONS: dict[Callable, Region] = {}
+
+
+def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Stands in for torch's `invoke_subgraph_placeholder` while a capture runs."""
+    handler = ACTIVE.handler
+    if handler is None:
+        return func(*args, **kwargs)
+    info = _TORCH_REGIONS.get(func)
+    if info is None:
+        info = _TORCH_REGIONS[func] = Region(
+            func,
+            getattr(func, "__marked_compile_region_max_reuse_entries__", DEFAULT_MAX_REUSE_ENTRIES),
+            getattr(func, "__marked_compile_region_reuse_hash_fn__", None),
+        )
+    return handler.call(info, args, kwargs)

@@ -1,0 +1,272 @@
+"""Sources: where a value came from, as a path a user would type (`self.layers[3].attn.eps`).
+
+A source is relative to a *call context*: the flat leaves of a region call's `(args, kwargs)` and the
+function being called (for its closure cells and globals). Stamping out a cached region call resolves
+the entry's sources against the new call's context, which is how `args[0].attn.eps` recorded on
+`layers[0]` is checked as `layers[1].attn.eps`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+MISSING = object()  # an attribute, item or cell that is not there
+
+
+class Source:
+    """A path from a call context to a value. Immutable and hashable."""
+
+    __slots__ = ("_hash",)
+
+    def key(self) -> tuple:
+        raise NotImplementedError
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = hash(self.key())
+            return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.key() == self.key()
+
+    def __repr__(self) -> str:
+        return self.name()
+
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def base(self) -> Source | None:
+        return None
+
+    def rebase(self, fn: Callable[[Source], Source | None]) -> Source | None:
+        """This path with its root replaced by `fn(root)`; None when `fn` has no answer."""
+        raise NotImplementedError
+
+    def resolve(self, ctx: CallContext, memo: dict[Source, Any]) -> Any:
+        """The value at this path in `ctx` (MISSING when a step fails), memoized by source."""
+        try:
+            return memo[self]
+        except KeyError:
+            value = memo[self] = self._step(ctx, memo)
+            return value
+
+    def _step(self, ctx: CallContext, memo: dict[Source, Any]) -> Any:
+        raise NotImplementedError
+
+    def expr(self, base_expr: str) -> str:
+        """Python expression for this step, given the expression of its base (for generated guards)."""
+        raise NotImplementedError
+
+
+class CallContext:
+    """What sources are resolved against: the flat input leaves of a call and the called function."""
+
+    __slots__ = ("leaves", "fn")
+
+    def __init__(self, leaves: list[Any], fn: Callable | None) -> None:
+        self.leaves = leaves
+        self.fn = fn
+
+
+class Arg(Source):
+    """The `index`-th flat leaf of the call's `(args, kwargs)`; `label` is how a user would write it."""
+
+    __slots__ = ("index", "label")
+
+    def __init__(self, index: int, label: str) -> None:
+        self.index = index
+        self.label = label
+
+    def key(self) -> tuple:
+        return ("arg", self.index)
+
+    def name(self) -> str:
+        return self.label
+
+    def rebase(self, fn):
+        return fn(self)
+
+    def _step(self, ctx, memo):
+        leaves = ctx.leaves
+        return leaves[self.index] if self.index < len(leaves) else MISSING
+
+    def expr(self, base_expr: str) -> str:
+        return f"_leaf(leaves, {self.index})"
+
+
+class Absolute(Source):
+    """A value held by reference (a globals dict, a closure cell, a root module)."""
+
+    __slots__ = ("obj", "label")
+
+    def __init__(self, obj: Any, label: str) -> None:
+        self.obj = obj
+        self.label = label
+
+    def key(self) -> tuple:
+        return ("abs", id(self.obj))
+
+    def name(self) -> str:
+        return self.label
+
+    def rebase(self, fn):
+        return fn(self)
+
+    def _step(self, ctx, memo):
+        return self.obj
+
+    def expr(self, base_expr: str) -> str:
+        raise AssertionError("Absolute sources are bound as constants by the guard compiler")
+
+
+class Closure(Source):
+    """Closure cell `var` (position `index`) of the called function."""
+
+    __slots__ = ("index", "var")
+
+    def __init__(self, index: int, var: str) -> None:
+        self.index = index
+        self.var = var
+
+    def key(self) -> tuple:
+        return ("closure", self.index)
+
+    def name(self) -> str:
+        return f"closure[{self.var!r}]"
+
+    def rebase(self, fn):
+        return fn(self)
+
+    def _step(self, ctx, memo):
+        return _cell(ctx.fn, self.index)
+
+    def expr(self, base_expr: str) -> str:
+        return f"_cell(fn, {self.index})"
+
+
+class Global(Source):
+    """Global `var` of the called function's module."""
+
+    __slots__ = ("var",)
+
+    def __init__(self, var: str) -> None:
+        self.var = var
+
+    def key(self) -> tuple:
+        return ("global", self.var)
+
+    def name(self) -> str:
+        return f"globals[{self.var!r}]"
+
+    def rebase(self, fn):
+        return fn(self)
+
+    def _step(self, ctx, memo):
+        return ctx.fn.__globals__.get(self.var, MISSING)
+
+    def expr(self, base_expr: str) -> str:
+        return f"fn.__globals__.get({self.var!r}, _MISSING)"
+
+
+class Attr(Source):
+    """Attribute `attr` of the base value."""
+
+    __slots__ = ("parent", "attr")
+
+    def __init__(self, parent: Source, attr: str) -> None:
+        self.parent = parent
+        self.attr = attr
+
+    def key(self) -> tuple:
+        return ("attr", self.parent.key(), self.attr)
+
+    def name(self) -> str:
+        if self.attr.isdigit():
+            return f"{self.parent.name()}[{self.attr}]"
+        return f"{self.parent.name()}.{self.attr}"
+
+    def base(self) -> Source:
+        return self.parent
+
+    def rebase(self, fn):
+        parent = self.parent.rebase(fn)
+        return None if parent is None else Attr(parent, self.attr)
+
+    def _step(self, ctx, memo):
+        obj = self.parent.resolve(ctx, memo)
+        return MISSING if obj is MISSING else getattr(obj, self.attr, MISSING)
+
+    def expr(self, base_expr: str) -> str:
+        return f"getattr({base_expr}, {self.attr!r}, _MISSING)"
+
+
+class Item(Source):
+    """Item `item` of the base container (list index or dict key)."""
+
+    __slots__ = ("parent", "item")
+
+    def __init__(self, parent: Source, item: Any) -> None:
+        self.parent = parent
+        self.item = item
+
+    def key(self) -> tuple:
+        return ("item", self.parent.key(), type(self.item), self.item)
+
+    def name(self) -> str:
+        return f"{self.parent.name()}[{self.item!r}]"
+
+    def base(self) -> Source:
+        return self.parent
+
+    def rebase(self, fn):
+        parent = self.parent.rebase(fn)
+        return None if parent is None else Item(parent, self.item)
+
+    def _step(self, ctx, memo):
+        return _item(self.parent.resolve(ctx, memo), self.item)
+
+    def expr(self, base_expr: str) -> str:
+        return f"_item({base_expr}, {self.item!r})"
+
+
+def _item(container: Any, key: Any) -> Any:
+    if container is MISSING:
+        return MISSING
+    try:
+        return container[key]
+    except (KeyError, IndexError, TypeError):
+        return MISSING
+
+
+def _cell(fn: Any, index: int) -> Any:
+    closure = getattr(fn, "__closure__", None)
+    if not closure or index >= len(closure):
+        return MISSING
+    try:
+        return closure[index].cell_contents
+    except ValueError:  # an empty cell
+        return MISSING
+
+
+def _leaf(leaves: list[Any], index: int) -> Any:
+    return leaves[index] if index < len(leaves) else MISSING
+
+
+def root_of(source: Source) -> Source:
+    while (parent := source.base()) is not None:
+        source = parent
+    return source
+
+
+def module_path(root: Source, qualified_name: str) -> Source:
+    """`self.layers.3.attn` as nested Attr sources under `root` (printed `self.layers[3].attn`)."""
+    source = root
+    if qualified_name:
+        for part in qualified_name.split("."):
+            source = Attr(source, part)
+    return source
+
+
+RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_MISSING": MISSING}

@@ -1,0 +1,111 @@
+"""Pytree structure of call inputs and outputs, without torch's (slow, global) pytree registry.
+
+Inputs are flattened into leaves plus a hashable spec for fingerprints. Outputs become a template
+that is rebuilt around new tensors: tuples, lists, dicts, namedtuples, dataclasses and Hugging Face
+`ModelOutput`s, with tensors as slots and everything else kept as it was.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+
+def _is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def flatten_inputs(args: tuple, kwargs: dict) -> tuple[list[Any], tuple, list[str]]:
+    """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels."""
+    leaves: list[Any] = []
+    labels: list[str] = []
+
+    def walk(value: Any, label: str) -> Any:
+        t = type(value)
+        if t is tuple or t is list or _is_namedtuple(value):
+            return (t, tuple(walk(v, f"{label}[{i}]") for i, v in enumerate(value)))
+        if t is dict:
+            return (t, tuple((k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()))
+        leaves.append(value)
+        labels.append(label)
+        return None
+
+    spec = (
+        tuple(walk(a, f"args[{i}]") for i, a in enumerate(args)),
+        tuple((k, walk(v, k)) for k, v in kwargs.items()),
+    )
+    return leaves, spec, labels
+
+
+# Output templates: a tree of tuples; ("slot", i) marks the i-th tensor.
+Template = tuple
+
+
+def to_template(value: Any, slots: list[torch.Tensor]) -> Template:
+    """The template of `value`, appending each tensor it holds to `slots`."""
+    if isinstance(value, torch.Tensor):
+        slots.append(value)
+        return ("slot", len(slots) - 1)
+    t = type(value)
+    if t is tuple or t is list:
+        return ("seq", t, tuple(to_template(v, slots) for v in value))
+    if _is_namedtuple(value):
+        return ("namedtuple", t, tuple(to_template(v, slots) for v in value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if isinstance(value, dict):  # transformers' ModelOutput: a dict whose set keys are its fields
+            items = tuple((k, to_template(v, slots)) for k, v in value.items())
+            return ("modeloutput", t, items)
+        fields = tuple(
+            (f.name, to_template(getattr(value, f.name), slots)) for f in dataclasses.fields(value) if f.init
+        )
+        return ("dataclass", t, fields)
+    if t is dict or t is collections.OrderedDict:
+        return ("dict", t, tuple((k, to_template(v, slots)) for k, v in value.items()))
+    return ("const", value)
+
+
+def build(template: Template, values: list[Any]) -> Any:
+    """Rebuild the structure of `template` with `values[i]` in slot i."""
+    kind = template[0]
+    if kind == "slot":
+        return values[template[1]]
+    if kind == "const":
+        return template[1]
+    t, children = template[1], template[2]
+    if kind == "seq":
+        return t(build(c, values) for c in children)
+    if kind == "namedtuple":
+        return t(*(build(c, values) for c in children))
+    if kind in ("modeloutput", "dataclass"):
+        return t(**{k: build(c, values) for k, c in children})
+    return t((k, build(c, values)) for k, c in children)
+
+
+def template_constants(template: Template) -> list[Any]:
+    """Every non-slot leaf of a template."""
+    kind = template[0]
+    if kind == "slot":
+        return []
+    if kind == "const":
+        return [template[1]]
+    out: list[Any] = []
+    for child in template[2]:
+        out.extend(template_constants(child[1] if kind in ("modeloutput", "dataclass", "dict") else child))
+    return out
+
+
+def map_template_slots(template: Template, fn: Callable[[int], Template]) -> Template:
+    """A copy of `template` with each slot i replaced by `fn(i)`."""
+    kind = template[0]
+    if kind == "slot":
+        return fn(template[1])
+    if kind == "const":
+        return template
+    keyed = kind in ("modeloutput", "dataclass", "dict")
+    children = tuple(
+        (c[0], map_template_slots(c[1], fn)) if keyed else map_template_slots(c, fn) for c in template[2]
+    )
+    return (kind, template[1], children)

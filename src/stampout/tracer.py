@@ -1,0 +1,284 @@
+"""The capture tracer: FakeTensorMode for values, a TorchFunctionMode that records torch calls as FX nodes.
+
+Python runs for real; every torch-level call reaches `Tracer.on_call`, which runs it on fake tensors and
+records a node in the graph being built. A `Builder` is one graph under construction: the outer program,
+or the subgraph of a region call being traced (its placeholders are lifted from the parent on demand).
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
+
+from .errors import CaptureError, message
+from .frames import user_frame, user_location, user_source_line
+from .sources import Source
+
+log = logging.getLogger(__name__)
+
+_T = torch.Tensor
+# Python conversions of a tensor's *value*: impossible on fake tensors.
+_DATA_DEPENDENT = {
+    _T.__bool__: "bool(tensor)",
+    _T.item: "tensor.item()",
+    _T.tolist: "tensor.tolist()",
+    _T.__int__: "int(tensor)",
+    _T.__float__: "float(tensor)",
+    _T.__index__: "using a tensor as an index",
+    _T.__complex__: "complex(tensor)",
+    _T.numpy: "tensor.numpy()",
+}
+# Reading these makes a trace depend on which inputs require grad.
+_AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.is_leaf.__get__, _T.grad_fn.__get__, _T.requires_grad_}
+_ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
+_EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
+_SET_GRAD = torch._C._set_grad_enabled
+_FIX_DATA = (
+    "keep the decision in the graph: use torch.where(cond, a, b) for values or torch.cond for branches, "
+    "or move the check outside the captured function"
+)
+
+
+def _is_property_get(func: Callable) -> bool:
+    return getattr(func, "__name__", "") == "__get__" and hasattr(func, "__self__")
+
+
+_TARGETS: dict[Any, tuple[str, Any]] = {_T.__getitem__: ("call_function", operator.getitem),
+                                        _T.__setitem__: ("call_function", operator.setitem)}
+
+
+def node_target(func: Callable) -> tuple[str, Any]:
+    """The FX op and target that replays `func`."""
+    try:
+        return _TARGETS[func]
+    except (KeyError, TypeError):
+        pass
+    name = getattr(func, "__name__", None)
+    if _is_property_get(func):
+        result = ("call_function", builtins.getattr)
+    elif name and getattr(_T, name, None) is func:
+        result = ("call_method", name)
+    else:
+        result = ("call_function", func)
+    try:
+        _TARGETS[func] = result
+    except TypeError:
+        pass
+    return result
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """`value` with every tensor inside tuples, lists and dicts replaced by `fn(tensor)`."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    t = type(value)
+    if t is tuple or t is list:
+        return t(map_tensors(v, fn) for v in value)
+    if t is dict:
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if t is slice:
+        return slice(map_tensors(value.start, fn), map_tensors(value.stop, fn), map_tensors(value.step, fn))
+    return value
+
+
+def has_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    t = type(value)
+    if t is tuple or t is list or isinstance(value, tuple):
+        return any(has_tensor(v) for v in value)
+    if t is dict:
+        return any(has_tensor(v) for v in value.values())
+    if t is slice:
+        return has_tensor(value.start) or has_tensor(value.stop) or has_tensor(value.step)
+    return False
+
+
+class Builder:
+    """One FX graph under construction, with the map from live tensors to the nodes that produce them."""
+
+    def __init__(self, tracer: Tracer, parent: Builder | None = None, frame: Any = None) -> None:
+        self.tracer = tracer
+        self.parent = parent
+        self.frame = frame  # the RegionFrame being traced into this graph (None for the outer graph)
+        self.graph = fx.Graph()
+        self.nodes: dict[int, tuple[torch.Tensor, fx.Node]] = {}
+        self._last_placeholder: fx.Node | None = None
+        self.operands: list[fx.Node] = []  # for a subgraph: the parent's node feeding each placeholder
+        self.submodules: dict[str, fx.GraphModule] = {}
+
+    def placeholder(self, name: str, value: torch.Tensor) -> fx.Node:
+        graph = self.graph
+        if self._last_placeholder is None:
+            ctx = graph.inserting_before(next(iter(graph.nodes), None)) if len(graph.nodes) else None
+        else:
+            ctx = graph.inserting_after(self._last_placeholder)
+        if ctx is None:
+            node = graph.placeholder(name)
+        else:
+            with ctx:
+                node = graph.placeholder(name)
+        self._last_placeholder = node
+        node.meta["val"] = self.tracer.fake_of(value) if not isinstance(value, FakeTensor) else value
+        self.nodes[id(value)] = (value, node)
+        return node
+
+    def node_for(self, t: torch.Tensor) -> fx.Node:
+        """The node producing `t` in this graph, lifting it as a placeholder when it comes from outside."""
+        hit = self.nodes.get(id(t))
+        if hit is not None:
+            return hit[1]
+        return self.tracer.lift(self, t)
+
+    def bind(self, value: torch.Tensor, node: fx.Node) -> None:
+        self.nodes[id(value)] = (value, node)
+
+
+class CaptureMode(PreDispatchTorchFunctionMode):
+    """Sends every torch-level call (autocast enter/exit included) to the tracer."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__(tracer)  # type: ignore[arg-type]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.tracer.on_call(func, args, kwargs or {})
+
+
+class Tracer:
+    """State of one capture: the fake mode, the stack of graphs being built, the names of lifted tensors."""
+
+    def __init__(self, fake_mode: FakeTensorMode, names: dict[int, tuple[str, Source]]) -> None:
+        self.fake_mode = fake_mode
+        self.names = names  # id(real tensor) -> (placeholder name, source from the root)
+        self.root = Builder(self)
+        self.builders: list[Builder] = [self.root]
+        self.lifted: list[tuple[fx.Node, torch.Tensor, Source | None]] = []  # outer lifted real tensors
+        self._fakes: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
+        self._autocast_nodes: list[fx.Node] = []
+        self.mode = CaptureMode(self)
+        self.regions: Any = None  # the RegionCalls handler, set by api.capture
+
+    @property
+    def builder(self) -> Builder:
+        return self.builders[-1]
+
+    # ---- values -------------------------------------------------------------------------------
+    def fake_of(self, t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, FakeTensor):
+            return t
+        hit = self._fakes.get(id(t))
+        if hit is not None:
+            return hit[1]
+        with torch._C.DisableTorchFunction():
+            fake = self.fake_mode.from_tensor(t, static_shapes=True)
+        self._fakes[id(t)] = (t, fake)
+        return fake
+
+    def lift(self, builder: Builder, t: torch.Tensor) -> fx.Node:
+        """Make `t` a placeholder of `builder` (and of every parent it has to pass through)."""
+        if builder.parent is not None:
+            return self.regions.lift_into_subgraph(builder, t)
+        if isinstance(t, FakeTensor):
+            raise CaptureError(message(
+                f"a fake tensor of shape {tuple(t.shape)} reached the graph without being recorded",
+                user_location(), "report this as a stampout bug, with the model",
+            ))
+        name, source = self.names.get(id(t), (None, None))
+        if name is None:
+            name = f"lifted_tensor_{len(self.lifted)}"
+        node = builder.placeholder(name, t)
+        self.lifted.append((node, t, source))
+        return node
+
+    # ---- the torch function hook ----------------------------------------------------------------
+    def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        what = _DATA_DEPENDENT.get(func)
+        if what is not None:
+            self._raise_data_dependent(what)
+        if func is _SET_GRAD:
+            func(*args, **kwargs)
+            self.builder.graph.call_function(_SET_GRAD, args)
+            return None
+        if func is _ENTER_AUTOCAST:
+            node = self.builder.graph.call_function(_ENTER_AUTOCAST, args)
+            self._autocast_nodes.append(node)
+            return None
+        if func is _EXIT_AUTOCAST:
+            self.builder.graph.call_function(_EXIT_AUTOCAST, (self._autocast_nodes.pop(),))
+            return None
+        if func is _T.__iter__:  # record the unbind that iteration performs
+            return iter(self.on_call(_T.unbind, (args[0], 0), {}))
+
+        tensors_in = has_tensor(args) or has_tensor(kwargs)
+        if tensors_in:
+            fake_args = map_tensors(args, self.fake_of)
+            fake_kwargs = map_tensors(kwargs, self.fake_of) if kwargs else kwargs
+        else:
+            fake_args, fake_kwargs = args, kwargs
+        try:
+            out = func(*fake_args, **fake_kwargs)
+        except DataDependentOutputException:
+            self._raise_data_dependent(f"{getattr(func, '__name__', func)} (its result depends on tensor values)")
+        except DynamicOutputShapeException:
+            self._raise_data_dependent(
+                f"{getattr(func, '__name__', func)} (its output shape depends on tensor values)"
+            )
+        if func in _AUTOGRAD_GETTERS and self.regions is not None:
+            self.regions.note_autograd_read()
+        if not has_tensor(out) and not (out is None and tensors_in and not _is_property_get(func)):
+            return out
+        self.record(func, args, kwargs, out)
+        return out
+
+    def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:
+        builder = self.builder
+        op, target = node_target(func)
+        node_args = map_tensors(args, builder.node_for)
+        node_kwargs = map_tensors(kwargs, builder.node_for) if kwargs else {}
+        if op == "call_function" and target is builtins.getattr:
+            node_args = (node_args[0], func.__self__.__name__)
+        if op == "call_method":
+            node = builder.graph.call_method(target, node_args, node_kwargs)
+        else:
+            node = builder.graph.call_function(target, node_args, node_kwargs)
+        self._annotate(node, out)
+        self.bind_outputs(builder, node, out)
+        return node
+
+    def bind_outputs(self, builder: Builder, node: fx.Node, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            builder.bind(out, node)
+        elif isinstance(out, (tuple, list)):
+            for i, item in enumerate(out):
+                if isinstance(item, torch.Tensor):
+                    item_node = builder.graph.call_function(operator.getitem, (node, i))
+                    item_node.meta["val"] = item
+                    builder.bind(item, item_node)
+
+    def _annotate(self, node: fx.Node, out: Any) -> None:
+        node.meta["val"] = out
+        frame = user_frame(3)
+        if frame is not None:
+            code = frame.f_code
+            node.meta["stack_trace"] = f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n'
+
+    def _raise_data_dependent(self, what: str) -> None:
+        line = user_source_line(3)
+        raise CaptureError(message(
+            f"data-dependent Python during capture: {what} needs a tensor's value, which is unknown while tracing"
+            + (f"\n  code: {line}" if line else ""),
+            user_location(3),
+            _FIX_DATA,
+        ))

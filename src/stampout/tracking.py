@@ -1,0 +1,147 @@
+"""Recording reads and writes of object attributes while a region is traced.
+
+Module and object attributes are invisible to a TorchFunctionMode. To guard what a region read, a watched
+object's class is swapped for a cached shim subclass (same name, no extra slots) whose `__getattribute__`,
+`__getattr__` and `__setattr__` report to the listener. `isinstance` and `super()` keep working;
+`type(obj) is Cls` does not while the capture runs. Every swap is undone when the capture ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .sources import MISSING
+
+Reader = Callable[[Any, str, Any], None]
+Writer = Callable[[Any, str], None]
+
+
+class _Listeners:
+    __slots__ = ("read", "write")
+
+    def __init__(self) -> None:
+        self.read: Reader | None = None
+        self.write: Writer | None = None
+
+
+LISTENERS = _Listeners()
+
+# Names nn.Module and Python read internally on every call; never guarded.
+_INTERNAL = (frozenset(torch.nn.Module().__dict__) - {"training"}) | {"forward"}
+_SHIMS: dict[type, type] = {}
+
+
+def _quiet(name: str) -> bool:
+    return name.startswith("__") or name in _INTERNAL
+
+
+def _make_shim(cls: type) -> type:
+    orig_getattribute = cls.__getattribute__
+    orig_getattr = getattr(cls, "__getattr__", None)
+    orig_setattr = cls.__setattr__
+    orig_delattr = cls.__delattr__
+    listeners = LISTENERS
+
+    def __getattribute__(self, name):
+        value = orig_getattribute(self, name)
+        read = listeners.read
+        if read is not None and not _quiet(name):
+            d = object.__getattribute__(self, "__dict__")
+            if name in d:
+                read(self, name, value)
+        return value
+
+    def __getattr__(self, name):
+        try:
+            if orig_getattr is None:
+                raise AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
+            value = orig_getattr(self, name)
+        except AttributeError:
+            read = listeners.read
+            if read is not None and not _quiet(name):
+                read(self, name, MISSING)
+            raise
+        read = listeners.read
+        if read is not None and not _quiet(name):
+            read(self, name, value)
+        return value
+
+    def __setattr__(self, name, value):
+        orig_setattr(self, name, value)
+        write = listeners.write
+        if write is not None and not _quiet(name):
+            write(self, name)
+
+    def __delattr__(self, name):
+        orig_delattr(self, name)
+        write = listeners.write
+        if write is not None and not _quiet(name):
+            write(self, name)
+
+    namespace = {
+        "__slots__": (),
+        "__getattribute__": __getattribute__,
+        "__getattr__": __getattr__,
+        "__setattr__": __setattr__,
+        "__delattr__": __delattr__,
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "_stampout_original": cls,
+    }
+    return type(cls)(cls.__name__, (cls,), namespace)
+
+
+def shim_class(cls: type) -> type | None:
+    """The cached tracking subclass of `cls`, or None when `cls` cannot be shimmed."""
+    shim = _SHIMS.get(cls)
+    if shim is None and cls not in _SHIMS:
+        try:
+            shim = _make_shim(cls)
+        except TypeError:
+            shim = None
+        _SHIMS[cls] = shim
+    return shim
+
+
+def original_class(obj: Any) -> type:
+    cls = type(obj)
+    return cls.__dict__.get("_stampout_original", cls)
+
+
+class Watch:
+    """The objects one capture has swapped to shim classes; `restore()` undoes every swap."""
+
+    def __init__(self) -> None:
+        self._swapped: dict[int, tuple[Any, type]] = {}
+
+    def watch(self, obj: Any) -> bool:
+        """Swap `obj` to its shim class; False when its class does not allow it."""
+        if id(obj) in self._swapped:
+            return True
+        cls = type(obj)
+        if "_stampout_original" in cls.__dict__:
+            return True
+        if not hasattr(obj, "__dict__"):
+            return False
+        shim = shim_class(cls)
+        if shim is None:
+            return False
+        try:
+            obj.__class__ = shim
+        except TypeError:
+            _SHIMS[cls] = None
+            return False
+        self._swapped[id(obj)] = (obj, cls)
+        return True
+
+    def restore(self) -> None:
+        for obj, cls in self._swapped.values():
+            _set_class(obj, cls)
+        self._swapped.clear()
+
+
+def _set_class(obj: Any, cls: type) -> None:
+    # nn.Module.__setattr__ would route `__class__` through its own logic; go straight to object's.
+    object.__setattr__(obj, "__class__", cls)
