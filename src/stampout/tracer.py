@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import (
     DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
+    unset_fake_temporarily,
 )
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
@@ -131,7 +132,7 @@ class Builder:
             with ctx:
                 node = graph.placeholder(name)
         self._last_placeholder = node
-        node.meta["val"] = self.tracer.fake_of(value) if not isinstance(value, FakeTensor) else value
+        node.meta["val"] = value if isinstance(value, FakeTensor) else self.tracer.meta_fake(value)
         self.nodes[id(value)] = (value, node)
         return node
 
@@ -184,6 +185,25 @@ class Tracer:
         with torch._C.DisableTorchFunction():
             fake = self.fake_mode.from_tensor(t, static_shapes=True)
         self._fakes[id(t)] = (t, fake)
+        return fake
+
+    def meta_fake(self, t: torch.Tensor) -> FakeTensor:
+        """A fake with `t`'s metadata for a placeholder's `meta['val']`: the memoized one, or a cheap new one
+        (`from_tensor` costs ~70 us; a stamped region lifts many parameters that no traced op ever reads)."""
+        hit = self._fakes.get(id(t))
+        if hit is not None:
+            return hit[1]
+        with torch._C.DisableTorchFunction():
+            return self.new_fake(tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+
+    def new_fake(self, shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device,
+                 requires_grad: bool) -> FakeTensor:
+        """A fake tensor from known metadata, built with the fake mode unset (~10 us instead of ~170 us)."""
+        with unset_fake_temporarily():
+            elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            fake = FakeTensor(self.fake_mode, elem, device)
+            if requires_grad:
+                fake.requires_grad_(True)
         return fake
 
     def lift(self, builder: Builder, t: torch.Tensor) -> fx.Node:

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
 
 from ..capture import RegionEvent, RegionStats
 from ..errors import RegionError, message
@@ -237,13 +236,7 @@ class RegionCalls:
         return [_out_meta(t) for t in outs]
 
     def _fake(self, meta: tuple) -> torch.Tensor:
-        shape, stride, dtype, device, requires_grad = meta
-        with torch._C.DisableTorchFunction():
-            elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-            fake = FakeTensor(self.tracer.fake_mode, elem, device)
-            if requires_grad:
-                fake.requires_grad_(True)
-        return fake
+        return self.tracer.new_fake(*meta)
 
     def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], slots: list) -> list[fx.Node]:
         """Append `invoke_subgraph(subgraph, name, *operands)` and one getitem per output to `builder`."""
