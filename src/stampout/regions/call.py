@@ -131,13 +131,14 @@ class RegionCalls:
     def _trace(self, region, args, kwargs, leaves, labels, fp, rg, site, reason, hash_key=None) -> Any:
         tracer = self.tracer
         parent = tracer.builder
-        frame = RegionFrame(region.fn, leaves, labels, self.watch)
-        child = Builder(tracer, parent, frame)
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:
-                child.operands.append(parent.node_for(leaf))
-                child.placeholder(_identifier(labels[i]), leaf)
-                frame.lifted.append(("arg", i))
+        with torch._C.DisableTorchFunction():
+            frame = RegionFrame(region.fn, leaves, labels, self.watch)
+            child = Builder(tracer, parent, frame)
+            for i, leaf in enumerate(leaves):
+                if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:
+                    child.operands.append(parent.node_for(leaf))
+                    child.placeholder(_identifier(labels[i]), leaf)
+                    frame.lifted.append(("arg", i))
         tracer.builders.append(child)
         self.frames.append(frame)
         saved = (LISTENERS.read, LISTENERS.write)
@@ -148,7 +149,12 @@ class RegionCalls:
             LISTENERS.read, LISTENERS.write = saved
             self.frames.pop()
             tracer.builders.pop()
+        with torch._C.DisableTorchFunction():
+            self._finish_trace(region, frame, child, parent, out, fp, rg, site, reason, hash_key)
+        return out
 
+    def _finish_trace(self, region, frame, child, parent, out, fp, rg, site, reason, hash_key) -> None:
+        """Close the subgraph, dedup it, make the reuse entry and emit the call into the parent graph."""
         slots: list[torch.Tensor] = []
         template = to_template(out, slots)
         slot_nodes = [child.node_for(t) for t in slots]
@@ -194,7 +200,6 @@ class RegionCalls:
         else:
             self.stats.traces += 1
         self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
-        return out
 
     def _on_read(self, obj: Any, name: str, value: Any) -> None:
         with torch._C.DisableTorchFunction():

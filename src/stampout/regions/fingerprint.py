@@ -37,7 +37,10 @@ def state_key() -> tuple:
 
 
 def fingerprint(spec: tuple, leaves: list[Any]) -> tuple:
-    return (spec, tuple(leaf_key(leaf) for leaf in leaves), state_key())
+    """Input structure, leaf kinds and metadata, which leaves are the same object, and global state."""
+    first: dict[int, int] = {}
+    aliases = tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
+    return (spec, tuple(leaf_key(leaf) for leaf in leaves), state_key(), aliases)
 
 
 def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
@@ -61,6 +64,8 @@ def describe_difference(expected: tuple, actual: tuple, labels: list[str]) -> st
     for label, a, b in zip(labels, expected[1], actual[1]):
         if a != b:
             return f"{label}: expected {_show(a)}, got {_show(b)}"
+    if expected[3] != actual[3]:
+        return f"which arguments are the same object differs: expected {expected[3]}, got {actual[3]}"
     names = ("grad mode", "autocast (cpu)", "autocast dtype (cpu)", "autocast (cuda)", "autocast dtype (cuda)",
              "default dtype", "global module hooks")
     for name, a, b in zip(names, expected[2], actual[2]):
