@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch._higher_order_ops.invoke_subgraph  # noqa: F401  (the module; the package attribute is the HOP)
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .capture import Capture
 from .guards import is_constant
@@ -33,38 +34,53 @@ def _root_module(fn: Callable) -> torch.nn.Module | None:
     return owner if isinstance(owner, torch.nn.Module) else None
 
 
-def _tensor_names(fn: Callable) -> dict[int, tuple[str, Source]]:
-    """Placeholder name and source of every tensor the program can reach by name: parameters, buffers,
-    tensor attributes of modules, globals and closure cells of the function."""
-    names: dict[int, tuple[str, Source]] = {}
+class TensorNames:
+    """Placeholder name and source of each tensor the program can reach by name: parameters, buffers and
+    tensor attributes of the root module's tree, globals and closure cells of the function. The walk
+    only records qualified names; sources are built for the few tensors that get lifted."""
 
-    def add(t: Any, name: str, source: Source) -> None:
-        if isinstance(t, torch.Tensor) and id(t) not in names:
-            names[id(t)] = (name.replace(".", "_"), source)
+    def __init__(self, fn: Callable) -> None:
+        self._found: dict[int, tuple[str, Any, Any]] = {}  # id -> (qualified name, kind, root object)
+        root = _root_module(fn)
+        if root is not None:
+            self._walk(root, "", root)
+            fn = type(root).forward if fn is root else fn
+        func = getattr(fn, "__func__", fn)
+        for key, value in list((getattr(func, "__globals__", None) or {}).items()):
+            self._add(value, key, "global", func.__globals__)
+        code = getattr(func, "__code__", None)
+        for var, cell in zip(getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ()):
+            with contextlib.suppress(ValueError):
+                self._add(cell.cell_contents, var, "closure", cell)
 
-    root = _root_module(fn)
-    if root is not None:
-        self_source = Absolute(root, "self")
-        for qual, module in root.named_modules(remove_duplicate=False):
-            for key, value in module.__dict__.items():
-                if isinstance(value, torch.Tensor) and not key.startswith("__"):
-                    add(value, f"{qual}.{key}" if qual else key, module_path(self_source, f"{qual}.{key}".strip(".")))
-        for qual, p in root.named_parameters(remove_duplicate=False):
-            add(p, qual, module_path(self_source, qual))
-        for qual, b in root.named_buffers(remove_duplicate=False):
-            add(b, qual, module_path(self_source, qual))
-        fn = type(root).forward if fn is root else fn
-    func = getattr(fn, "__func__", fn)
-    g = getattr(func, "__globals__", None)
-    if g is not None:
-        g_source = Absolute(g, "globals")
-        for key, value in list(g.items()):
-            add(value, key, Item(g_source, key))
-    code = getattr(func, "__code__", None)
-    for var, cell in zip(getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ()):
-        with contextlib.suppress(ValueError):
-            add(cell.cell_contents, var, Attr(Absolute(cell, f"closure[{var!r}]"), "cell_contents"))
-    return names
+    def _add(self, value: Any, name: str, kind: str, root: Any) -> None:
+        if isinstance(value, torch.Tensor) and id(value) not in self._found:
+            self._found[id(value)] = (name, kind, root)
+
+    def _walk(self, module: torch.nn.Module, prefix: str, root: torch.nn.Module) -> None:
+        d = module.__dict__
+        for group in (d.get("_parameters", {}), d.get("_buffers", {})):
+            for key, value in group.items():
+                self._add(value, prefix + key, "module", root)
+        for key, value in d.items():
+            if isinstance(value, torch.Tensor) and not key.startswith("__"):
+                self._add(value, prefix + key, "module", root)
+        for key, child in d.get("_modules", {}).items():
+            if child is not None:
+                self._walk(child, f"{prefix}{key}.", root)
+
+    def get(self, t: torch.Tensor) -> tuple[str, Source] | None:
+        found = self._found.get(id(t))
+        if found is None:
+            return None
+        name, kind, root = found
+        if kind == "module":
+            source = module_path(Absolute(root, "self"), name)
+        elif kind == "global":
+            source = Item(Absolute(root, "globals"), name)
+        else:
+            source = Attr(Absolute(root, f"closure[{name!r}]"), "cell_contents")
+        return name.replace(".", "_"), source
 
 
 def _input_names(fn: Callable, args: tuple, labels: list[str]) -> list[str]:
@@ -124,7 +140,7 @@ def capture(fn: Callable, *args: Any, _cache: RegionCache | None = None, **kwarg
         CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`).
     """
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-    tracer = Tracer(fake_mode, _tensor_names(fn))
+    tracer = Tracer(fake_mode, TensorNames(fn))
     watch = Watch()
     handler = RegionCalls(tracer, _cache if _cache is not None else RegionCache(), watch)
     tracer.regions = handler
@@ -149,8 +165,7 @@ def capture(fn: Callable, *args: Any, _cache: RegionCache | None = None, **kwarg
         nodes = [tracer.root.node_for(t) for t in slots]
     graph = tracer.root.graph
     graph.output(tuple(nodes))
-    gm = torch.fx.GraphModule(tracer.root.submodules, graph, class_name="Captured")
-    gm.graph.lint()
+    gm = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
     stats = handler.stats
     stats.subgraphs = len({e.subgraph for e in handler.events})
     log.info("captured %s: %d nodes, regions: %s", getattr(fn, "__qualname__", type(fn).__name__),

@@ -160,9 +160,9 @@ class CaptureMode(PreDispatchTorchFunctionMode):
 class Tracer:
     """State of one capture: the fake mode, the stack of graphs being built, the names of lifted tensors."""
 
-    def __init__(self, fake_mode: FakeTensorMode, names: dict[int, tuple[str, Source]]) -> None:
+    def __init__(self, fake_mode: FakeTensorMode, names: Any) -> None:
         self.fake_mode = fake_mode
-        self.names = names  # id(real tensor) -> (placeholder name, source from the root)
+        self.names = names  # .get(real tensor) -> (placeholder name, source from the root) | None
         self.root = Builder(self)
         self.builders: list[Builder] = [self.root]
         self.lifted: list[tuple[fx.Node, torch.Tensor, Source | None]] = []  # outer lifted real tensors
@@ -215,9 +215,7 @@ class Tracer:
                 f"a fake tensor of shape {tuple(t.shape)} reached the graph without being recorded",
                 user_location(), "report this as a stampout bug, with the model",
             ))
-        name, source = self.names.get(id(t), (None, None))
-        if name is None:
-            name = f"lifted_tensor_{len(self.lifted)}"
+        name, source = self.names.get(t) or (f"lifted_tensor_{len(self.lifted)}", None)
         node = builder.placeholder(name, t)
         self.lifted.append((node, t, source))
         return node

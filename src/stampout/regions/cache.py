@@ -26,6 +26,7 @@ class ReuseEntry:
     template: Template
     out_meta: dict[tuple, list[tuple]]  # requires_grad pattern of the inputs -> per output
     # (shape, stride, dtype, device, requires_grad); more patterns are added as calls need them
+    n_outputs: int
     rg_pattern: tuple | None = None  # set when the trace read `requires_grad`: then it must match
     call_site: str = ""
 

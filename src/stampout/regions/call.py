@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..capture import RegionEvent, RegionStats
 from ..errors import RegionError, message
@@ -170,8 +171,7 @@ class RegionCalls:
                 outputs.append(("out", len(returned)))
                 returned.append(node)
         child.graph.output(tuple(returned))
-        gm = fx.GraphModule(child.submodules, child.graph, class_name="Region")
-        gm.graph.lint()
+        gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
         name, gm, deduped = self.cache.register(gm)
 
         for value in template_constants(template):
@@ -179,7 +179,7 @@ class RegionCalls:
                 frame.mark_ineligible(f"returns a {type(value).__name__} (outputs must be tensors and constants)")
         out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
         entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
-                           out_meta, rg if frame.reads_requires_grad else None, site)
+                           out_meta, len(returned), rg if frame.reads_requires_grad else None, site)
         if not frame.ineligible:
             if hash_key is None:
                 self._check_cap(region, reason, site)
@@ -249,11 +249,7 @@ class RegionCalls:
         graph = builder.graph
         sub = graph.get_attr(entry.subgraph)
         call = graph.call_function(INVOKE_SUBGRAPH, (sub, entry.subgraph, *operands))
-        outs = []
-        returned = [n for n in entry.gm.graph.nodes if n.op == "output"][0].args[0]
-        for i in range(len(returned)):
-            node = graph.call_function(operator.getitem, (call, i))
-            outs.append(node)
+        outs = [graph.call_function(operator.getitem, (call, i)) for i in range(entry.n_outputs)]
         call.meta["stack_trace"] = f"  File {entry.call_site}\n"
         for (kind, i), value in zip(entry.outputs, slots):
             if kind == "out":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import types
 from typing import Any, Callable
 
@@ -11,6 +12,7 @@ from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_constant, snapshot, tensor_meta
 from ..sources import MISSING, Absolute, Arg, Attr, Closure, Global, Item, Source
 from ..tracking import Watch, original_class, shim_class
+from .marker import innermost
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
@@ -48,6 +50,7 @@ class RegionFrame:
         self._guarded: set[tuple[Source, Kind]] = set()
         self.ineligible: list[str] = []
         self.reads_requires_grad = False
+        self._functions: set[types.CodeType] = set()  # functions whose globals and cells are guarded
         self.lifted: list[tuple[str, Any]] = []  # ("arg", leaf index) | ("source", Source | None)
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
@@ -82,6 +85,9 @@ class RegionFrame:
             self.guard(source, Kind.HOOKS, hooks_key(value), where)
             self._name(value, source)
             self.watch.watch(value)
+            forward = innermost(getattr(original_class(value), "forward", None))
+            if isinstance(forward, types.FunctionType) and _is_user_code(forward):
+                self._adopt_function(forward, Absolute(forward, forward.__qualname__), depth=1)
             if isinstance(value, _CONTAINERS):
                 self._adopt_children(value, source, where)
         elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
@@ -108,8 +114,9 @@ class RegionFrame:
     def _adopt_function(self, fn: Callable, as_source: Source | None, depth: int) -> None:
         """Guard the closure cells and globals a function (and functions it names) may read."""
         code = getattr(fn, "__code__", None)
-        if code is None:
+        if code is None or (as_source is not None and code in self._functions):
             return
+        self._functions.add(code)
         closure = getattr(fn, "__closure__", None) or ()
         for i, var in enumerate(code.co_freevars):
             try:
@@ -176,8 +183,8 @@ class RegionFrame:
                     self._name(value, source)
 
 
-_TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 
 
 def _is_user_code(fn: types.FunctionType) -> bool:
-    return not fn.__code__.co_filename.startswith(_TORCH_DIR)
+    return not fn.__code__.co_filename.startswith(_LIBRARY_DIRS)

@@ -44,7 +44,8 @@ class Region:
         self.name = getattr(self.fn, "__qualname__", self.code.co_name)
 
 
-def _innermost(fn: Callable) -> Callable:
+def innermost(fn: Any) -> Any:
+    """The function under any stampout or torch region wrappers."""
     while True:
         marked = getattr(fn, "__stampout_region__", None)
         if marked is not None:
@@ -96,7 +97,7 @@ def region(
                          reuse_hash_fn=reuse_hash_fn)
         module.forward = types.MethodType(forward, module)
         return module
-    inner = _innermost(fn)
+    inner = innermost(fn)
     if not hasattr(inner, "__code__"):
         raise RegionError(message(
             f"stampout.region needs a Python function or an nn.Module, got {type(fn).__name__}",
