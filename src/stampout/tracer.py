@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import logging
 import operator
+import re
 from typing import Any, Callable
 
 import torch
@@ -50,6 +51,12 @@ _FIX_DATA = (
     "keep the decision in the graph: use torch.where(cond, a, b) for values or torch.cond for branches, "
     "or move the check outside the captured function"
 )
+
+
+def identifier(text: str) -> str:
+    """A valid Python identifier for a placeholder named after `text` (`layers.0.weight` -> layers_0_weight)."""
+    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or "input"
+    return f"_{name}" if name[0].isdigit() else name
 
 
 def _is_property_get(func: Callable) -> bool:
@@ -216,7 +223,7 @@ class Tracer:
                 user_location(), "report this as a stampout bug, with the model",
             ))
         name, source = self.names.get(t) or (f"lifted_tensor_{len(self.lifted)}", None)
-        node = builder.placeholder(name, t)
+        node = builder.placeholder(identifier(name), t)
         self.lifted.append((node, t, source))
         return node
 

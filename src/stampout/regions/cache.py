@@ -80,7 +80,8 @@ def structure_key(gm: fx.GraphModule) -> tuple:
         meta = None
         if node.op == "placeholder":
             val = node.meta.get("val")
-            meta = tensor_meta(val)[1:] if val is not None else None
+            # requires_grad is left out: like reuse, dedup holds across which inputs require grad
+            meta = tensor_meta(val)[1:5] + tensor_meta(val)[6:] if val is not None else None
         target = node.target if isinstance(node.target, str) else (id(node.target), str(node.target))
         items.append((node.op, target, _arg_key(node.args, index), _arg_key(node.kwargs, index), meta))
     return tuple(items)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import re
 from typing import Any
 
 import torch
@@ -18,7 +17,7 @@ from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..runner import INVOKE_SUBGRAPH
 from ..sources import CallContext
 from ..structure import build, flatten_inputs, template_constants, to_template
-from ..tracer import Builder, Tracer
+from ..tracer import Builder, Tracer, identifier
 from ..tracking import LISTENERS, Watch
 from .cache import RegionCache, ReuseEntry
 from .fingerprint import describe_difference, fingerprint, requires_grad_pattern
@@ -26,11 +25,6 @@ from .frame import RegionFrame
 from .marker import Region
 
 log = logging.getLogger("stampout.regions")
-
-
-def _identifier(text: str) -> str:
-    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or "arg"
-    return f"_{name}" if name[0].isdigit() else name
 
 
 class RegionCalls:
@@ -138,7 +132,7 @@ class RegionCalls:
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:
                     child.operands.append(parent.node_for(leaf))
-                    child.placeholder(_identifier(labels[i]), leaf)
+                    child.placeholder(identifier(labels[i]), leaf)
                     frame.lifted.append(("arg", i))
         tracer.builders.append(child)
         self.frames.append(frame)
@@ -285,7 +279,7 @@ class RegionCalls:
         operand = builder.parent.node_for(t)
         builder.operands.append(operand)
         frame.lifted.append(("source", source))
-        return builder.placeholder(_identifier(label), t)
+        return builder.placeholder(identifier(label), t)
 
 
 def _out_meta(t: torch.Tensor) -> tuple:
