@@ -9,6 +9,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 import torch
+import torch._export.utils  # noqa: F401
 import torch._higher_order_ops.invoke_subgraph  # noqa: F401  (the module; the package attribute is the HOP)
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
@@ -20,11 +21,12 @@ from .regions.call import RegionCalls
 from .regions.marker import ACTIVE, torch_marked_call
 from .sources import Absolute, Attr, Item, Source, module_path
 from .structure import flatten_inputs, to_template
-from .tracer import Tracer
+from .tracer import CaptureMode, Tracer
 from .tracking import LISTENERS, Watch
 
 log = logging.getLogger("stampout.capture")
 torch_invoke_subgraph = sys.modules["torch._higher_order_ops.invoke_subgraph"]
+torch_export_utils = sys.modules["torch._export.utils"]
 
 
 def _root_module(fn: Callable) -> torch.nn.Module | None:
@@ -99,6 +101,19 @@ def _input_names(fn: Callable, args: tuple, labels: list[str]) -> list[str]:
     return out
 
 
+def _our_mode_for_vmap(original: Callable) -> Callable:
+    """vmap routes its batching calls through a pre-dispatch mode only under export; do it under capture too."""
+
+    def find() -> Any:
+        if torch._C._is_torch_function_mode_enabled():
+            for mode in torch.overrides._get_current_function_mode_stack():
+                if isinstance(mode, CaptureMode):
+                    return mode
+        return original()
+
+    return find
+
+
 @contextlib.contextmanager
 def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[None]:
     """Enter the fake and torch-function modes and patch what capture needs; restore all on exit."""
@@ -106,15 +121,18 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[N
         raise RuntimeError("stampout.capture cannot run inside another capture")
     grad = torch.is_grad_enabled()
     saved_placeholder = torch_invoke_subgraph.invoke_subgraph_placeholder
+    saved_finder = torch_export_utils._maybe_find_pre_dispatch_tf_mode_for_export
     saved_listeners = (LISTENERS.read, LISTENERS.write)
     try:
         with tracer.fake_mode, tracer.mode:
             ACTIVE.handler = handler
             torch_invoke_subgraph.invoke_subgraph_placeholder = torch_marked_call
+            torch_export_utils._maybe_find_pre_dispatch_tf_mode_for_export = _our_mode_for_vmap(saved_finder)
             yield
     finally:
         ACTIVE.handler = None
         torch_invoke_subgraph.invoke_subgraph_placeholder = saved_placeholder
+        torch_export_utils._maybe_find_pre_dispatch_tf_mode_for_export = saved_finder
         LISTENERS.read, LISTENERS.write = saved_listeners
         watch.restore()
         torch._C._set_grad_enabled(grad)

@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
 from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
+from .guards import is_constant
 from .sources import Source
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,38 @@ _AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.is_leaf.__get__, _T.grad_fn.__
 _ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
 _EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
 _SET_GRAD = torch._C._set_grad_enabled
+# vmap's nesting bookkeeping: replayed in the graph for its effect, its int result baked in.
+_FUNCTORCH_STATE = {
+    torch._functorch.predispatch._vmap_increment_nesting,
+    torch._functorch.predispatch._vmap_decrement_nesting,
+    torch._functorch.predispatch.lazy_load_decompositions,
+}
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _FIX_DATA = (
     "keep the decision in the graph: use torch.where(cond, a, b) for values or torch.cond for branches, "
     "or move the check outside the captured function"
 )
+
+
+def _is_op(value: Any) -> bool:
+    return isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
+
+
+def _method_names() -> dict[Any, str]:
+    """Tensor methods defined in Python under another name (`__pow__` is `torch._tensor.pow`)."""
+    names: dict[Any, str] = {}
+    for cls in (torch._C.TensorBase, _T):
+        for name, value in vars(cls).items():
+            for fn in (value, getattr(value, "__wrapped__", None)):
+                try:
+                    if callable(fn) and fn not in names:
+                        names[fn] = name
+                except TypeError:
+                    pass
+    return names
+
+
+_METHOD_NAMES = _method_names()
 
 
 def identifier(text: str) -> str:
@@ -73,10 +102,10 @@ def node_target(func: Callable) -> tuple[str, Any]:
         return _TARGETS[func]
     except (KeyError, TypeError):
         pass
-    name = getattr(func, "__name__", None)
+    name = _METHOD_NAMES.get(func) or getattr(func, "__name__", None)
     if _is_property_get(func):
         result = ("call_function", builtins.getattr)
-    elif name and getattr(_T, name, None) is func:
+    elif name and (getattr(_T, name, None) is func or _METHOD_NAMES.get(func) == name):
         result = ("call_method", name)
     else:
         result = ("call_function", func)
@@ -125,7 +154,28 @@ class Builder:
         self.nodes: dict[int, tuple[torch.Tensor, fx.Node]] = {}
         self._last_placeholder: fx.Node | None = None
         self.operands: list[fx.Node] = []  # for a subgraph: the parent's node feeding each placeholder
-        self.submodules: dict[str, fx.GraphModule] = {}
+        self.submodules: dict[str, Any] = {}  # subgraphs and constant objects, by attribute name
+        self._constants: dict[int, fx.Node] = {}
+
+    def constant(self, value: Any) -> fx.Node:
+        """A get_attr node for an object the generated code cannot spell (a class, a local function)."""
+        node = self._constants.get(id(value))
+        if node is None:
+            name = f"_const_{len(self._constants)}"
+            self.submodules[name] = value
+            node = self._constants[id(value)] = self.graph.get_attr(name)
+        return node
+
+    def literal(self, value: Any) -> Any:
+        """`value` as an FX argument: containers opened, unprintable objects as get_attr constants."""
+        t = type(value)
+        if t is tuple or t is list:
+            return t(self.literal(v) for v in value)
+        if t is dict:
+            return {k: self.literal(v) for k, v in value.items()}
+        if isinstance(value, fx.Node) or is_constant(value) or t is slice or _is_op(value):
+            return value
+        return self.constant(value)
 
     def placeholder(self, name: str, value: torch.Tensor) -> fx.Node:
         graph = self.graph
@@ -184,7 +234,7 @@ class Tracer:
 
     # ---- values -------------------------------------------------------------------------------
     def fake_of(self, t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, FakeTensor):
+        if isinstance(t, FakeTensor) or _is_wrapped(t):  # fakes, and vmap's batched fakes
             return t
         hit = self._fakes.get(id(t))
         if hit is not None:
@@ -243,6 +293,9 @@ class Tracer:
         if func is _EXIT_AUTOCAST:
             self.builder.graph.call_function(_EXIT_AUTOCAST, (self._autocast_nodes.pop(),))
             return None
+        if func in _FUNCTORCH_STATE:
+            self.builder.graph.call_function(func, args, kwargs)
+            return func(*args, **kwargs)
         if func is _T.__iter__:  # record the unbind that iteration performs
             return iter(self.on_call(_T.unbind, (args[0], 0), {}))
 
@@ -270,8 +323,8 @@ class Tracer:
     def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:
         builder = self.builder
         op, target = node_target(func)
-        node_args = map_tensors(args, builder.node_for)
-        node_kwargs = map_tensors(kwargs, builder.node_for) if kwargs else {}
+        node_args = builder.literal(map_tensors(args, builder.node_for))
+        node_kwargs = builder.literal(map_tensors(kwargs, builder.node_for)) if kwargs else {}
         if op == "call_function" and target is builtins.getattr:
             node_args = (node_args[0], func.__self__.__name__)
         if op == "call_method":

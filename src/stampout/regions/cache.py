@@ -83,5 +83,7 @@ def structure_key(gm: fx.GraphModule) -> tuple:
             # requires_grad is left out: like reuse, dedup holds across which inputs require grad
             meta = tensor_meta(val)[1:5] + tensor_meta(val)[6:] if val is not None else None
         target = node.target if isinstance(node.target, str) else (id(node.target), str(node.target))
+        if node.op == "get_attr" and not isinstance(getattr(gm, node.target, None), fx.GraphModule):
+            target = ("constant", id(getattr(gm, node.target)))
         items.append((node.op, target, _arg_key(node.args, index), _arg_key(node.kwargs, index), meta))
     return tuple(items)

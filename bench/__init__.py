@@ -1,0 +1,1 @@
+"""Benchmarks and the shared model zoo (bench.models)."""

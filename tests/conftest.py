@@ -1,0 +1,167 @@
+"""Shared pytest setup.
+
+* Puts the repo root and ``tests/`` on ``sys.path``: ``from bench.models import ...``,
+  ``from tests.helpers import ...`` and ``from helpers import ...`` all work.
+* Autouse fixture ``_stampout_clean``: ``stampout.reset()`` before each test; after it, asserts that the
+  capture left nothing behind — no TorchFunctionMode or TorchDispatchMode on the stacks, no fake mode,
+  grad mode back on, and ``torch.nn.Module`` / ``torch.Tensor`` / ``torch.nn.functional`` not patched.
+  Anything leaked is cleaned up before failing, so one bad test does not poison the next.
+* Hypothesis: a default profile without deadlines and without the function-scoped-fixture health
+  check (the autouse fixture runs once per test, not per example; call ``stampout.reset()`` in the
+  test body when examples must not share caches).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from torch._guards import detect_fake_mode
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_TESTS)
+for _p in (_TESTS, _ROOT):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+try:
+    from hypothesis import HealthCheck, settings
+
+    settings.register_profile(
+        "stampout",
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "stampout"))
+except ImportError:  # pragma: no cover
+    pass
+
+
+def _watched_namespaces():
+    return {
+        "torch.nn.Module": torch.nn.Module.__dict__,
+        "torch.Tensor": torch.Tensor.__dict__,
+        "torch._C.TensorBase": torch._C.TensorBase.__dict__,
+        "torch.nn.functional": vars(torch.nn.functional),
+    }
+
+
+def _snapshot():
+    return {name: dict(ns) for name, ns in _watched_namespaces().items()}
+
+
+def _owners():
+    return {
+        "torch.nn.Module": torch.nn.Module,
+        "torch.Tensor": torch.Tensor,
+        "torch._C.TensorBase": torch._C.TensorBase,
+        "torch.nn.functional": torch.nn.functional,
+    }
+
+
+def _from_stampout(value) -> bool:
+    """Whether ``value`` (a patched-in attribute) comes from stampout's code."""
+    for v in (
+        value,
+        getattr(value, "__func__", None),
+        getattr(value, "func", None),
+        getattr(value, "__wrapped__", None),
+        getattr(value, "fget", None),
+    ):
+        mod = getattr(v, "__module__", None) if v is not None else None
+        if isinstance(mod, str) and (mod == "stampout" or mod.startswith("stampout.")):
+            return True
+    return False
+
+
+def _patched(before):
+    """Names of torch classes/modules that stampout patched and did not restore since ``before``;
+    each is put back so the next test starts clean. Changes made by torch itself (Dynamo installs
+    permanent ``nn.Module.__init__``/``__setstate__`` hooks on first use) are not flagged."""
+    problems = []
+    owners = _owners()
+    for name, ns in _watched_namespaces().items():
+        old = before[name]
+        for key in sorted(set(old) | set(ns)):
+            if key not in ns:
+                if _from_stampout(old[key]):
+                    continue  # stampout removing its own leftover is fine
+                problems.append(f"{name}.{key} was deleted")
+                _restore(owners[name], key, old[key])
+            elif key not in old:
+                if _from_stampout(ns[key]):
+                    problems.append(f"{name}.{key} was added ({ns[key]!r})")
+                    _restore(owners[name], key, _MISSING)
+            elif ns[key] is not old[key] and _from_stampout(ns[key]):
+                problems.append(f"{name}.{key} was replaced by {ns[key]!r}")
+                _restore(owners[name], key, old[key])
+    return problems
+
+
+_MISSING = object()
+
+
+def _restore(owner, key, value):
+    try:
+        if value is _MISSING:
+            delattr(owner, key)
+        else:
+            setattr(owner, key, value)
+    except (AttributeError, TypeError):
+        pass
+
+
+def _function_mode_stack():
+    return list(torch.overrides._get_current_function_mode_stack())
+
+
+def _dispatch_mode_stack():
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return list(_get_current_dispatch_mode_stack())
+
+
+def _leaks():
+    problems = []
+    fstack = _function_mode_stack()
+    if fstack:
+        problems.append(f"TorchFunctionMode stack not empty: {[type(m).__name__ for m in fstack]}")
+        while torch._C._len_torch_function_stack() > 0:
+            torch._C._pop_torch_function_stack()
+    dstack = _dispatch_mode_stack()
+    if dstack:
+        problems.append(f"TorchDispatchMode stack not empty: {[type(m).__name__ for m in dstack]}")
+        while torch._C._len_torch_dispatch_stack() > 0:
+            torch._C._pop_torch_dispatch_stack()
+    fake = detect_fake_mode()
+    if fake is not None:
+        problems.append(f"a fake mode is still active: {fake!r}")
+    if not torch.is_grad_enabled():
+        problems.append("grad mode left disabled")
+        torch.set_grad_enabled(True)
+    return problems
+
+
+@pytest.fixture(autouse=True)
+def _stampout_clean():
+    import stampout
+
+    reset = getattr(stampout, "reset", None)
+    if callable(reset):
+        reset()
+    before = _snapshot()
+    leaks_before = _leaks()  # a previous leak is cleaned up here rather than blamed on this test
+    del leaks_before
+    yield
+    problems = _leaks() + _patched(before)
+    if problems:
+        pytest.fail("capture left state behind:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def llama_config():
+    from bench.models import LlamaConfig
+
+    return LlamaConfig()
