@@ -3,6 +3,7 @@
 from ._logging import configure as _configure_logging
 from .api import capture, explain, reset
 from .capture import Capture, RegionEvent, RegionStats
+from .compiled import CompiledFunction, CompileStats, compile
 from .errors import BackendError, CaptureError, GuardError, RegionError, StampoutError
 from .regions.marker import region
 
@@ -11,6 +12,8 @@ _configure_logging()
 __all__ = [
     "BackendError",
     "Capture",
+    "CompileStats",
+    "CompiledFunction",
     "CaptureError",
     "GuardError",
     "RegionError",
@@ -18,6 +21,7 @@ __all__ = [
     "RegionStats",
     "StampoutError",
     "capture",
+    "compile",
     "explain",
     "region",
     "reset",

@@ -18,9 +18,10 @@ from .capture import Capture
 from .guards import is_constant
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
-from .regions.marker import ACTIVE, torch_marked_call
+from .regions.frame import RegionFrame
+from .regions.marker import ACTIVE, innermost, torch_marked_call
 from .sources import Absolute, Attr, Item, Source, module_path
-from .structure import flatten_inputs, to_template
+from .structure import aliases_of, flatten_inputs, to_template
 from .tracer import CaptureMode, Tracer
 from .tracking import LISTENERS, Watch
 
@@ -116,7 +117,8 @@ def _our_mode_for_vmap(original: Callable) -> Callable:
 
 @contextlib.contextmanager
 def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[None]:
-    """Enter the fake and torch-function modes and patch what capture needs; restore all on exit."""
+    """Enter the fake and torch-function modes and patch what capture needs; restore all on exit.
+    With a program frame on `handler`, attribute reads and writes are recorded for the whole capture."""
     if ACTIVE.handler is not None:
         raise RuntimeError("stampout.capture cannot run inside another capture")
     grad = torch.is_grad_enabled()
@@ -128,6 +130,8 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[N
             ACTIVE.handler = handler
             torch_invoke_subgraph.invoke_subgraph_placeholder = torch_marked_call
             torch_export_utils._maybe_find_pre_dispatch_tf_mode_for_export = _our_mode_for_vmap(saved_finder)
+            if handler.frames:
+                LISTENERS.read, LISTENERS.write = handler.on_read, handler.on_write
             yield
     finally:
         ACTIVE.handler = None
@@ -138,7 +142,7 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[N
         torch._C._set_grad_enabled(grad)
 
 
-def capture(fn: Callable, *args: Any, _cache: RegionCache | None = None, **kwargs: Any) -> Capture:
+def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
     """Capture `fn(*args, **kwargs)` into a `torch.fx.GraphModule`, stamping out repeated regions.
 
     Example::
@@ -157,10 +161,24 @@ def capture(fn: Callable, *args: Any, _cache: RegionCache | None = None, **kwarg
     Raises:
         CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`).
     """
+    return capture_program(fn, args, kwargs)
+
+
+def _frame_function(fn: Callable) -> Callable:
+    root = _root_module(fn)
+    if root is not None and fn is root:
+        return innermost(type(root).forward)
+    return getattr(fn, "__func__", fn)
+
+
+def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache | None = None,
+                    guard_program: bool = False) -> Capture:
+    """`capture`, with a region cache to share between captures, and (for `compile`) guards on everything
+    the whole program read, recorded in `Capture.program`."""
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
     tracer = Tracer(fake_mode, TensorNames(fn))
     watch = Watch()
-    handler = RegionCalls(tracer, _cache if _cache is not None else RegionCache(), watch)
+    handler = RegionCalls(tracer, cache if cache is not None else RegionCache(), watch)
     tracer.regions = handler
 
     leaves, spec, labels = flatten_inputs(args, kwargs)
@@ -176,7 +194,13 @@ def capture(fn: Callable, *args: Any, _cache: RegionCache | None = None, **kwarg
             fake_leaves[i] = fake
     fake_args, fake_kwargs = _rebuild_inputs(args, kwargs, fake_leaves)
 
+    program = None
     with _capturing(tracer, handler, watch):
+        if guard_program:
+            program = RegionFrame(_frame_function(fn), [fn, *fake_leaves], ["self", *labels], watch)
+            handler.frames.append(program)
+            handler.program = program
+            LISTENERS.read, LISTENERS.write = handler.on_read, handler.on_write
         out = fn(*fake_args, **fake_kwargs)
         slots: list[torch.Tensor] = []
         template = to_template(out, slots)
@@ -192,11 +216,13 @@ def capture(fn: Callable, *args: Any, _cache: RegionCache | None = None, **kwarg
         gm=gm,
         input_spec=spec,
         input_tensor_leaves=tensor_leaves,
+        input_aliases=aliases_of(leaves),
         lifted=[(t, source) for _, t, source in tracer.lifted],
         output_template=template,
         stats=stats,
         events=handler.events,
         root=_root_module(fn),
+        program=program,
     )
 
 
@@ -223,9 +249,9 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:
 
 def reset() -> None:
     """Drop every cache stampout keeps (compiled functions keep theirs until reset)."""
-    from . import compile as compile_module
+    from .compiled import reset_all
 
-    compile_module.reset_all()
+    reset_all()
 
 
 __all__ = ["capture", "explain", "reset", "is_constant"]

@@ -12,7 +12,7 @@ from .errors import StampoutError, message
 from .frames import user_location
 from .runner import as_call_modules
 from .sources import MISSING, CallContext, Source
-from .structure import Template, build, flatten_inputs
+from .structure import Template, aliases_of, build, flatten_inputs
 
 
 @dataclass
@@ -54,19 +54,22 @@ class Capture:
     gm: fx.GraphModule
     input_spec: tuple
     input_tensor_leaves: list[int]  # which flat input leaves are placeholders, in order
+    input_aliases: tuple[int, ...]  # which input leaves were the same object at capture
     lifted: list[tuple[torch.Tensor, Source | None]]  # the other placeholders, in order
     output_template: Template
     stats: RegionStats = field(default_factory=RegionStats)
     events: list[RegionEvent] = field(default_factory=list)
     root: Any = None
+    program: Any = None  # the RegionFrame of the whole program (compile only): its guards and side effects
     _runner: fx.GraphModule | None = None
 
     def placeholders_for(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The real tensors for `gm`'s placeholders: the call's tensors, then live parameters and buffers."""
         leaves, spec, labels = flatten_inputs(args, kwargs)
-        if spec != self.input_spec:
+        if spec != self.input_spec or aliases_of(leaves) != self.input_aliases:
             raise StampoutError(message(
-                "the call's input structure differs from the captured one",
+                "the call's input structure differs from the captured one"
+                + ("" if spec != self.input_spec else " (which inputs are the same tensor)"),
                 user_location(),
                 "call with the same argument structure as at capture, or capture again",
             ))
@@ -77,6 +80,11 @@ class Capture:
                     f"input {labels[i]} was a tensor at capture and is {type(v).__name__} now",
                     user_location(), "pass a tensor, or capture again",
                 ))
+        return values + self.placeholders_for_lifted()
+
+    def placeholders_for_lifted(self) -> list[torch.Tensor]:
+        """The live tensors behind the lifted placeholders (parameters, buffers, tensor attributes)."""
+        values: list[torch.Tensor] = []
         ctx = CallContext([], None)
         memo: dict[Source, Any] = {}
         for tensor, source in self.lifted:

@@ -40,6 +40,12 @@ def flatten_inputs(args: tuple, kwargs: dict) -> tuple[list[Any], tuple, list[st
     return leaves, spec, labels
 
 
+def aliases_of(leaves: list[Any]) -> tuple[int, ...]:
+    """For each leaf, the index of the first leaf that is the same object (which inputs alias)."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
+
+
 # Output templates: a tree of tuples; ("slot", i) marks the i-th tensor.
 Template = tuple
 

@@ -273,6 +273,8 @@ class Tracer:
                 user_location(), "report this as a stampout bug, with the model",
             ))
         name, source = self.names.get(t) or (f"lifted_tensor_{len(self.lifted)}", None)
+        if self.regions is not None:
+            self.regions.note_root_lift(t)
         node = builder.placeholder(identifier(name), t)
         self.lifted.append((node, t, source))
         return node

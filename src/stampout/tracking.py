@@ -145,3 +145,129 @@ class Watch:
 def _set_class(obj: Any, cls: type) -> None:
     # nn.Module.__setattr__ would route `__class__` through its own logic; go straight to object's.
     object.__setattr__(obj, "__class__", cls)
+
+
+# ---- write watching: invalidating cached guard state when a watched attribute is written --------------
+class _Epoch:
+    """A counter bumped by every write to a watched object; compiled guards re-check only when it moved."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def bump(self, *_: Any) -> None:
+        self.value += 1
+
+
+EPOCH = _Epoch()
+_WRITE_SHIMS: dict[type, type | None] = {}
+_HOOK_METHODS = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                 "register_full_backward_pre_hook", "register_backward_hook")
+
+
+def _make_write_shim(cls: type) -> type:
+    orig_setattr = cls.__setattr__
+    orig_delattr = cls.__delattr__
+    epoch = EPOCH
+
+    def __setattr__(self, name, value):
+        orig_setattr(self, name, value)
+        epoch.value += 1
+
+    def __delattr__(self, name):
+        orig_delattr(self, name)
+        epoch.value += 1
+
+    namespace: dict[str, Any] = {
+        "__slots__": (),
+        "__setattr__": __setattr__,
+        "__delattr__": __delattr__,
+        "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__,
+        "_stampout_original": cls,
+    }
+    if issubclass(cls, torch.nn.Module):
+        for method in _HOOK_METHODS:
+            namespace[method] = _bumping(getattr(cls, method))
+    return type(cls)(cls.__name__, (cls,), namespace)
+
+
+def _bumping(register: Callable) -> Callable:
+    def wrapper(self, *args, **kwargs):
+        handle = register(self, *args, **kwargs)
+        EPOCH.bump()
+        remove = handle.remove
+
+        def remove_and_bump() -> None:
+            remove()
+            EPOCH.bump()
+
+        handle.remove = remove_and_bump
+        return handle
+
+    wrapper.__name__ = register.__name__
+    wrapper.__doc__ = register.__doc__
+    return wrapper
+
+
+def write_shim_class(cls: type) -> type | None:
+    shim = _WRITE_SHIMS.get(cls)
+    if shim is None and cls not in _WRITE_SHIMS:
+        try:
+            shim = _make_write_shim(cls)
+        except TypeError:
+            shim = None
+        _WRITE_SHIMS[cls] = shim
+    return shim
+
+
+class WriteWatch:
+    """Objects whose writes bump EPOCH while a compiled function guards them; `release()` undoes it."""
+
+    def __init__(self) -> None:
+        self._swapped: dict[int, tuple[Any, type]] = {}
+
+    def __contains__(self, obj: Any) -> bool:
+        return id(obj) in self._swapped
+
+    def watch(self, obj: Any) -> bool:
+        if id(obj) in self._swapped:
+            return True
+        cls = type(obj)
+        if "_stampout_original" in cls.__dict__ or not hasattr(obj, "__dict__"):
+            return False
+        shim = write_shim_class(cls)
+        if shim is None:
+            return False
+        try:
+            object.__setattr__(obj, "__class__", shim)
+        except TypeError:
+            _WRITE_SHIMS[cls] = None
+            return False
+        self._swapped[id(obj)] = (obj, cls)
+        return True
+
+    def release(self) -> None:
+        for obj, cls in self._swapped.values():
+            _set_class(obj, cls)
+        self._swapped.clear()
+        EPOCH.bump()
+
+
+def _registration_hook(*_: Any) -> None:
+    EPOCH.bump()
+
+
+_REGISTRATION_HOOKS: list[Any] = []
+
+
+def install_registration_hooks() -> None:
+    """Parameter, buffer and submodule registration (which bypasses `__setattr__`) bumps EPOCH too."""
+    if not _REGISTRATION_HOOKS:
+        m = torch.nn.modules.module
+        _REGISTRATION_HOOKS.extend([
+            m.register_module_parameter_registration_hook(_registration_hook),
+            m.register_module_buffer_registration_hook(_registration_hook),
+            m.register_module_module_registration_hook(_registration_hook),
+        ])

@@ -35,6 +35,7 @@ class RegionCalls:
         self.cache = cache
         self.watch = watch
         self.frames: list[RegionFrame] = []
+        self.program: RegionFrame | None = None  # the whole program's frame, when compile guards it
         self.stats = RegionStats()
         self.events: list[RegionEvent] = []
         self._subgraph_names: set[str] = set()
@@ -55,6 +56,15 @@ class RegionCalls:
         if region.reuse_hash_fn is not None:
             return self._call_hashed(region, args, kwargs, leaves, labels, fp, rg, ctx, site)
         return self._trace(region, args, kwargs, leaves, labels, fp, rg, site, reason)
+
+    def note_root_lift(self, t: torch.Tensor) -> None:
+        """The outer graph lifted a tensor; a program frame must be able to name it to guard it."""
+        program = self.program
+        if program is not None and id(t) not in program.sources and not program.leaves_contain(t):
+            program.mark_ineligible(
+                f"uses a tensor of shape {tuple(t.shape)} that is not reachable from the module, its inputs, "
+                f"closures or globals (at {user_location(4)})"
+            )
 
     def note_autograd_read(self) -> None:
         """The code being traced read `requires_grad` (or similar): its traces depend on it."""
@@ -137,7 +147,7 @@ class RegionCalls:
         tracer.builders.append(child)
         self.frames.append(frame)
         saved = (LISTENERS.read, LISTENERS.write)
-        LISTENERS.read, LISTENERS.write = self._on_read, self._on_write
+        LISTENERS.read, LISTENERS.write = self.on_read, self.on_write
         try:
             out = region.fn(*args, **kwargs)
         finally:
@@ -195,12 +205,12 @@ class RegionCalls:
             self.stats.traces += 1
         self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
 
-    def _on_read(self, obj: Any, name: str, value: Any) -> None:
+    def on_read(self, obj: Any, name: str, value: Any) -> None:
         with torch._C.DisableTorchFunction():
             for frame in self.frames:
                 frame.on_read(obj, name, value)
 
-    def _on_write(self, obj: Any, name: str) -> None:
+    def on_write(self, obj: Any, name: str) -> None:
         with torch._C.DisableTorchFunction():
             for frame in self.frames:
                 frame.on_write(obj, name)

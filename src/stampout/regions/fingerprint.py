@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..guards import const_key, is_constant, tensor_meta
+from ..structure import aliases_of
 from ..tracking import original_class
 
 _GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
@@ -38,9 +39,7 @@ def state_key() -> tuple:
 
 def fingerprint(spec: tuple, leaves: list[Any]) -> tuple:
     """Input structure, leaf kinds and metadata, which leaves are the same object, and global state."""
-    first: dict[int, int] = {}
-    aliases = tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
-    return (spec, tuple(leaf_key(leaf) for leaf in leaves), state_key(), aliases)
+    return (spec, tuple(leaf_key(leaf) for leaf in leaves), state_key(), aliases_of(leaves))
 
 
 def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:

@@ -11,7 +11,7 @@ import torch
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_constant, snapshot, tensor_meta
 from ..sources import MISSING, Absolute, Arg, Attr, Closure, Global, Item, Source
-from ..tracking import Watch, original_class, shim_class
+from ..tracking import Watch, original_class, shim_class, write_shim_class
 from .marker import innermost
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
@@ -32,9 +32,11 @@ def global_names(code: types.CodeType) -> tuple[str, ...]:
 
 
 def _accepted_types(obj: Any) -> tuple[type, ...]:
+    """The object's class and the shim classes stampout may have swapped in (read and write watching)."""
     cls = original_class(obj)
-    shim = shim_class(cls) if hasattr(obj, "__dict__") else None
-    return (cls, shim) if shim is not None else (cls,)
+    if not hasattr(obj, "__dict__"):
+        return (cls,)
+    return (cls, *(s for s in (shim_class(cls), write_shim_class(cls)) if s is not None))
 
 
 class RegionFrame:
@@ -50,6 +52,7 @@ class RegionFrame:
         self._guarded: set[tuple[Source, Kind]] = set()
         self.ineligible: list[str] = []
         self.reads_requires_grad = False
+        self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
         self._functions: set[types.CodeType] = set()  # functions whose globals and cells are guarded
         self.lifted: list[tuple[str, Any]] = []  # ("arg", leaf index) | ("source", Source | None)
         for i, leaf in enumerate(leaves):
@@ -151,7 +154,12 @@ class RegionFrame:
     def on_write(self, obj: Any, name: str) -> None:
         base = self.sources.get(id(obj))
         target = f"{base.name()}.{name}" if base is not None else f"a {type(obj).__name__}.{name}"
-        self.mark_ineligible(f"writes {target} (a Python side effect) at {user_location(3)}")
+        where = user_location(3)
+        self.writes.append(f"{target} at {where}")
+        self.mark_ineligible(f"writes {target} (a Python side effect) at {where}")
+
+    def leaves_contain(self, value: Any) -> bool:
+        return any(leaf is value for leaf in self.leaves)
 
     def mark_ineligible(self, reason: str) -> None:
         if reason not in self.ineligible:
