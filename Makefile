@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/stampout demo
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/stampout bench

@@ -1,0 +1,220 @@
+"""stampout.compile: guards on every call, exact recapture counts, never a stale entry."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+from test_divergent import Stack
+
+GLOBAL_SCALE = 1.0
+
+
+class UsesGlobal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) * GLOBAL_SCALE
+
+
+def compiled_pair(n=4, backend="eager"):
+    torch.manual_seed(0)
+    model = Stack(n)
+    return model, copy.deepcopy(model), stampout.compile(model, backend=backend)
+
+
+def same(fn, reference, x):
+    torch.testing.assert_close(fn(x), reference(x))
+
+
+def test_second_call_runs_without_capture():
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    same(fn, reference, x)
+    assert (fn.stats.captures, fn.stats.traces) == (1, 1)
+    assert fn.last_capture.stats.reuses == 3
+
+
+def test_input_shape_change_recaptures():
+    model, reference, fn = compiled_pair()
+    same(fn, reference, torch.randn(3, 8))
+    same(fn, reference, torch.randn(5, 8))
+    same(fn, reference, torch.randn(3, 8))  # the first entry again
+    assert fn.stats.captures == 2
+
+
+def test_eval_recaptures_with_one_region_trace():
+    model, reference, fn = compiled_pair(n=16)
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    model.eval(), reference.eval()
+    same(fn, reference, x)
+    assert (fn.stats.captures, fn.stats.traces) == (2, 2)
+    assert fn.last_capture.stats.traces == 1 and fn.last_capture.stats.reuses == 15
+    model.train(), reference.train()
+    same(fn, reference, x)
+    assert fn.stats.captures == 2  # the training entry is still there
+
+
+def test_attribute_change_recaptures():
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    model.layers[2].scale = 3.0
+    reference.layers[2].scale = 3.0
+    same(fn, reference, x)
+    assert fn.stats.captures == 2
+
+
+def test_requires_grad_change_recaptures():
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    model.layers[1].up.weight.requires_grad_(False)
+    reference.layers[1].up.weight.requires_grad_(False)
+    out = fn(x)
+    assert fn.stats.captures == 2
+    out.sum().backward()
+    assert model.layers[1].up.weight.grad is None and model.layers[0].up.weight.grad is not None
+
+
+def test_grad_mode_is_guarded():
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    assert fn(x).requires_grad
+    with torch.no_grad():
+        assert not fn(x).requires_grad
+    assert fn.stats.captures == 2
+
+
+def test_weights_changed_in_place_need_no_recapture():
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    with torch.no_grad():
+        model.layers[0].up.weight.mul_(2)
+        reference.layers[0].up.weight.mul_(2)
+    same(fn, reference, x)
+    assert fn.stats.captures == 1
+
+
+def test_replaced_parameter_is_used():
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    new = nn.Parameter(torch.randn(16, 8))
+    model.layers[3].up.weight = new
+    reference.layers[3].up.weight = nn.Parameter(new.detach().clone())
+    same(fn, reference, x)
+
+
+def test_hook_added_then_removed_is_never_stale():
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    handle = model.layers[1].down.register_forward_hook(lambda m, i, o: o * 10)
+    ref_handle = reference.layers[1].down.register_forward_hook(lambda m, i, o: o * 10)
+    same(fn, reference, x)
+    handle.remove()
+    ref_handle.remove()
+    same(fn, reference, x)
+    assert fn.stats.captures == 2
+
+
+def test_hook_present_at_compile_then_removed():
+    torch.manual_seed(0)
+    model = Stack(3)
+    handle = model.layers[0].up.register_forward_hook(lambda m, i, o: o + 1)
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(3, 8)
+    with_hook = fn(x)
+    handle.remove()
+    torch.testing.assert_close(fn(x), model(x))
+    assert not torch.allclose(with_hook, fn(x))
+
+
+def test_global_change_recaptures():
+    global GLOBAL_SCALE
+    model = UsesGlobal()
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 8)
+    try:
+        torch.testing.assert_close(fn(x), model(x))
+        GLOBAL_SCALE = 3.0
+        torch.testing.assert_close(fn(x), model(x))
+        assert fn.stats.captures == 2
+    finally:
+        GLOBAL_SCALE = 1.0
+
+
+def test_a_failed_guard_never_runs_a_stale_entry():
+    runs = []
+
+    def backend(gm, example_inputs):
+        index = len(runs)
+        runs.append(0)
+
+        def run(*args):
+            runs[index] += 1
+            return gm(*args)
+
+        return run
+
+    model, reference, fn = compiled_pair(backend=backend)
+    x = torch.randn(3, 8)
+    for change in range(4):
+        same(fn, reference, x)
+        model.layers[change].scale = 2.0 + change
+        reference.layers[change].scale = 2.0 + change
+        same(fn, reference, x)
+    assert runs[-1] == 1 and len(runs) == fn.stats.captures == 5
+
+
+def test_python_side_effect_is_an_error_not_dropped():
+    class Counts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls = self.calls + 1
+            return self.lin(x)
+
+    with pytest.raises(stampout.GuardError, match=r"writes self\.calls") as info:
+        stampout.compile(Counts(), backend="eager")(torch.randn(2, 4))
+    assert "test_compile.py" in str(info.value)
+
+
+def test_guard_failure_is_logged(caplog):
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    fn(x)
+    model.layers[1].norm.eps = 0.1
+    with caplog.at_level(logging.INFO, logger="stampout.guards"):
+        fn(x)
+    assert "self.layers[1].norm.eps" in caplog.text and "0.1" in caplog.text
+
+
+def test_compile_leaves_module_classes_usable():
+    model, reference, fn = compiled_pair()
+    fn(torch.randn(3, 8))
+    assert isinstance(model.layers[0], nn.Module)
+    stampout.reset()
+    assert type(model.layers[0]).__dict__.get("_stampout_original") is None
+
+
+def test_max_entries_drops_the_oldest():
+    model, reference, fn = compiled_pair()
+    fn.max_entries = 2
+    for n in (1, 2, 3, 1):
+        same(fn, reference, torch.randn(n, 8))
+    assert fn.stats.captures == 4
