@@ -1,1 +1,1 @@
-"""Benchmarks and the shared model zoo (bench.models)."""
+"""Benchmarks: side-by-side runs against torch.compile (models live in stampout.models)."""

@@ -37,7 +37,7 @@ if _ROOT not in sys.path:
 
 import torch
 
-from bench.models import LlamaConfig, LlamaLike
+from stampout.models import LlamaConfig, LlamaLike
 
 VARIANTS = ("stampout_flat", "stampout_regions", "dynamo_flat", "dynamo_nested")
 LABELS = {

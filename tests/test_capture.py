@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import stampout
-from bench.models import (
+from stampout.models import (
     ConvNet,
     GPT2Block,
     GPT2Like,

@@ -1,10 +1,10 @@
-"""The shared model zoo: small, plain ``torch.nn`` models used by the benchmarks and the tests.
+"""The model zoo: small, plain ``torch.nn`` models used by the demo, the benchmarks and the tests.
 
 Every constructor is deterministic given ``seed`` and leaves the global RNG untouched.
 Nothing here imports ``stampout`` unless a region variant is asked for
 (``LlamaLike(config, regions=True)``), so the plain models have no stampout dependency at all.
 
-    from bench.models import make_model, make_input
+    from stampout.models import make_model, make_input
     model = make_model("llama", layers=8)
     (ids,) = make_input("llama", batch=2, seq=8)
 """
