@@ -72,10 +72,12 @@ class TensorNames:
             if child is not None:
                 self._walk(child, f"{prefix}{key}.", root)
 
-    def get(self, t: torch.Tensor) -> tuple[str, Source] | None:
-        found = self._found.get(id(t))
-        if found is None:
-            return None
+    def find(self, t: torch.Tensor) -> tuple[str, str, Any] | None:
+        """(qualified name, kind, root) of a named tensor, or None."""
+        return self._found.get(id(t))
+
+    @staticmethod
+    def source(found: tuple[str, str, Any]) -> Source:
         name, kind, root = found
         if kind == "module":
             source = module_path(Absolute(root, "self"), name)
@@ -83,7 +85,7 @@ class TensorNames:
             source = Item(Absolute(root, "globals"), name)
         else:
             source = Attr(Absolute(root, f"closure[{name!r}]"), "cell_contents")
-        return name.replace(".", "_"), source
+        return source
 
 
 def _input_names(fn: Callable, args: tuple, labels: list[str]) -> list[str]:
@@ -207,17 +209,18 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         nodes = [tracer.root.node_for(t) for t in slots]
     graph = tracer.root.graph
     graph.output(tuple(nodes))
-    gm = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
+    graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
     stats = handler.stats
     stats.subgraphs = len({e.subgraph for e in handler.events})
     log.info("captured %s: %d nodes, regions: %s", getattr(fn, "__qualname__", type(fn).__name__),
              len(graph.nodes), stats)
     return Capture(
-        gm=gm,
+        graph_module=graph_module,
         input_spec=spec,
         input_tensor_leaves=tensor_leaves,
         input_aliases=aliases_of(leaves),
-        lifted=[(t, source) for _, t, source in tracer.lifted],
+        lifted=[(t, found) for _, t, found in tracer.lifted],
+        fill_meta=tracer.fill_meta,
         output_template=template,
         stats=stats,
         events=handler.events,

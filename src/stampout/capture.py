@@ -51,17 +51,27 @@ class Capture:
         print(cap.stats)      # traces=1 reuses=31 dedups=0 subgraphs=1
     """
 
-    gm: fx.GraphModule
+    graph_module: fx.GraphModule
     input_spec: tuple
     input_tensor_leaves: list[int]  # which flat input leaves are placeholders, in order
     input_aliases: tuple[int, ...]  # which input leaves were the same object at capture
-    lifted: list[tuple[torch.Tensor, Source | None]]  # the other placeholders, in order
+    lifted: list[tuple[torch.Tensor, Any]]  # the other placeholders, in order, with where they were found
     output_template: Template
     stats: RegionStats = field(default_factory=RegionStats)
     events: list[RegionEvent] = field(default_factory=list)
     root: Any = None
     program: Any = None  # the RegionFrame of the whole program (compile only): its guards and side effects
+    fill_meta: Any = None  # fills deferred placeholder metadata on first use of `gm`
     _runner: fx.GraphModule | None = None
+    _sources: list[Source | None] | None = None
+
+    @property
+    def gm(self) -> fx.GraphModule:
+        """The captured graph: user tensor inputs, then parameters and buffers, as placeholders."""
+        if self.fill_meta is not None:
+            self.fill_meta()
+            self.fill_meta = None
+        return self.graph_module
 
     def placeholders_for(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The real tensors for `gm`'s placeholders: the call's tensors, then live parameters and buffers."""
@@ -84,10 +94,14 @@ class Capture:
 
     def placeholders_for_lifted(self) -> list[torch.Tensor]:
         """The live tensors behind the lifted placeholders (parameters, buffers, tensor attributes)."""
+        if self._sources is None:
+            from .api import TensorNames
+
+            self._sources = [None if found is None else TensorNames.source(found) for _, found in self.lifted]
         values: list[torch.Tensor] = []
         ctx = CallContext([], None)
         memo: dict[Source, Any] = {}
-        for tensor, source in self.lifted:
+        for (tensor, _), source in zip(self.lifted, self._sources):
             if source is None:
                 values.append(tensor)
                 continue

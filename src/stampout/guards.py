@@ -55,10 +55,17 @@ def tensor_meta(t: torch.Tensor) -> tuple:
 def hooks_key(module: torch.nn.Module) -> tuple:
     """The hooks a module call would run (as identities)."""
     d = module.__dict__
-    return tuple(
-        tuple(d[name].values()) if d.get(name) else ()
-        for name in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-    )
+    return tuple(tuple(d[name].values()) if d.get(name) else () for name in _HOOK_DICTS)
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_NO_HOOKS = ((), (), (), ())
+
+
+def no_hooks(module: torch.nn.Module) -> bool:
+    d = module.__dict__
+    return not (d.get("_forward_pre_hooks") or d.get("_forward_hooks") or d.get("_backward_pre_hooks")
+                or d.get("_backward_hooks"))
 
 
 def snapshot(obj: Any) -> Any:
@@ -104,6 +111,7 @@ _HELPERS = {
     "_tensor_meta": tensor_meta,
     "_const_key": const_key,
     "_hooks_key": hooks_key,
+    "_no_hooks": no_hooks,
     "_snapshot": snapshot,
     "_length": _length,
     "_Tensor": torch.Tensor,
@@ -154,14 +162,19 @@ class Guard:
         if k in (Kind.ID, Kind.ABSENT):
             return f"{var} is {const}"
         if k is Kind.HOOKS:
+            if self.expected == _NO_HOOKS:
+                return f"(isinstance({var}, _Module) and _no_hooks({var}))"
             return f"(isinstance({var}, _Module) and _hooks_key({var}) == {const})"
         if k is Kind.SNAPSHOT:
             return f"_snapshot({var}) == {const}"
         return f"_length({var}) == {const}"
 
 
-def compile_guards(guards: list[Guard]) -> Callable[[list[Any], Any], bool]:
-    """One generated function `check(leaves, fn) -> bool` testing every guard, shared prefixes once."""
+def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> Callable[[list[Any], Any], Any]:
+    """One generated function `check(leaves, fn)` testing every guard, shared prefixes resolved once.
+
+    It returns False when a guard fails; otherwise True, or, with `results`, the tuple of the values at
+    those sources (stamping needs the parameters the guards just resolved)."""
     namespace: dict[str, Any] = dict(_HELPERS)
     lines = ["def check(leaves, fn):"]
     var_of: dict[Source, str] = {}
@@ -185,7 +198,11 @@ def compile_guards(guards: list[Guard]) -> Callable[[list[Any], Any], bool]:
         const = f"e{i}"
         namespace[const] = guard.expected if guard.kind is not Kind.ABSENT else MISSING
         lines.append(f"    if not {guard.condition(var, const)}: return False")
-    lines.append("    return True")
+    if results is None:
+        lines.append("    return True")
+    else:
+        values = [bind(source) for source in results]
+        lines.append(f"    return ({''.join(v + ', ' for v in values)})")
     code = "\n".join(lines)
     exec(compile(code, "<stampout guards>", "exec"), namespace)
     check = namespace["check"]

@@ -84,6 +84,9 @@ _METHOD_NAMES = _method_names()
 
 def identifier(text: str) -> str:
     """A valid Python identifier for a placeholder named after `text` (`layers.0.weight` -> layers_0_weight)."""
+    name = text.replace(".", "_")
+    if name.isidentifier() and not name[0].isdigit():
+        return name
     name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or "input"
     return f"_{name}" if name[0].isdigit() else name
 
@@ -177,7 +180,8 @@ class Builder:
             return value
         return self.constant(value)
 
-    def placeholder(self, name: str, value: torch.Tensor) -> fx.Node:
+    def placeholder(self, name: str, value: torch.Tensor, meta: bool = True) -> fx.Node:
+        """A new placeholder after the existing ones. `meta=False` defers `meta['val']` (see fill_meta)."""
         graph = self.graph
         if self._last_placeholder is None:
             ctx = graph.inserting_before(next(iter(graph.nodes), None)) if len(graph.nodes) else None
@@ -189,7 +193,8 @@ class Builder:
             with ctx:
                 node = graph.placeholder(name)
         self._last_placeholder = node
-        node.meta["val"] = value if isinstance(value, FakeTensor) else self.tracer.meta_fake(value)
+        if meta or isinstance(value, FakeTensor):
+            node.meta["val"] = value if isinstance(value, FakeTensor) else self.tracer.meta_fake(value)
         self.nodes[id(value)] = (value, node)
         return node
 
@@ -272,12 +277,21 @@ class Tracer:
                 f"a fake tensor of shape {tuple(t.shape)} reached the graph without being recorded",
                 user_location(), "report this as a stampout bug, with the model",
             ))
-        name, source = self.names.get(t) or (f"lifted_tensor_{len(self.lifted)}", None)
+        found = self.names.find(t)
+        name = found[0] if found is not None else f"lifted_tensor_{len(self.lifted)}"
         if self.regions is not None:
             self.regions.note_root_lift(t)
-        node = builder.placeholder(identifier(name), t)
-        self.lifted.append((node, t, source))
+        # A stamped region lifts many parameters: their placeholders' meta['val'] is filled when `gm` is
+        # first used (fill_meta), which keeps capture at a few FX nodes per stamped layer.
+        node = builder.placeholder(identifier(name), t, meta=False)
+        self.lifted.append((node, t, found))
         return node
+
+    def fill_meta(self) -> None:
+        """Give every placeholder still without one a `meta['val']` fake (after capture, on first use)."""
+        for node, t, _ in self.lifted:
+            if "val" not in node.meta:
+                node.meta["val"] = self.meta_fake(t)
 
     # ---- the torch function hook ----------------------------------------------------------------
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:

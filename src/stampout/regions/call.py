@@ -50,8 +50,10 @@ class RegionCalls:
             site = user_location(3)
             if region.reuse_hash_fn is None:
                 for entry in self.cache.by_fingerprint.get((region.code, fp), ()):
-                    if (entry.rg_pattern is None or entry.rg_pattern == rg) and self._holds(entry, ctx):
-                        return self._stamp(region, entry, leaves, ctx, site, rg)
+                    if entry.rg_pattern is None or entry.rg_pattern == rg:
+                        captured = self._holds(entry, ctx)
+                        if captured is not False:
+                            return self._stamp(region, entry, leaves, captured, site, rg)
                 reason = self._miss_reason(region, fp, ctx, labels)
         if region.reuse_hash_fn is not None:
             return self._call_hashed(region, args, kwargs, leaves, labels, fp, rg, ctx, site)
@@ -71,7 +73,8 @@ class RegionCalls:
         for frame in self.frames:
             frame.reads_requires_grad = True
 
-    def _holds(self, entry: ReuseEntry, ctx: CallContext) -> bool:
+    def _holds(self, entry: ReuseEntry, ctx: CallContext) -> Any:
+        """False, or the values of the entry's captured sources (resolved while checking its guards)."""
         read, LISTENERS.read = LISTENERS.read, None
         try:
             return check_guards(entry.check, ctx)
@@ -94,7 +97,8 @@ class RegionCalls:
                     site, "include what differs in the hash key, or drop reuse_hash_fn",
                 ))
             with torch._C.DisableTorchFunction():
-                return self._stamp(region, entry, leaves, ctx, site, rg)
+                captured = [spec.resolve(ctx, {}) for kind, spec in entry.lifted if kind == "source"]
+                return self._stamp(region, entry, leaves, captured, site, rg)
         return self._trace(region, args, kwargs, leaves, labels, fp, rg, site,
                            f"first call with reuse_hash_fn key {key}", hash_key=key)
 
@@ -187,7 +191,7 @@ class RegionCalls:
         if not frame.ineligible:
             if hash_key is None:
                 self._check_cap(region, reason, site)
-            entry.check = compile_guards(frame.guards)
+            entry.check = compile_guards(frame.guards, [spec for kind, spec in frame.lifted if kind == "source"])
             self.cache.add(region.code, entry)
             if hash_key is not None:
                 self.cache.hashed[(region.code, hash_key)] = entry
@@ -216,15 +220,11 @@ class RegionCalls:
                 frame.on_write(obj, name)
 
     # ---- stamping -----------------------------------------------------------------------------
-    def _stamp(self, region: Region, entry: ReuseEntry, leaves: list[Any], ctx: CallContext, site: str,
+    def _stamp(self, region: Region, entry: ReuseEntry, leaves: list[Any], captured: Any, site: str,
                rg: tuple) -> Any:
         parent = self.tracer.builder
-        read, LISTENERS.read = LISTENERS.read, None
-        try:
-            memo: dict = {}
-            values = [leaves[spec] if kind == "arg" else spec.resolve(ctx, memo) for kind, spec in entry.lifted]
-        finally:
-            LISTENERS.read = read
+        it = iter(captured)
+        values = [leaves[spec] if kind == "arg" else next(it) for kind, spec in entry.lifted]
         for frame in self.frames:
             frame.import_entry(entry, leaves, region.fn, values)
         operands = [parent.node_for(v) for v in values]
