@@ -11,17 +11,19 @@ from typing import Any, Callable, Iterator
 import torch
 import torch._export.utils  # noqa: F401
 import torch._higher_order_ops.invoke_subgraph  # noqa: F401  (the module; the package attribute is the HOP)
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .capture import Capture
+from .errors import CaptureError, message
+from .frames import user_location
 from .guards import is_constant
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
 from .regions.marker import ACTIVE, innermost, torch_marked_call
 from .sources import Absolute, Attr, Item, Source, module_path
-from .structure import aliases_of, flatten_inputs, to_template
+from .structure import aliases_of, flatten_inputs, template_constants, to_template
 from .tracer import CaptureMode, Tracer
 from .tracking import LISTENERS, Watch
 
@@ -206,7 +208,11 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         out = fn(*fake_args, **fake_kwargs)
         slots: list[torch.Tensor] = []
         template = to_template(out, slots)
+        _check_no_hidden_tensors(template)
         nodes = [tracer.root.node_for(t) for t in slots]
+        if program is not None:
+            with torch._C.DisableTorchFunction():
+                program.close()
     graph = tracer.root.graph
     graph.output(tuple(nodes))
     graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
@@ -227,6 +233,25 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         root=_root_module(fn),
         program=program,
     )
+
+
+def _check_no_hidden_tensors(template: Any) -> None:
+    """An output object that carries traced tensors where stampout cannot see them (a KV-cache object, say)
+    would hand fake tensors to the caller: refuse it."""
+    for value in template_constants(template):
+        fields = getattr(value, "__dict__", None)
+        if not isinstance(fields, dict):
+            continue
+        for name, field in fields.items():
+            items = field if isinstance(field, (list, tuple)) else [field]
+            inner = [getattr(i, "__dict__", {}).values() for i in items if not isinstance(i, torch.Tensor)]
+            if any(isinstance(t, FakeTensor) for t in [*items, *(v for d in inner for v in d)]):
+                raise CaptureError(message(
+                    f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
+                    "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
+                    user_location(),
+                    "return the tensors themselves (for Hugging Face models, call with use_cache=False)",
+                ))
 
 
 def _rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple, dict]:

@@ -94,6 +94,7 @@ class Kind(enum.Enum):
     ABSENT = "attribute absent"
     SNAPSHOT = "object fields"
     LEN = "length"
+    KEYS = "dict keys"
 
 
 # How each kind reads its value, and the expression the generated predicate tests.
@@ -106,6 +107,7 @@ _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
     Kind.ABSENT: lambda v: v,
     Kind.SNAPSHOT: snapshot,
     Kind.LEN: _length,
+    Kind.KEYS: lambda v: tuple(v) if type(v) is dict else MISSING,
 }
 _HELPERS = {
     "_tensor_meta": tensor_meta,
@@ -167,6 +169,8 @@ class Guard:
             return f"(isinstance({var}, _Module) and _hooks_key({var}) == {const})"
         if k is Kind.SNAPSHOT:
             return f"_snapshot({var}) == {const}"
+        if k is Kind.KEYS:
+            return f"(type({var}) is dict and tuple({var}) == {const})"
         return f"_length({var}) == {const}"
 
 

@@ -164,6 +164,7 @@ class RegionCalls:
 
     def _finish_trace(self, region, frame, child, parent, out, fp, rg, site, reason, hash_key) -> None:
         """Close the subgraph, dedup it, make the reuse entry and emit the call into the parent graph."""
+        frame.close()
         slots: list[torch.Tensor] = []
         template = to_template(out, slots)
         slot_nodes = [child.node_for(t) for t in slots]

@@ -17,6 +17,15 @@ from .marker import innermost
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
 _GLOBAL_NAMES: dict[types.CodeType, tuple[str, ...]] = {}
+_MAX_ITEMS = 256  # containers read by a trace with more items than this are not guarded item by item
+
+
+def _contents(value: Any) -> Any:
+    if is_constant(value):
+        return const_key(value)
+    if type(value) is dict:
+        return tuple((k, id(v)) for k, v in value.items())
+    return tuple(id(v) for v in value)
 
 
 def global_names(code: types.CodeType) -> tuple[str, ...]:
@@ -53,7 +62,8 @@ class RegionFrame:
         self.ineligible: list[str] = []
         self.reads_requires_grad = False
         self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
-        self._functions: set[types.CodeType] = set()  # functions whose globals and cells are guarded
+        self._functions: set[types.CodeType] = set()
+        self._containers: list[tuple[Any, Source, tuple]] = []  # functions whose globals and cells are guarded
         self.lifted: list[tuple[str, Any]] = []  # ("arg", leaf index) | ("source", Source | None)
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
@@ -82,6 +92,8 @@ class RegionFrame:
         elif is_constant(value):
             if not from_arg:
                 self.guard(source, Kind.CONST, const_key(value), where)
+            if type(value) in (list, dict, set):  # mutable: changing it in the trace is a side effect
+                self._containers.append((value, source, _contents(value)))
         elif isinstance(value, torch.nn.Module):
             if not from_arg:
                 self.guard(source, Kind.TYPE, _accepted_types(value), where)
@@ -96,6 +108,8 @@ class RegionFrame:
         elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
                                 types.ModuleType)) or callable(value) and not hasattr(value, "__dict__"):
             self.guard(source, Kind.ID, value, where)
+        elif type(value) in (list, tuple, dict):
+            self._adopt_container(value, source, where)
         elif self.watch.watch(value):
             if not from_arg:
                 self.guard(source, Kind.TYPE, _accepted_types(value), where)
@@ -105,6 +119,31 @@ class RegionFrame:
             self.guard(source, Kind.SNAPSHOT, snapshot(value), where)
         else:
             self.guard(source, Kind.ID, value, where)
+
+    def _adopt_container(self, value: list | tuple | dict, source: Source, where: str) -> None:
+        """A list, tuple or dict holding more than constants: guard its shape and each item by its own
+        source (so a cache object inside is watched), and check at the end that the trace did not mutate it."""
+        self.guard(source, Kind.TYPE, (type(value),), where)
+        self.guard(source, Kind.LEN, len(value), where)
+        if id(value) in self.sources:
+            return
+        self._name(value, source)
+        if len(value) > _MAX_ITEMS:
+            self.guard(source, Kind.ID, value, where)
+            self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
+            return
+        if type(value) is dict:
+            self.guard(source, Kind.KEYS, tuple(value), where)
+        for key, item in (value.items() if type(value) is dict else enumerate(value)):
+            self.adopt(item, Item(source, key), where=where)
+        self._containers.append((value, source, _contents(value)))
+
+    def close(self) -> None:
+        """At the end of the trace: a container it read and changed is a side effect too."""
+        for value, source, before in self._containers:
+            if _contents(value) != before:
+                self.writes.append(f"{source.name()} (changed in place)")
+                self.mark_ineligible(f"changes {source.name()} in place (a Python side effect)")
 
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)

@@ -1,0 +1,117 @@
+"""Python side effects inside regions: never skipped by stamping, never hidden in outputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+
+
+class Appends(nn.Module):
+    def __init__(self, log):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.log = log
+
+    @stampout.region
+    def forward(self, x):
+        y = self.lin(x)
+        self.log.append(y)
+        return y
+
+
+class Writes(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.last = None
+
+    @stampout.region
+    def forward(self, x):
+        self.last = x.shape[0]
+        return self.lin(x)
+
+
+def test_region_appending_to_a_list_is_traced_every_time():
+    log = []
+    model = nn.Sequential(Appends(log), Appends(log), Appends(log))
+    cap = stampout.capture(model, torch.randn(2, 4))
+    assert cap.stats.traces + cap.stats.dedups == 3 and cap.stats.reuses == 0  # each call ran its Python
+    assert len(log) == 3
+    assert "in place" in cap.events[0].ineligible
+
+
+def test_region_writing_an_attribute_is_traced_every_time():
+    model = nn.Sequential(Writes(), Writes(), Writes())
+    cap = stampout.capture(model, torch.randn(2, 4))
+    assert cap.stats.traces + cap.stats.dedups == 3 and cap.stats.reuses == 0
+    assert all(layer.last == 2 for layer in model)
+    assert "writes args[0].last" in cap.events[1].ineligible
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cap(x), model(x))
+
+
+class Cache:
+    def __init__(self):
+        self.layers = []
+
+
+class UsesCache(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @stampout.region
+    def forward(self, x, cache):
+        y = self.lin(x)
+        cache.layers.append(y)
+        return y
+
+
+def test_object_holding_traced_tensors_in_the_output_is_refused():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([UsesCache(), UsesCache()])
+
+        def forward(self, x):
+            cache = Cache()
+            for block in self.blocks:
+                x = block(x, cache)
+            return x, cache
+
+    with pytest.raises(stampout.CaptureError, match="Cache whose .layers carries traced tensors"):
+        stampout.capture(Model(), torch.randn(2, 4))
+
+
+def test_hugging_face_kv_cache_is_refused_not_wrong():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(config).eval()
+    for layer in model.model.layers:
+        stampout.region(layer)
+    with pytest.raises(stampout.CaptureError, match="use_cache=False"):
+        stampout.capture(model, input_ids=torch.randint(0, 128, (1, 4)), use_cache=True)
+
+
+class ReadsDict(nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.opts = {"scale": scale, "proj": nn.Identity()}
+
+    @stampout.region
+    def forward(self, x):
+        return self.opts["proj"](self.lin(x)) * self.opts["scale"]
+
+
+def test_dict_attribute_items_are_guarded_one_by_one():
+    model = nn.Sequential(ReadsDict(2.0), ReadsDict(2.0), ReadsDict(3.0))
+    cap = stampout.capture(model, torch.randn(2, 4))
+    assert [e.outcome for e in cap.events] == ["traced", "reused", "traced"]
+    assert "args[0].opts['scale']" in cap.events[2].reason
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(cap(x), model(x))
