@@ -6,7 +6,8 @@ import contextlib
 import inspect
 import logging
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch._export.utils  # noqa: F401

@@ -60,8 +60,10 @@ def build(model: str, depth: int, variant: str) -> tuple[torch.nn.Module, tuple,
         if model == "llama-like":
             from .models import LlamaConfig, LlamaLike
 
-            module = LlamaLike(LlamaConfig(layers=depth), seed=None).eval()
-            return _mark(module, module.layers, variant), (ids,), {}
+            # Class-level marking, as in bench/capture_depth.py (the zoo's region classes): Dynamo in
+            # torch 2.13 feeds every layer the first layer's weights when the forward is rebound per instance.
+            regions = {"stampout": True, "nested": "nested"}.get(MARKING[variant], False)
+            return LlamaLike(LlamaConfig(layers=depth), regions=regions, seed=None).eval(), (ids,), {}
         import transformers
 
         if model == "hf-llama":

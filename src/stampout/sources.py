@@ -8,7 +8,8 @@ the entry's sources against the new call's context, which is how `args[0].attn.e
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 MISSING = object()  # an attribute, item or cell that is not there
 

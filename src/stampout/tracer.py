@@ -11,7 +11,8 @@ import builtins
 import logging
 import operator
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx as fx

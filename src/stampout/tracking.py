@@ -8,7 +8,8 @@ object's class is swapped for a cached shim subclass (same name, no extra slots)
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

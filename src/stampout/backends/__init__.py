@@ -6,7 +6,8 @@ torch.compile backends. The names here are built in.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch.fx as fx
 

@@ -9,7 +9,8 @@ gives correct gradients; inference and flat graphs keep buffer reuse.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
