@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
+from .constants import ConstantValues
 from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
@@ -231,6 +232,7 @@ class Tracer:
         self.lifted: list[tuple[fx.Node, torch.Tensor, Source | None]] = []  # outer lifted real tensors
         self._fakes: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self._autocast_nodes: list[fx.Node] = []
+        self.constants = ConstantValues()
         self.mode = CaptureMode(self)
         self.regions: Any = None  # the RegionCalls handler, set by api.capture
 
@@ -298,6 +300,8 @@ class Tracer:
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         what = _DATA_DEPENDENT.get(func)
         if what is not None:
+            if self.constants.knows_all(args, kwargs):
+                return self.constants.evaluate(func, args, kwargs)
             self._raise_data_dependent(what)
         if func is _SET_GRAD:
             func(*args, **kwargs)
@@ -324,17 +328,28 @@ class Tracer:
             fake_args, fake_kwargs = args, kwargs
         try:
             out = func(*fake_args, **fake_kwargs)
-        except DataDependentOutputException:
-            self._raise_data_dependent(f"{getattr(func, '__name__', func)} (its result depends on tensor values)")
-        except DynamicOutputShapeException:
-            self._raise_data_dependent(
-                f"{getattr(func, '__name__', func)} (its output shape depends on tensor values)"
-            )
+        except (DataDependentOutputException, DynamicOutputShapeException) as error:
+            out = self._from_constants(func, args, kwargs, error)
+        else:
+            self.constants.after(func, args, kwargs, out, tensors_in)
         if func in _AUTOGRAD_GETTERS and self.regions is not None:
             self.regions.note_autograd_read()
         if not has_tensor(out) and not (out is None and tensors_in and not _is_property_get(func)):
             return out
         self.record(func, args, kwargs, out)
+        return out
+
+    def _from_constants(self, func: Callable, args: tuple, kwargs: dict, error: Exception) -> Any:
+        """A data-dependent op on constant tensors: its real result, as fakes (and known values)."""
+        name = getattr(func, "__name__", func)
+        if not self.constants.knows_all(args, kwargs):
+            if isinstance(error, DynamicOutputShapeException):
+                self._raise_data_dependent(f"{name} (its output shape depends on tensor values)")
+            self._raise_data_dependent(f"{name} (its result depends on tensor values)")
+        real = self.constants.evaluate(func, args, kwargs)
+        with torch._C.DisableTorchFunction():
+            out = map_tensors(real, lambda t: self.fake_mode.from_tensor(t, static_shapes=True))
+        self.constants.remember(out, real)
         return out
 
     def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:

@@ -1,0 +1,94 @@
+"""Real values for tensors computed only from constants, so Python may look at them during capture.
+
+`mask = torch.triu(torch.full((n, n), float("-inf")), 1)` depends on nothing but `n`; code such as
+`bool((mask == causal).all())` (nn.Transformer does this) is fine to evaluate while tracing, because the
+answer can never differ at run time. stampout computes such tensors for real beside their fakes (small
+ones, deterministic ops only) and answers `bool`, `item`, `tolist` and friends from the real value. Any
+in-place change that mixes in a non-constant value forgets every known value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+_RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",
+           "geometric", "cauchy", "log_normal", "random", "empty", "seed")
+_MAX_NUMEL = 1 << 20
+
+
+def _name(func: Callable) -> str:
+    return getattr(func, "__name__", "") or ""
+
+
+def deterministic(func: Callable) -> bool:
+    name = _name(func).lower()
+    return not any(word in name for word in _RANDOM)
+
+
+def mutating(func: Callable, kwargs: dict) -> bool:
+    name = _name(func)
+    return name.endswith("_") and not name.endswith("__") or name in ("__setitem__", "setitem") or (
+        name.startswith("__i") and name.endswith("__")) or "out" in kwargs
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+class ConstantValues:
+    """id(fake) -> (fake, real value) for tensors that depend on constants only."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def real(self, t: torch.Tensor) -> torch.Tensor | None:
+        hit = self._known.get(id(t))
+        return None if hit is None else hit[1]
+
+    def _to_real(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._known[id(value)][1]
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._to_real(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._to_real(v) for k, v in value.items()}
+        return value
+
+    def evaluate(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """`func` run on the real values of its (all known) tensor arguments."""
+        with unset_fake_temporarily():
+            return func(*self._to_real(args), **self._to_real(kwargs))
+
+    def remember(self, fakes: Any, reals: Any) -> None:
+        for fake, value in zip(_tensors(fakes), _tensors(reals)):
+            self._known[id(fake)] = (fake, value)
+
+    def knows_all(self, args: tuple, kwargs: dict) -> bool:
+        return all(id(t) in self._known for t in _tensors((args, kwargs)))
+
+    def after(self, func: Callable, args: tuple, kwargs: dict, out: Any, tensors_in: bool) -> None:
+        """Track the real value of `out` when every input is constant; forget all on a mixed mutation."""
+        if tensors_in and not self._known:
+            return
+        inputs_known = self.knows_all(args, kwargs)
+        if not inputs_known:
+            if mutating(func, kwargs) and any(id(t) in self._known for t in _tensors((args, kwargs))):
+                self._known.clear()
+            return
+        outs = _tensors(out)
+        if not outs or not deterministic(func) or any(t.numel() > _MAX_NUMEL for t in outs):
+            return
+        try:
+            real = self.evaluate(func, args, kwargs)
+        except Exception:  # a device we do not have, an op without a real kernel: just not constant
+            return
+        self.remember(outs, real)
