@@ -218,3 +218,35 @@ def test_max_entries_drops_the_oldest():
     for n in (1, 2, 3, 1):
         same(fn, reference, torch.randn(n, 8))
     assert fn.stats.captures == 4
+
+
+def test_two_compiled_functions_over_shared_modules_both_guard():
+    torch.manual_seed(0)
+    model = Stack(3)
+    reference = copy.deepcopy(model)
+    whole = stampout.compile(model, backend="eager")
+    part = stampout.compile(model.layers[1], backend="eager")
+    x = torch.randn(3, 8)
+    same(whole, reference, x)  # model is now write-watched by `whole`
+    torch.testing.assert_close(part(x), reference.layers[1](x))  # capture while `whole` watches
+    model.layers[1].scale = 4.0
+    reference.layers[1].scale = 4.0
+    torch.testing.assert_close(part(x), reference.layers[1](x))
+    same(whole, reference, x)
+    assert (part.stats.captures, whole.stats.captures) == (2, 2)
+
+
+def test_releasing_one_compiled_function_keeps_the_other_watching():
+    torch.manual_seed(0)
+    model = Stack(3)
+    reference = copy.deepcopy(model)
+    whole = stampout.compile(model, backend="eager")
+    part = stampout.compile(model.layers[1], backend="eager")
+    x = torch.randn(3, 8)
+    part(x)
+    same(whole, reference, x)
+    part.reset()  # releases its watch on layers[1]; `whole` still guards it
+    model.layers[1].scale = 5.0
+    reference.layers[1].scale = 5.0
+    same(whole, reference, x)
+    assert whole.stats.captures == 2

@@ -111,36 +111,47 @@ def original_class(obj: Any) -> type:
     return cls.__dict__.get("_stampout_original", cls)
 
 
-class Watch:
-    """The objects one capture has swapped to shim classes; `restore()` undoes every swap."""
+class Swaps:
+    """Objects whose class one owner swapped for a shim (`shim_for(original class)`); `restore()` undoes it.
 
-    def __init__(self) -> None:
+    An object already carrying another shim (a compiled function's write shim during a capture, say) is
+    given this owner's shim of the original class and gets its previous class back on restore."""
+
+    def __init__(self, shim_for: Callable[[type], type | None]) -> None:
+        self._shim_for = shim_for
         self._swapped: dict[int, tuple[Any, type]] = {}
 
+    def __contains__(self, obj: Any) -> bool:
+        return id(obj) in self._swapped
+
     def watch(self, obj: Any) -> bool:
-        """Swap `obj` to its shim class; False when its class does not allow it."""
+        """Swap `obj` to the shim; False when its class does not allow it."""
         if id(obj) in self._swapped:
-            return True
-        cls = type(obj)
-        if "_stampout_original" in cls.__dict__:
             return True
         if not hasattr(obj, "__dict__"):
             return False
-        shim = shim_class(cls)
+        cls = type(obj)
+        shim = self._shim_for(cls.__dict__.get("_stampout_original", cls))
         if shim is None:
             return False
         try:
-            obj.__class__ = shim
+            _set_class(obj, shim)
         except TypeError:
-            _SHIMS[cls] = None
             return False
         self._swapped[id(obj)] = (obj, cls)
         return True
 
     def restore(self) -> None:
-        for obj, cls in self._swapped.values():
+        for obj, cls in reversed(list(self._swapped.values())):
             _set_class(obj, cls)
         self._swapped.clear()
+
+
+class Watch(Swaps):
+    """Read watching for one capture."""
+
+    def __init__(self) -> None:
+        super().__init__(shim_class)
 
 
 def _set_class(obj: Any, cls: type) -> None:
@@ -223,36 +234,49 @@ def write_shim_class(cls: type) -> type | None:
     return shim
 
 
+_WRITE_WATCHERS: dict[int, list[Any]] = {}  # id(obj) -> [obj, class before, number of WriteWatches]
+
+
 class WriteWatch:
-    """Objects whose writes bump EPOCH while a compiled function guards them; `release()` undoes it."""
+    """Objects whose writes bump EPOCH while a compiled function guards them; `release()` undoes it.
+
+    Several compiled functions may watch one object (a model and one of its layers): the write shim
+    stays until the last of them releases it."""
 
     def __init__(self) -> None:
-        self._swapped: dict[int, tuple[Any, type]] = {}
+        self._mine: set[int] = set()
 
     def __contains__(self, obj: Any) -> bool:
-        return id(obj) in self._swapped
+        return id(obj) in self._mine
 
     def watch(self, obj: Any) -> bool:
-        if id(obj) in self._swapped:
+        if id(obj) in self._mine:
             return True
-        cls = type(obj)
-        if "_stampout_original" in cls.__dict__ or not hasattr(obj, "__dict__"):
-            return False
-        shim = write_shim_class(cls)
-        if shim is None:
-            return False
-        try:
-            object.__setattr__(obj, "__class__", shim)
-        except TypeError:
-            _WRITE_SHIMS[cls] = None
-            return False
-        self._swapped[id(obj)] = (obj, cls)
+        shared = _WRITE_WATCHERS.get(id(obj))
+        if shared is None:
+            if not hasattr(obj, "__dict__"):
+                return False
+            cls = type(obj)
+            shim = write_shim_class(cls.__dict__.get("_stampout_original", cls))
+            if shim is None:
+                return False
+            try:
+                _set_class(obj, shim)
+            except TypeError:
+                return False
+            shared = _WRITE_WATCHERS[id(obj)] = [obj, cls, 0]
+        shared[2] += 1
+        self._mine.add(id(obj))
         return True
 
     def release(self) -> None:
-        for obj, cls in self._swapped.values():
-            _set_class(obj, cls)
-        self._swapped.clear()
+        for key in self._mine:
+            shared = _WRITE_WATCHERS[key]
+            shared[2] -= 1
+            if shared[2] == 0:
+                _set_class(shared[0], shared[1])
+                del _WRITE_WATCHERS[key]
+        self._mine.clear()
         EPOCH.bump()
 
 
