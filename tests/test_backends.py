@@ -10,11 +10,11 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import named_grads
 from torch import nn
 
 import stampout
 from stampout.backends import inductor as inductor_backend
-from helpers import named_grads
 
 
 class Block(nn.Module):

@@ -13,20 +13,19 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import assert_matches_eager, named_grads, scalar_loss, tree_assert_close
 from torch import nn
 
 import stampout
 from stampout.models import (
+    MLP,
     ConvNet,
     GPT2Block,
     GPT2Like,
     LlamaConfig,
     LlamaLike,
-    MLP,
     transformer_encoder,
 )
-from helpers import assert_matches_eager, named_grads, scalar_loss, tree_assert_close
 
 F32 = dict(rtol=1e-4, atol=1e-5)
 BF16 = dict(rtol=2e-2, atol=2e-2)

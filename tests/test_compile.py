@@ -7,10 +7,10 @@ import logging
 
 import pytest
 import torch
+from test_divergent import Stack
 from torch import nn
 
 import stampout
-from test_divergent import Stack
 
 GLOBAL_SCALE = 1.0
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from helpers import assert_matches_eager
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
 import stampout
-from helpers import assert_matches_eager
 
 ACTS = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu}
 

@@ -6,10 +6,10 @@ import logging
 
 import pytest
 import torch
+from helpers import assert_matches_eager
 from torch import nn
 
 import stampout
-from helpers import assert_matches_eager
 
 
 class Lin(nn.Module):

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import assert_matches_eager
 from torch import nn
 
 import stampout
-from helpers import assert_matches_eager
 
 
 # ---- functions ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ LABELS = {
     "dynamo_nested": "dynamo nested",
     "export": "export",
 }
-RATIOS = (("dynamo_flat", "dynamo flat / regions"), ("dynamo_nested", "dynamo nested / regions"),
+RATIOS = (("dynamo_flat", "dynamo flat / regions"), ("dynamo_nested", "nested / regions"),
           ("export", "export / regions"))
 MARKING = {"stampout_regions": "stampout", "stampout_flat": None, "dynamo_flat": None,
            "dynamo_nested": "nested", "export": None}
@@ -147,8 +147,11 @@ def time_once(model: str, variant: str, depth: int) -> dict[str, Any]:
         program = torch.export.export(module, args, kwargs, strict=False)
         row["time_s"] = time.perf_counter() - t0
         run = lambda: program.module()(*args, **kwargs)  # noqa: E731
-    with torch.no_grad():
-        row["max_abs_diff"] = _max_diff(run(), module(*args, **kwargs))
+    try:
+        with torch.no_grad():
+            row["max_abs_diff"] = _max_diff(run(), module(*args, **kwargs))
+    except Exception as e:  # noqa: BLE001 - the capture worked; its result could not be checked
+        row["max_abs_diff"], row["check_error"] = None, _error(e)
     return row
 
 
@@ -269,8 +272,8 @@ def table(results: dict[str, Any]) -> Any:
     rows, settings = results["rows"], results["settings"]
     t = Table(title=f"capture time, median of {settings['repeat']} (ms)",
               caption="dynamo: capture only (compile_inner), without the eager run of its first call")
-    for name in ["model", "depth", *(LABELS[v] for v in VARIANTS), *(label for _, label in RATIOS),
-                 "traces/reuses", "max |diff|"]:
+    for name in ["model", "depth", *(LABELS[v].replace(" ", "\n") for v in VARIANTS),
+                 *(label.replace(" / ", "\n/ ") for _, label in RATIOS), "regions\ntraces/\nreuses", "max\n|diff|"]:
         t.add_column(name, justify="left" if name == "model" else "right")
     for model in settings["models"]:
         for depth in settings["depths"]:
@@ -300,10 +303,18 @@ def per_layer_table(results: dict[str, Any]) -> Any:
     return t
 
 
-def errors(results: dict[str, Any]) -> list[str]:
-    """One line per failed (model, variant, depth)."""
-    return [f"{r['model']} {LABELS[r['variant']]} depth {r['depth']}: {r['error']}"
-            for r in results["rows"] if r.get("error")]
+def problems(results: dict[str, Any], tolerance: float = 1e-4) -> list[str]:
+    """One line per failed (model, variant, depth), or one whose result is not within `tolerance` of eager."""
+    lines = []
+    for r in results["rows"]:
+        where = f"{r['model']} {LABELS[r['variant']]} depth {r['depth']}"
+        if r.get("error"):
+            lines.append(f"{where} failed: {r['error']}")
+        elif r.get("check_error"):
+            lines.append(f"{where}: could not run the result to compare with eager: {r['check_error']}")
+        elif r.get("max_abs_diff") is not None and r["max_abs_diff"] > tolerance:
+            lines.append(f"{where}: result differs from eager by {r['max_abs_diff']:.2e}")
+    return lines
 
 
 def plot(results: dict[str, Any], path: str) -> None:
@@ -319,6 +330,8 @@ def plot(results: dict[str, Any], path: str) -> None:
                       if r["model"] == model and r["variant"] == v and r.get("median_s")]
             if points:
                 ax.plot(*zip(*sorted(points)), marker="o", label=LABELS[v])
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(results["settings"]["depths"], [str(d) for d in results["settings"]["depths"]])
         ax.set_yscale("log")
         ax.set_title(model)
         ax.set_xlabel("decoder layers")

@@ -125,8 +125,8 @@ class _Entry:
         failure = first_failure(self.capture.program.guards, ctx)
         if failure is not None:
             _, guard, actual = failure
-            return (f"{guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()!r}, "
-                    f"got {actual!r} (read at {guard.where})")
+            return (f"{guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
+                    f"got {actual} (read at {guard.where})")
         if self.tensor_guard is not None and not self.tensor_guard.check(*self.tensors):
             return str(self.tensor_guard.check_verbose(*self.tensors, tensor_check_names=[
                 s.name() for s in self.tensor_sources] + ["lifted"] * (len(self.tensors) - len(self.tensor_sources))))

@@ -9,7 +9,8 @@ in-place change that mixes in a non-constant value forgets every known value.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily

@@ -48,6 +48,29 @@ def const_key(value: Any) -> Any:
     return (t, value)
 
 
+def show_const(key: Any) -> str:
+    """A const_key as the value it stands for (`1e-06`, `'silu'`, `(1, 2)`), with its type when it matters."""
+    t, value = key
+    if t is float:
+        return value
+    if t in (tuple, list, torch.Size):
+        inner = ", ".join(show_const(k) for k in value)
+        return f"({inner}{',' if len(value) == 1 else ''})" if t is tuple else f"[{inner}]" if t is list else \
+            f"torch.Size([{inner}])"
+    if t is dict:
+        return "{" + ", ".join(f"{show_const(k)}: {show_const(v)}" for k, v in value) + "}"
+    if t in (set, frozenset):
+        return "{" + ", ".join(sorted(show_const(k) for k in value)) + "}"
+    return repr(value)
+
+
+def show_tensor_meta(meta: tuple) -> str:
+    cls, shape, stride, dtype, device, requires_grad, layout, offset = meta
+    extra = "" if cls in (torch.Tensor, torch.nn.Parameter) else f", type={cls.__name__}"
+    return (f"tensor(shape={list(shape)}, stride={list(stride)}, dtype={dtype}, device={device}, "
+            f"requires_grad={requires_grad}{extra})")
+
+
 def tensor_meta(t: torch.Tensor) -> tuple:
     """Everything about a tensor that a trace can depend on without reading its values."""
     return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.layout, t.storage_offset())
@@ -139,20 +162,33 @@ class Guard:
             return value is self.expected
         return _OBSERVE[self.kind](value) == self.expected
 
-    def observe(self, value: Any) -> Any:
-        """The value as this guard compares it (for explaining a failure)."""
+    def observe(self, value: Any) -> str:
+        """The value as this guard compares it, as a user would read it (for explaining a failure)."""
         if value is MISSING:
             return "<missing>"
         if self.kind is Kind.TYPE:
             return type(value).__qualname__
-        return _OBSERVE[self.kind](value)
+        return self._show(_OBSERVE[self.kind](value))
 
-    def expected_text(self) -> Any:
+    def expected_text(self) -> str:
         if self.kind is Kind.TYPE:
             return self.expected[0].__qualname__
         if self.kind is Kind.ABSENT:
             return "<missing>"
-        return self.expected
+        return self._show(self.expected)
+
+    def _show(self, observed: Any) -> str:
+        if observed is MISSING:
+            return "<missing>"
+        if self.kind is Kind.CONST:
+            return show_const(observed)
+        if self.kind is Kind.TENSOR:
+            return show_tensor_meta(observed)
+        if self.kind is Kind.HOOKS:
+            return "no hooks" if observed == _NO_HOOKS else f"hooks {[len(h) for h in observed]} (pre, fwd, bwd-pre, bwd)"
+        if self.kind is Kind.ID:
+            return f"<{type(observed).__name__} object at {id(observed):#x}>"
+        return repr(observed)
 
     def condition(self, var: str, const: str) -> str:
         k = self.kind

@@ -122,8 +122,8 @@ class RegionCalls:
         if best is None:
             return "the trace read requires_grad, and which inputs require grad differs"
         _, guard, actual = best
-        return (f"guard failed: {guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()!r}, "
-                f"got {actual!r} (read at {guard.where})")
+        return (f"guard failed: {guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
+                f"got {actual} (read at {guard.where})")
 
     def _check_cap(self, region: Region, reason: str, site: str) -> None:
         count = len(self.cache.entries.get(region.code, []))
