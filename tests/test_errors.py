@@ -178,7 +178,7 @@ class UserError(Exception):
 
 def test_user_value_error_propagates_unchanged():
     def fn(x):
-        y = x + 1
+        x + 1
         raise ValueError("boom")
 
     with pytest.raises(ValueError) as info:
@@ -197,7 +197,7 @@ def test_user_exception_is_the_same_object():
             self.lin = nn.Linear(2, 2)
 
         def forward(self, x):
-            h = self.lin(x)
+            self.lin(x)
             raise raised
 
     with pytest.raises(UserError) as info:

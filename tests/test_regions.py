@@ -229,7 +229,7 @@ def test_class_level_wrap():
 
 def test_region_of_module_instance():
     model = Stack(3)
-    for i, layer in enumerate(model.layers):
+    for layer in model.layers:
         assert stampout.region(layer) is layer
     cap = assert_matches_eager(model, torch.randn(2, 4), grad=True)
     assert _stack_counts(cap, 3)

@@ -187,7 +187,7 @@ def test_torch_marked_region_placeholder_restored():
         return torch.relu(x) * 2
 
     def bad(x):
-        y = block(x)
+        block(x)
         raise ValueError("after marked region")
 
     placeholder = INVOKE_SUBGRAPH_MODULE.invoke_subgraph_placeholder

@@ -188,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--layers", type=int, default=80, help="decoder layers (default: 80)")
     d.add_argument("--hidden", type=int, default=64, help="hidden size, a multiple of 8 (default: 64)")
     d.add_argument("--backend", choices=BACKENDS, default="eager",
-                   help="stampout.compile backend (default: eager; inductor compiles for real and is slow on few cores)")
+                   help="stampout.compile backend (default: eager; inductor compiles for real: slow on few cores)")
     d.set_defaults(run=cmd_demo)
 
     b = sub.add_parser("bench", help="capture time vs depth: stampout vs torch.compile (Dynamo) and torch.export",

@@ -185,7 +185,8 @@ class Guard:
         if self.kind is Kind.TENSOR:
             return show_tensor_meta(observed)
         if self.kind is Kind.HOOKS:
-            return "no hooks" if observed == _NO_HOOKS else f"hooks {[len(h) for h in observed]} (pre, fwd, bwd-pre, bwd)"
+            counts = [len(h) for h in observed]
+            return "no hooks" if observed == _NO_HOOKS else f"hooks {counts} (pre, fwd, bwd-pre, bwd)"
         if self.kind is Kind.ID:
             return f"<{type(observed).__name__} object at {id(observed):#x}>"
         return repr(observed)
