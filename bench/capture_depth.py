@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import platform
@@ -35,9 +34,12 @@ _ROOT = os.path.dirname(_HERE)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-import torch
+import torch  # noqa: E402
 
-from stampout.models import LlamaConfig, LlamaLike
+from bench.common import fmt_ms as _ms  # noqa: E402
+from bench.common import fmt_ratio as _ratio  # noqa: E402
+from bench.common import reset_all as _reset_all  # noqa: E402
+from stampout.models import LlamaConfig, LlamaLike  # noqa: E402
 
 VARIANTS = ("stampout_flat", "stampout_regions", "dynamo_flat", "dynamo_nested")
 LABELS = {
@@ -46,18 +48,6 @@ LABELS = {
     "dynamo_flat": "dynamo flat",
     "dynamo_nested": "dynamo nested",
 }
-
-
-def _reset_all() -> None:
-    try:
-        import stampout
-
-        if hasattr(stampout, "reset"):
-            stampout.reset()
-    except Exception as e:  # noqa: BLE001 - the library is a work in progress; a broken reset is reported
-        print(f"stampout.reset() failed: {type(e).__name__}: {e}", file=sys.stderr)
-    torch._dynamo.reset()
-    gc.collect()
 
 
 def _model(variant: str, depth: int) -> torch.nn.Module:
@@ -219,10 +209,6 @@ def capture_time(r: dict[str, Any] | None) -> float | None:
     return r.get("capture_median_s", r.get("median_s"))
 
 
-def _ms(t: float | None) -> str:
-    return "-" if t is None else f"{t * 1e3:.1f}"
-
-
 def _cell(r: dict[str, Any] | None) -> str:
     if r is None:
         return "-"
@@ -231,10 +217,6 @@ def _cell(r: dict[str, Any] | None) -> str:
     if "capture_median_s" in r:
         return f"{_ms(r['capture_median_s'])} ({_ms(r['median_s'])})"
     return _ms(r["median_s"])
-
-
-def _ratio(num: float | None, den: float | None) -> str:
-    return "-" if num is None or den is None or den == 0 else f"{num / den:.2f}x"
 
 
 def per_layer_cost(res: dict[int, dict[str, Any]], depth: int) -> float | None:

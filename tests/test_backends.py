@@ -129,3 +129,35 @@ def test_inductor_training_on_reused_regions_gives_eager_gradients():
         torch.testing.assert_close(got[name], want[name], rtol=1e-3, atol=1e-5,
                                    msg=lambda m, name=name: f"grad of {name}: {m}")
     assert fn.stats.traces == 1
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_region_called_with_and_without_grad(backend):
+    """A region traced under no_grad must not share its subgraph name with grad-mode calls (AOTAutograd
+    keys subgraph traces by name; sharing one crashed its backward)."""
+    @stampout.region
+    def block(x, w):
+        return (x @ w).sin()
+
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def prog(x):
+        with torch.no_grad():
+            a = block(x, w)
+        return block(a, w)
+
+    x = torch.randn(4, 8)
+    fn = stampout.compile(prog, backend=backend)
+    out = fn(x)
+    out.sum().backward()
+    expected_grad = torch.autograd.grad(prog(x).sum(), w)[0]
+    torch.testing.assert_close(w.grad, expected_grad)
+    assert [e.outcome for e in fn.last_capture.events] == ["traced", "traced"]
+
+
+def test_backend_failure_is_a_stampout_error():
+    def broken(gm, example_inputs):
+        raise ValueError("no kernels today")
+
+    with pytest.raises(stampout.BackendError, match="no kernels today"):
+        stampout.compile(Net(), backend=broken)(torch.randn(4, 16))

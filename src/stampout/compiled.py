@@ -21,7 +21,7 @@ from torch._C._dynamo.guards import TensorGuards
 from .api import _frame_function, capture_program
 from .backends import resolve
 from .capture import Capture
-from .errors import GuardError, message
+from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure
 from .regions.cache import RegionCache
@@ -201,7 +201,18 @@ class CompiledFunction:
                 "pass such values as arguments or keep them as attributes of the module",
             ))
         example = cap.placeholders_for(args, kwargs)
-        compiled = self.backend(cap.gm, example)
+        try:
+            compiled = self.backend(cap.gm, example)
+        except StampoutError:
+            raise
+        except Exception as error:
+            raise BackendError(message(
+                f"backend {getattr(self.backend, '__module__', self.backend)} failed on {_name(self.fn)}: "
+                f"{type(error).__name__}: {error}",
+                user_location(),
+                "try backend='eager' (or 'aot_eager') to see whether the graph or the backend is at fault, "
+                "and report it with STAMPOUT_LOGS=+regions output",
+            )) from error
         entry = _Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
         if len(self._entries) >= self.max_entries:

@@ -46,9 +46,12 @@ class RegionCache:
         self.entries.setdefault(code, []).append(entry)
         self.by_fingerprint.setdefault((code, entry.fingerprint), []).append(entry)
 
-    def register(self, gm: fx.GraphModule) -> tuple[str, fx.GraphModule, bool]:
-        """Name for a traced subgraph: an existing identical one (deduped=True) or a new one."""
-        key = structure_key(gm)
+    def register(self, gm: fx.GraphModule, state: tuple) -> tuple[str, fx.GraphModule, bool]:
+        """Name for a traced subgraph: an existing identical one (deduped=True) or a new one.
+
+        `state` (grad mode, autocast, default dtype) is part of the key: AOTAutograd keys its traces of a
+        subgraph by name, and one name used with and without grad breaks its backward."""
+        key = (state, structure_key(gm))
         name = self.by_structure.get(key)
         if name is not None:
             return name, self.subgraphs[name], True

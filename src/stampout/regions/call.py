@@ -181,7 +181,7 @@ class RegionCalls:
                 returned.append(node)
         child.graph.output(tuple(returned))
         gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
-        name, gm, deduped = self.cache.register(gm)
+        name, gm, deduped = self.cache.register(gm, fp[2])
 
         for value in template_constants(template):
             if not is_constant(value):

@@ -1,0 +1,381 @@
+"""Per-call dispatch overhead of an already compiled model: stampout vs torch.compile.
+
+    python bench/guard_overhead.py --layers 32 80 --calls 500 --batches 5
+
+Every variant compiles ``LlamaLike(layers=N)`` (ids [2, 16]) with a backend that computes nothing: it
+returns precomputed zero tensors, as many as the captured graph has outputs (read from the graph's
+output node). What is left of a call is the guard check and the dispatch around the compiled code:
+
+  stampout regions   stampout.compile(model, backend=noop)                      forward = stampout.region
+  stampout flat      same, plain DecoderLayer                                   (not asked for: --variants)
+  torch flat         torch.compile(model, backend=noop, fullgraph=True)         plain DecoderLayer
+  torch nested       same, forward = torch.compiler.nested_compile_region(...)
+  eager              the model itself, no compiler: the real forward, for scale (fewer calls)
+
+For each depth and grad mode (``no_grad``: under ``torch.no_grad()``; ``grad``: grad enabled, parameters
+requiring grad), a fresh model is compiled and called once, then warmed up, then timed: ``--batches``
+batches of ``--calls`` calls each (GC off while timing); the reported number is the median over batches
+of the per-call time. The run checks that no variant recompiled while timed (captures / backend calls).
+Each variant runs in its own fresh interpreter. Raw numbers go to bench/out/guard_overhead.json.
+
+Timings on a shared 2-core machine are noisy; compare ratios rather than absolute numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import torch  # noqa: E402
+from torch import fx  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+from bench.common import console, environment, reset_all, run_json_worker, short_error, write_json  # noqa: E402
+from stampout.models import LlamaConfig, LlamaLike  # noqa: E402
+
+VARIANTS = ("stampout_regions", "stampout_flat", "torch_flat", "torch_nested", "eager")
+DEFAULT_VARIANTS = ("stampout_regions", "torch_flat", "torch_nested", "eager")
+LABELS = {
+    "stampout_regions": "stampout regions",
+    "stampout_flat": "stampout flat",
+    "torch_flat": "torch flat",
+    "torch_nested": "torch nested",
+    "eager": "eager fwd",
+}
+REGIONS: dict[str, bool | str] = {
+    "stampout_regions": True,
+    "stampout_flat": False,
+    "torch_flat": False,
+    "torch_nested": "nested",
+    "eager": False,
+}
+GRAD_MODES = ("no_grad", "grad")
+INPUT_SHAPE = (2, 16)
+
+
+# ---------------------------------------------------------------------------------- noop backend
+
+
+def _placeholder_output(node: Any) -> Any:
+    """A zero tensor with the metadata recorded on an output node (``val`` or Dynamo's ``example_value``)."""
+    if not isinstance(node, fx.Node):
+        return node  # a constant or None in the output
+    val = node.meta.get("val", node.meta.get("example_value"))
+    if isinstance(val, torch.Tensor):
+        return torch.zeros(tuple(int(s) for s in val.shape), dtype=val.dtype)
+    if val is None:
+        raise RuntimeError(f"output node {node.name} has no recorded value")
+    return val
+
+
+def make_noop_backend(compiled: list[fx.GraphModule]) -> Callable:
+    """A torch.compile-style backend whose compiled callable returns precomputed zeros and does nothing else.
+
+    Every graph it is given is appended to ``compiled`` (so recompiles can be counted).
+    """
+
+    def noop_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        compiled.append(gm)
+        output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+        outs = tuple(_placeholder_output(n) for n in tree_leaves(output.args[0]))
+
+        def run(*args: Any) -> tuple:
+            return outs
+
+        return run
+
+    return noop_backend
+
+
+# ---------------------------------------------------------------------------------------- timing
+
+
+def _build(variant: str, layers: int, grad: bool) -> tuple[Callable, list[fx.GraphModule], torch.nn.Module]:
+    model = LlamaLike(LlamaConfig(layers=layers), regions=REGIONS[variant], seed=0)
+    model.requires_grad_(grad)
+    compiled: list[fx.GraphModule] = []
+    if variant == "eager":
+        return model, compiled, model
+    backend = make_noop_backend(compiled)
+    if variant.startswith("stampout"):
+        import stampout
+
+        return stampout.compile(model, backend=backend), compiled, model
+    return torch.compile(model, backend=backend, fullgraph=True), compiled, model
+
+
+def _captures(fn: Any) -> int | None:
+    st = getattr(fn, "stats", None)
+    return getattr(st, "captures", None)
+
+
+def _time_batches(fn: Callable, ids: torch.Tensor, calls: int, batches: int) -> list[float]:
+    """Per-call seconds of each batch (GC disabled while timing)."""
+    out: list[float] = []
+    gc_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn(ids)
+            out.append((time.perf_counter() - t0) / calls)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return out
+
+
+def measure_one(variant: str, layers: int, grad_mode: str, calls: int, batches: int, warmup: int) -> dict[str, Any]:
+    reset_all()
+    grad = grad_mode == "grad"
+    ids = torch.randint(0, LlamaConfig().vocab, INPUT_SHAPE, generator=torch.Generator().manual_seed(0))
+    if variant == "eager":  # the real forward: a few calls are enough to see its scale
+        calls, batches, warmup = max(5, calls // 50), min(batches, 3), 2
+    ctx = contextlib.nullcontext() if grad else torch.no_grad()
+    with ctx:
+        fn, compiled, model = _build(variant, layers, grad)
+        t0 = time.perf_counter()
+        y = fn(ids)
+        first_s = time.perf_counter() - t0
+        shape_ok = tuple(y.shape) == (*INPUT_SHAPE, model.config.vocab)
+        for _ in range(warmup):
+            fn(ids)
+        captures_before, graphs_before = _captures(fn), len(compiled)
+        per_call = _time_batches(fn, ids, calls, batches)
+        captures_after, graphs_after = _captures(fn), len(compiled)
+    r: dict[str, Any] = {
+        "per_call_s": per_call,
+        "median_s": statistics.median(per_call),
+        "min_s": min(per_call),
+        "calls": calls,
+        "batches": batches,
+        "warmup": warmup,
+        "first_call_s": first_s,
+        "output_shape_ok": shape_ok,
+        "error": None,
+    }
+    if variant != "eager":
+        r["backend_calls"] = graphs_after
+        r["recompiled_while_timed"] = graphs_after != graphs_before or captures_after != captures_before
+    if variant.startswith("stampout"):
+        r["captures"] = captures_after
+        r["traces"] = fn.stats.traces
+    if variant == "torch_nested":
+        r["subgraphs"] = sum(
+            1 for g in compiled for n, _ in g.named_children() if n.startswith(("subgraph", "invoke_subgraph"))
+        )
+    del fn, model
+    reset_all()
+    return r
+
+
+def measure_variant(
+    variant: str, layers: list[int], grad_modes: list[str], calls: int, batches: int, warmup: int,
+    threads: int | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``{"<layers>/<grad_mode>": result}`` for one variant, in this process."""
+    if threads:
+        torch.set_num_threads(threads)
+    out: dict[str, dict[str, Any]] = {}
+    for n in layers:
+        for gm in grad_modes:
+            try:
+                out[f"{n}/{gm}"] = measure_one(variant, n, gm, calls, batches, warmup)
+            except Exception as e:  # noqa: BLE001 - stampout is a work in progress; report, don't stop
+                out[f"{n}/{gm}"] = {
+                    "median_s": None,
+                    "error": short_error(e),
+                    "traceback": traceback.format_exc(limit=8),
+                }
+                reset_all()
+    return out
+
+
+def _run_worker(variant: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        variant,
+        "--calls",
+        str(args.calls),
+        "--batches",
+        str(args.batches),
+        "--warmup",
+        str(args.warmup),
+        "--layers",
+        *map(str, args.layers),
+        "--grad-modes",
+        *args.grad_modes,
+        "--threads",
+        str(args.threads),
+    ]
+    res, err = run_json_worker(cmd, timeout=args.timeout)
+    if err is not None:
+        return {f"{n}/{gm}": {"median_s": None, **err} for n in args.layers for gm in args.grad_modes}
+    return res
+
+
+# ---------------------------------------------------------------------------------------- report
+
+
+def _us(t: float | None) -> str:
+    return "-" if t is None else f"{t * 1e6:.1f}"
+
+
+def _get(results: dict, variant: str, key: str) -> float | None:
+    r = results.get(variant, {}).get(key)
+    return None if not r or r.get("error") else r.get("median_s")
+
+
+def _cell(results: dict, variant: str, key: str) -> str:
+    r = results.get(variant, {}).get(key)
+    if r is None:
+        return "-"
+    if r.get("error"):
+        return f"[red]error: {r['error'].split(':')[0][:20]}[/red]"
+    if variant == "eager":
+        return f"{r['median_s'] * 1e3:.2f} ms"
+    cell = _us(r["median_s"])
+    if r.get("recompiled_while_timed"):
+        cell += " [yellow](recompiled!)[/yellow]"
+    return cell
+
+
+def report(results: dict[str, dict[str, dict[str, Any]]], layers: list[int], grad_modes: list[str]) -> None:
+    con = console()
+    if con is None:  # pragma: no cover
+        import json
+
+        print(json.dumps(results, indent=1, default=str))
+        return
+    from rich.table import Table
+
+    table = Table(
+        title="per-call overhead of a compiled LlamaLike, noop backend (ids [2, 16]; median µs/call)",
+        caption="noop backend: the compiled code returns precomputed zeros, so a call is guards + dispatch. "
+        "Ratios: torch / stampout regions (>1: stampout is cheaper). eager fwd: the real forward, for scale.",
+    )
+    table.add_column("layers", justify="right")
+    table.add_column("grad mode")
+    variants = [v for v in VARIANTS if v in results]
+    for v in variants:
+        table.add_column(LABELS[v], justify="right")
+    pairs = [(v, "stampout_regions") for v in ("torch_flat", "torch_nested") if v in results]
+    if "stampout_regions" not in results:
+        pairs = []
+    for a, _ in pairs:
+        table.add_column(f"{LABELS[a]} / stampout", justify="right")
+    if "eager" in results and "stampout_regions" in results:
+        table.add_column("stampout % of eager fwd", justify="right")
+    for n in layers:
+        for gm in grad_modes:
+            key = f"{n}/{gm}"
+            row = [str(n), gm] + [_cell(results, v, key) for v in variants]
+            for a, b in pairs:
+                num, den = _get(results, a, key), _get(results, b, key)
+                row.append("-" if num is None or den is None or den == 0 else f"{num / den:.2f}x")
+            if "eager" in results and "stampout_regions" in results:
+                so, ea = _get(results, "stampout_regions", key), _get(results, "eager", key)
+                row.append("-" if so is None or not ea else f"{100 * so / ea:.1f}%")
+            table.add_row(*row)
+    con.print(table)
+    for v, per in results.items():
+        for key, r in per.items():
+            if r.get("error"):
+                con.print(f"[red]{LABELS[v]} {key}:[/red] {r['error']}")
+            elif r.get("output_shape_ok") is False:
+                con.print(f"[yellow]{LABELS[v]} {key}: output shape differs from the model's[/yellow]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, nargs="+", default=[32, 80])
+    p.add_argument("--grad-modes", nargs="+", choices=GRAD_MODES, default=list(GRAD_MODES))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
+    p.add_argument("--calls", type=int, default=500, help="calls per timed batch")
+    p.add_argument("--batches", type=int, default=5, help="timed batches (the median is reported)")
+    p.add_argument("--warmup", type=int, default=50, help="untimed calls after the first")
+    p.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads (matters only for the eager reference: with 2 threads on a shared "
+        "2-core machine OpenMP stalls whenever another process holds a core)",
+    )
+    p.add_argument("--timeout", type=float, default=900, help="seconds allowed per variant's worker")
+    p.add_argument("--quick", action="store_true", help="8 layers, no_grad, 100 calls x 3 batches")
+    p.add_argument("--in-process", action="store_true", help="measure every variant in this process")
+    p.add_argument("--out", default=os.path.join(_HERE, "out", "guard_overhead.json"))
+    p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.layers, args.grad_modes, args.calls, args.batches, args.warmup = [8], ["no_grad"], 100, 3, 10
+    args.layers = sorted(set(args.layers))
+
+    if args.worker:
+        import json
+
+        res = measure_variant(
+            args.worker, args.layers, args.grad_modes, args.calls, args.batches, args.warmup, args.threads
+        )
+        print(json.dumps(res, default=str))
+        return 0
+
+    t_start = time.perf_counter()
+    if args.in_process:
+        results = {
+            v: measure_variant(
+                v, args.layers, args.grad_modes, args.calls, args.batches, args.warmup, args.threads
+            )
+            for v in args.variants
+        }
+    else:
+        results = {v: _run_worker(v, args) for v in args.variants}
+    total = time.perf_counter() - t_start
+    report(results, args.layers, args.grad_modes)
+    ratios: dict[str, dict[str, float | None]] = {}
+    for n in args.layers:
+        for gm in args.grad_modes:
+            key = f"{n}/{gm}"
+            so = _get(results, "stampout_regions", key)
+            ratios[key] = {}
+            for v in ("torch_flat", "torch_nested", "stampout_flat"):
+                if v in results:
+                    t = _get(results, v, key)
+                    ratios[key][f"{v}/stampout_regions"] = t / so if t is not None and so else None
+    payload = {
+        "bench": "guard_overhead",
+        "model": "LlamaLike",
+        "input": list(INPUT_SHAPE),
+        "layers": args.layers,
+        "grad_modes": args.grad_modes,
+        "calls": args.calls,
+        "batches": args.batches,
+        "warmup": args.warmup,
+        **environment(),
+        "worker_threads": args.threads,
+        "total_s": total,
+        "ratios": ratios,
+        "results": results,
+    }
+    write_json(args.out, payload)
+    print(f"wrote {args.out} ({total:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
