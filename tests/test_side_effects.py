@@ -115,3 +115,21 @@ def test_dict_attribute_items_are_guarded_one_by_one():
     assert "args[0].opts['scale']" in cap.events[2].reason
     x = torch.randn(2, 4)
     torch.testing.assert_close(cap(x), model(x))
+
+
+@stampout.region
+def transposes_in_place(x):
+    x.t_()
+    return x * 2
+
+
+def test_region_changing_input_metadata_in_place_is_traced_every_time():
+    def prog(x):
+        a, b = x.clone(), x.clone()
+        return transposes_in_place(a) + transposes_in_place(b)
+
+    x = torch.randn(2, 3)
+    cap = stampout.capture(prog, x)
+    assert cap.stats.reuses == 0
+    assert "metadata of its input" in cap.events[0].ineligible
+    torch.testing.assert_close(cap(x), prog(x))

@@ -69,6 +69,7 @@ class RegionFrame:
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
                 self.adopt(leaf, Arg(i, labels[i]), from_arg=True)
+        self._input_meta = [(i, tensor_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
         self._adopt_function(fn, None, depth=0)
 
     # ---- recording ------------------------------------------------------------------------------
@@ -140,7 +141,11 @@ class RegionFrame:
         self._containers.append((value, source, _contents(value)))
 
     def close(self) -> None:
-        """At the end of the trace: a container it read and changed is a side effect too."""
+        """At the end of the trace: a container it read and changed is a side effect too, and so is an
+        input whose shape, strides or requires_grad changed in place (a stamped call would not change them)."""
+        for i, meta in self._input_meta:
+            if tensor_meta(self.leaves[i]) != meta:
+                self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
         for value, source, before in self._containers:
             if _contents(value) != before:
                 self.writes.append(f"{source.name()} (changed in place)")
