@@ -60,7 +60,7 @@ def build(model: str, depth: int, variant: str) -> tuple[torch.nn.Module, tuple,
         if model == "llama-like":
             from .models import LlamaConfig, LlamaLike
 
-            # Class-level marking, as in bench/capture_depth.py (the zoo's region classes): Dynamo in
+            # Class-level marking (the zoo's region classes): Dynamo in
             # torch 2.13 feeds every layer the first layer's weights when the forward is rebound per instance.
             regions = {"stampout": True, "nested": "nested"}.get(MARKING[variant], False)
             return LlamaLike(LlamaConfig(layers=depth), regions=regions, seed=None).eval(), (ids,), {}

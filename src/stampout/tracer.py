@@ -25,7 +25,8 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
-from .constants import ConstantValues
+from .constants import ConstantValues, mutating
+from .meta import NOT_HANDLED, MetaRunner
 from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
@@ -233,6 +234,7 @@ class Tracer:
         self._fakes: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self._autocast_nodes: list[fx.Node] = []
         self.constants = ConstantValues()
+        self.meta = MetaRunner(fake_mode)
         self.mode = CaptureMode(self)
         self.regions: Any = None  # the RegionCalls handler, set by api.capture
 
@@ -321,15 +323,13 @@ class Tracer:
             return iter(self.on_call(_T.unbind, (args[0], 0), {}))
 
         tensors_in = has_tensor(args) or has_tensor(kwargs)
-        if tensors_in:
-            fake_args = map_tensors(args, self.fake_of)
-            fake_kwargs = map_tensors(kwargs, self.fake_of) if kwargs else kwargs
-        else:
-            fake_args, fake_kwargs = args, kwargs
-        try:
-            out = func(*fake_args, **fake_kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException) as error:
-            out = self._from_constants(func, args, kwargs, error)
+        if tensors_in and _is_property_get(func) and not isinstance(args[0], FakeTensor):
+            value = func(args[0])  # `param.shape`, `buffer.dtype`: read the real tensor, record nothing
+            if not isinstance(value, torch.Tensor):
+                return value
+        out = self.meta.run(func, args, kwargs) if tensors_in else NOT_HANDLED
+        if out is NOT_HANDLED:
+            out = self._run_on_fakes(func, args, kwargs, tensors_in)
         else:
             self.constants.after(func, args, kwargs, out, tensors_in)
         if func in _AUTOGRAD_GETTERS and self.regions is not None:
@@ -337,6 +337,23 @@ class Tracer:
         if not has_tensor(out) and not (out is None and tensors_in and not _is_property_get(func)):
             return out
         self.record(func, args, kwargs, out)
+        return out
+
+    def _run_on_fakes(self, func: Callable, args: tuple, kwargs: dict, tensors_in: bool) -> Any:
+        """Shape propagation through FakeTensorMode (what the meta fast path could not do)."""
+        if tensors_in:
+            fake_args = map_tensors(args, self.fake_of)
+            fake_kwargs = map_tensors(kwargs, self.fake_of) if kwargs else kwargs
+        else:
+            fake_args, fake_kwargs = args, kwargs
+        try:
+            if tensors_in and self.meta.made(fake_args[0] if fake_args else None) and mutating(func, kwargs):
+                out = self.meta.mutate(func, fake_args, fake_kwargs)
+            else:
+                out = func(*fake_args, **fake_kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as error:
+            return self._from_constants(func, args, kwargs, error)
+        self.constants.after(func, args, kwargs, out, tensors_in)
         return out
 
     def _from_constants(self, func: Callable, args: tuple, kwargs: dict, error: Exception) -> Any:

@@ -1,0 +1,154 @@
+"""A fast path for shape propagation: run an op on plain meta tensors instead of fake ones.
+
+FakeTensorMode costs 100-350 us per op (`F.linear` on fakes: ~350 us); the same op on meta tensors plus
+wrapping its result as a fake costs ~25 us. The meta path is taken only where it gives the same metadata
+as the fake path: every tensor argument a FakeTensor on one device, no autocast, no vmap, no in-place op
+(which would change the fake's own metadata), no device moves. Anything the meta kernels cannot do (data-
+dependent shapes, missing kernels, a user's shape error) falls back to the fake path, which raises or
+answers as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+
+NOT_HANDLED = object()
+_DEVICE_MOVES = frozenset({"cuda", "cpu", "type", "pin_memory", "share_memory_", "new_tensor",
+                           "__setitem__", "setitem", "__getstate__", "__reduce_ex__", "__get__"})
+
+
+def _is_device(text: str) -> bool:
+    try:
+        torch.device(text)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def _name(func: Callable) -> str:
+    return getattr(func, "__name__", "") or ""
+
+
+def _eligible_name(name: str) -> bool:
+    if name in _DEVICE_MOVES:
+        return False
+    if name.endswith("_") and not name.endswith("__"):
+        return False  # in place: the fake's own metadata may change
+    return not (name.startswith("__i") and name.endswith("__"))  # __iadd__ and friends
+
+
+class MetaRunner:
+    """Runs ops on meta stand-ins of fake tensors and wraps the results as fakes."""
+
+    def __init__(self, fake_mode: FakeTensorMode) -> None:
+        self.fake_mode = fake_mode
+        self._eligible: dict[Any, bool] = {}
+        # Fakes made here carry requires_grad but no autograd history (they are leaves); see mutate().
+        self._made: dict[int, FakeTensor] = {}
+
+    def made(self, t: Any) -> bool:
+        return id(t) in self._made
+
+    def mutate(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """An in-place op on a fake made here: apply it with the fake mode without autograd (a leaf that
+        requires grad may not be changed in place under autograd, though the tensor it stands for is no
+        leaf), then give the result the requires_grad autograd would have given it."""
+        target = args[0]
+        wants_grad = torch.is_grad_enabled() and any(
+            t.requires_grad for t in _tensors((args, kwargs)))
+        with torch.no_grad():
+            out = func(*args, **kwargs)
+        if wants_grad and not target.requires_grad:
+            target.requires_grad_(True)
+        return out
+
+    def run(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        eligible = self._eligible.get(func)
+        if eligible is None:
+            eligible = _eligible_name(_name(func))
+            try:
+                self._eligible[func] = eligible
+            except TypeError:
+                pass
+        if (not eligible or "out" in kwargs or torch._C._is_any_autocast_enabled()
+                or torch._C._functorch.peek_interpreter_stack() is not None):
+            return NOT_HANDLED
+        device: list[torch.device] = []
+        try:
+            meta_args = self._to_meta(args, device)
+            meta_kwargs = self._to_meta(kwargs, device) if kwargs else kwargs
+        except _Unsupported:
+            return NOT_HANDLED
+        if not device:
+            return NOT_HANDLED
+        with unset_fake_temporarily():
+            try:
+                out = func(*meta_args, **meta_kwargs)
+            except Exception:  # no meta kernel, data-dependent, or a user's shape error: the fake path decides
+                return NOT_HANDLED
+            try:
+                return self._to_fake(out, device[0])
+            except _Unsupported:
+                return NOT_HANDLED
+
+    def _to_meta(self, value: Any, device: list[torch.device]) -> Any:
+        if isinstance(value, torch.Tensor):
+            if isinstance(value, FakeTensor):
+                fake_device = value.fake_device
+            elif type(value) in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) and value.device.type != "meta":
+                fake_device = value.device  # a real parameter or buffer: no need to make it a fake first
+            else:
+                raise _Unsupported
+            if value.layout is not torch.strided or value.is_quantized:
+                raise _Unsupported
+            if device and device[0] != fake_device:
+                raise _Unsupported
+            device[:1] = [fake_device]
+            with unset_fake_temporarily():
+                meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+                if value.requires_grad:
+                    meta.requires_grad_(True)
+            return meta
+        if isinstance(value, torch.device) or isinstance(value, str) and _is_device(value):
+            raise _Unsupported
+        t = type(value)
+        if t is tuple or t is list:
+            return t(self._to_meta(v, device) for v in value)
+        if t is dict:
+            return {k: self._to_meta(v, device) for k, v in value.items()}
+        return value
+
+    def _to_fake(self, value: Any, device: torch.device) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.device.type != "meta":
+                raise _Unsupported
+            fake = FakeTensor(self.fake_mode, value.detach() if value.requires_grad else value, device,
+                              requires_grad=value.requires_grad)
+            self._made[id(fake)] = fake
+            return fake
+        t = type(value)
+        if t is list:
+            return [self._to_fake(v, device) for v in value]
+        if isinstance(value, tuple) and not isinstance(value, torch.Size):
+            items = tuple(self._to_fake(v, device) for v in value)
+            return t(*items) if hasattr(t, "_fields") else t(items)  # namedtuple | tuple, structseq
+        if isinstance(value, (torch.Size, int, float, bool, type(None), torch.dtype)):
+            return value
+        raise _Unsupported
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
