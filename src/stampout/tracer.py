@@ -26,10 +26,10 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
 from .constants import ConstantValues, mutating
-from .meta import NOT_HANDLED, MetaRunner
 from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
+from .meta import NOT_HANDLED, MetaRunner
 from .sources import Source
 
 log = logging.getLogger(__name__)
