@@ -93,9 +93,7 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
 
 
 def console(min_width: int = 160):
-    """A rich Console at least ``min_width`` wide (tables stay on one line in logs), or None without rich."""
-    try:
-        from rich.console import Console
-    except ImportError:  # pragma: no cover
-        return None
+    """A rich Console at least ``min_width`` wide (tables stay on one line in logs)."""
+    from rich.console import Console
+
     return Console(width=max(Console().width, min_width))

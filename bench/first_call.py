@@ -284,11 +284,6 @@ def report(
 ) -> None:
     floors = floors or {}
     con = console()
-    if con is None:  # pragma: no cover
-        import json
-
-        print(json.dumps(results, indent=1, default=str))
-        return
     from rich.table import Table
 
     table = Table(

@@ -259,11 +259,6 @@ def _cell(results: dict, variant: str, key: str) -> str:
 
 def report(results: dict[str, dict[str, dict[str, Any]]], layers: list[int], grad_modes: list[str]) -> None:
     con = console()
-    if con is None:  # pragma: no cover
-        import json
-
-        print(json.dumps(results, indent=1, default=str))
-        return
     from rich.table import Table
 
     table = Table(

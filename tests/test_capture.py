@@ -630,8 +630,6 @@ def _check_hf_logits(model):
 def _broadcast_mask(monkeypatch):
     """Build transformers' 4D masks by broadcasting instead of torch.vmap (same values)."""
     mu = pytest.importorskip("transformers.masking_utils")
-    if not hasattr(mu, "_vmap_for_bhqkv"):
-        pytest.skip("transformers without masking_utils._vmap_for_bhqkv")
 
     def broadcast_for_bhqkv(mask_function, bh_indices=True):
         def build(b, h, q, kv):

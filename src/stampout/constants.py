@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .structure import tensors_of
+
 _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",
            "geometric", "cauchy", "log_normal", "random", "empty", "seed")
 _MAX_NUMEL = 1 << 20
@@ -35,14 +37,6 @@ def mutating(func: Callable, kwargs: dict) -> bool:
         name.startswith("__i") and name.endswith("__")) or "out" in kwargs
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 class ConstantValues:
@@ -70,11 +64,11 @@ class ConstantValues:
             return func(*self._to_real(args), **self._to_real(kwargs))
 
     def remember(self, fakes: Any, reals: Any) -> None:
-        for fake, value in zip(_tensors(fakes), _tensors(reals)):
+        for fake, value in zip(tensors_of(fakes), tensors_of(reals)):
             self._known[id(fake)] = (fake, value)
 
     def knows_all(self, args: tuple, kwargs: dict) -> bool:
-        return all(id(t) in self._known for t in _tensors((args, kwargs)))
+        return all(id(t) in self._known for t in tensors_of((args, kwargs)))
 
     def after(self, func: Callable, args: tuple, kwargs: dict, out: Any, tensors_in: bool) -> None:
         """Track the real value of `out` when every input is constant; forget all on a mixed mutation."""
@@ -82,10 +76,10 @@ class ConstantValues:
             return
         inputs_known = self.knows_all(args, kwargs)
         if not inputs_known:
-            if mutating(func, kwargs) and any(id(t) in self._known for t in _tensors((args, kwargs))):
+            if mutating(func, kwargs) and any(id(t) in self._known for t in tensors_of((args, kwargs))):
                 self._known.clear()
             return
-        outs = _tensors(out)
+        outs = tensors_of(out)
         if not outs or not deterministic(func) or any(t.numel() > _MAX_NUMEL for t in outs):
             return
         try:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
+from .structure import tensors_of
+
 NOT_HANDLED = object()
 _DEVICE_MOVES = frozenset({"cuda", "cpu", "type", "pin_memory", "share_memory_", "new_tensor",
                            "__setitem__", "setitem", "__getstate__", "__reduce_ex__", "__get__"})
@@ -59,7 +61,7 @@ class MetaRunner:
         leaf), then give the result the requires_grad autograd would have given it."""
         target = args[0]
         wants_grad = torch.is_grad_enabled() and any(
-            t.requires_grad for t in _tensors((args, kwargs)))
+            t.requires_grad for t in tensors_of((args, kwargs)))
         with torch.no_grad():
             out = func(*args, **kwargs)
         if wants_grad and not target.requires_grad:
@@ -145,11 +147,3 @@ class _Unsupported(Exception):
     pass
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []

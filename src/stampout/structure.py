@@ -41,6 +41,17 @@ def flatten_inputs(args: tuple, kwargs: dict) -> tuple[list[Any], tuple, list[st
     return leaves, spec, labels
 
 
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside tuples, lists and dicts of `value` (an op's arguments or results)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_of(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_of(v)]
+    return []
+
+
 def aliases_of(leaves: list[Any]) -> tuple[int, ...]:
     """For each leaf, the index of the first leaf that is the same object (which inputs alias)."""
     first: dict[int, int] = {}

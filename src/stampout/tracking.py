@@ -94,16 +94,19 @@ def _make_shim(cls: type) -> type:
     return type(cls)(cls.__name__, (cls,), namespace)
 
 
-def shim_class(cls: type) -> type | None:
-    """The cached tracking subclass of `cls`, or None when `cls` cannot be shimmed."""
-    shim = _SHIMS.get(cls)
-    if shim is None and cls not in _SHIMS:
+def _cached_shim(cache: dict[type, type | None], make: Callable[[type], type], cls: type) -> type | None:
+    """`make(cls)`, made once per class; None when the class cannot be subclassed that way."""
+    if cls not in cache:
         try:
-            shim = _make_shim(cls)
+            cache[cls] = make(cls)
         except TypeError:
-            shim = None
-        _SHIMS[cls] = shim
-    return shim
+            cache[cls] = None
+    return cache[cls]
+
+
+def shim_class(cls: type) -> type | None:
+    """The cached read-and-write tracking subclass of `cls`, or None when `cls` cannot be shimmed."""
+    return _cached_shim(_SHIMS, _make_shim, cls)
 
 
 def original_class(obj: Any) -> type:
@@ -128,17 +131,10 @@ class Swaps:
         """Swap `obj` to the shim; False when its class does not allow it."""
         if id(obj) in self._swapped:
             return True
-        if not hasattr(obj, "__dict__"):
+        previous = _swap(obj, self._shim_for)
+        if previous is None:
             return False
-        cls = type(obj)
-        shim = self._shim_for(cls.__dict__.get("_stampout_original", cls))
-        if shim is None:
-            return False
-        try:
-            _set_class(obj, shim)
-        except TypeError:
-            return False
-        self._swapped[id(obj)] = (obj, cls)
+        self._swapped[id(obj)] = (obj, previous)
         return True
 
     def restore(self) -> None:
@@ -152,6 +148,21 @@ class Watch(Swaps):
 
     def __init__(self) -> None:
         super().__init__(shim_class)
+
+
+def _swap(obj: Any, shim_for: Callable[[type], type | None]) -> type | None:
+    """Give `obj` the shim of its original class; its class before, or None when that is not possible."""
+    if not hasattr(obj, "__dict__"):
+        return None
+    cls = type(obj)
+    shim = shim_for(cls.__dict__.get("_stampout_original", cls))
+    if shim is None:
+        return None
+    try:
+        _set_class(obj, shim)
+    except TypeError:
+        return None
+    return cls
 
 
 def _set_class(obj: Any, cls: type) -> None:
@@ -224,14 +235,8 @@ def _bumping(register: Callable) -> Callable:
 
 
 def write_shim_class(cls: type) -> type | None:
-    shim = _WRITE_SHIMS.get(cls)
-    if shim is None and cls not in _WRITE_SHIMS:
-        try:
-            shim = _make_write_shim(cls)
-        except TypeError:
-            shim = None
-        _WRITE_SHIMS[cls] = shim
-    return shim
+    """The cached write-watching subclass of `cls`, or None when `cls` cannot be shimmed."""
+    return _cached_shim(_WRITE_SHIMS, _make_write_shim, cls)
 
 
 _WRITE_WATCHERS: dict[int, list[Any]] = {}  # id(obj) -> [obj, class before, number of WriteWatches]
@@ -254,17 +259,10 @@ class WriteWatch:
             return True
         shared = _WRITE_WATCHERS.get(id(obj))
         if shared is None:
-            if not hasattr(obj, "__dict__"):
+            previous = _swap(obj, write_shim_class)
+            if previous is None:
                 return False
-            cls = type(obj)
-            shim = write_shim_class(cls.__dict__.get("_stampout_original", cls))
-            if shim is None:
-                return False
-            try:
-                _set_class(obj, shim)
-            except TypeError:
-                return False
-            shared = _WRITE_WATCHERS[id(obj)] = [obj, cls, 0]
+            shared = _WRITE_WATCHERS[id(obj)] = [obj, previous, 0]
         shared[2] += 1
         self._mine.add(id(obj))
         return True
