@@ -250,3 +250,25 @@ def test_releasing_one_compiled_function_keeps_the_other_watching():
     reference.layers[1].scale = 5.0
     same(whole, reference, x)
     assert whole.stats.captures == 2
+
+
+def test_eval_recapture_of_an_80_layer_stack_traces_the_region_once():
+    model, reference, fn = compiled_pair(n=80)
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    model.eval(), reference.eval()
+    same(fn, reference, x)
+    assert fn.stats.captures == 2
+    assert (fn.last_capture.stats.traces, fn.last_capture.stats.reuses) == (1, 79)
+
+
+def test_module_without_training_dependent_code_does_not_recapture_on_eval():
+    from stampout.models import LlamaConfig, LlamaLike
+
+    model = LlamaLike(LlamaConfig(layers=4), regions=True)
+    fn = stampout.compile(model, backend="eager")
+    ids = torch.randint(0, 128, (2, 8))
+    fn(ids)
+    model.eval()
+    torch.testing.assert_close(fn(ids), model(ids))
+    assert fn.stats.captures == 1  # nothing the capture read depends on `training`
