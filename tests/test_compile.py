@@ -272,3 +272,11 @@ def test_module_without_training_dependent_code_does_not_recapture_on_eval():
     model.eval()
     torch.testing.assert_close(fn(ids), model(ids))
     assert fn.stats.captures == 1  # nothing the capture read depends on `training`
+
+
+def test_recaptures_over_time_do_not_hit_the_region_entry_cap():
+    model, reference, fn = compiled_pair(n=3)
+    for batch in range(1, 12):  # 11 input shapes: more than max_reuse_entries=8 region traces in all
+        same(fn, reference, torch.randn(batch, 8))
+    assert fn.stats.captures == 11 and fn.stats.traces == 11
+    assert fn.last_capture.stats.traces == 1

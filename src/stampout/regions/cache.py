@@ -30,6 +30,7 @@ class ReuseEntry:
     n_outputs: int
     rg_pattern: tuple | None = None  # set when the trace read `requires_grad`: then it must match
     call_site: str = ""
+    generation: int = 0  # which capture made it (a compiled function's captures share one cache)
 
 
 @dataclass
@@ -41,10 +42,16 @@ class RegionCache:
     hashed: dict[tuple, ReuseEntry] = field(default_factory=dict)  # (code, user hash) -> entry
     subgraphs: dict[str, fx.GraphModule] = field(default_factory=dict)
     by_structure: dict[tuple, str] = field(default_factory=dict)
+    generation: int = 0
 
     def add(self, code: Any, entry: ReuseEntry) -> None:
         self.entries.setdefault(code, []).append(entry)
         self.by_fingerprint.setdefault((code, entry.fingerprint), []).append(entry)
+
+    def evict(self, code: Any, entry: ReuseEntry) -> None:
+        self.entries[code].remove(entry)
+        self.by_fingerprint[(code, entry.fingerprint)].remove(entry)
+        self.hashed = {k: v for k, v in self.hashed.items() if v is not entry}
 
     def register(self, gm: fx.GraphModule, state: tuple) -> tuple[str, fx.GraphModule, bool]:
         """Name for a traced subgraph: an existing identical one (deduped=True) or a new one.

@@ -38,7 +38,7 @@ class RegionCalls:
         self.program: RegionFrame | None = None  # the whole program's frame, when compile guards it
         self.stats = RegionStats()
         self.events: list[RegionEvent] = []
-        self._subgraph_names: set[str] = set()
+        cache.generation += 1  # entries made by earlier captures (of a compiled function) may be evicted
 
     # ---- entry point ------------------------------------------------------------------------
     def call(self, region: Region, args: tuple, kwargs: dict) -> Any:
@@ -126,7 +126,12 @@ class RegionCalls:
                 f"got {actual} (read at {guard.where})")
 
     def _check_cap(self, region: Region, reason: str, site: str) -> None:
-        count = len(self.cache.entries.get(region.code, []))
+        """One more entry than `max_reuse_entries` in this capture is an error; entries left by earlier
+        captures of a compiled function make room instead, oldest first."""
+        entries = self.cache.entries.get(region.code, [])
+        count = sum(e.generation == self.cache.generation for e in entries)
+        while len(entries) >= region.max_reuse_entries and count < len(entries):
+            self.cache.evict(region.code, next(e for e in entries if e.generation != self.cache.generation))
         if count >= region.max_reuse_entries:
             raise RegionError(message(
                 f"region {region.name} needs a new trace but already has max_reuse_entries={region.max_reuse_entries}"
@@ -188,7 +193,8 @@ class RegionCalls:
                 frame.mark_ineligible(f"returns a {type(value).__name__} (outputs must be tensors and constants)")
         out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
         entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
-                           out_meta, len(returned), rg if frame.reads_requires_grad else None, site)
+                           out_meta, len(returned), rg if frame.reads_requires_grad else None, site,
+                           self.cache.generation)
         if not frame.ineligible:
             if hash_key is None:
                 self._check_cap(region, reason, site)
