@@ -280,3 +280,32 @@ def test_recaptures_over_time_do_not_hit_the_region_entry_cap():
         same(fn, reference, torch.randn(batch, 8))
     assert fn.stats.captures == 11 and fn.stats.traces == 11
     assert fn.last_capture.stats.traces == 1
+
+
+def _hf_model(name):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if name == "llama":  # slices its ModuleList in forward
+        config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        model = transformers.LlamaForCausalLM(config).eval()
+        layers = model.model.layers
+    else:  # ties lm_head.weight to the token embedding
+        config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=128, n_positions=32)
+        model = transformers.GPT2LMHeadModel(config).eval()
+        layers = model.transformer.h
+    for layer in layers:
+        stampout.region(layer)
+    return model
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_hugging_face_models_compile_once_and_stay_guarded(name):
+    model = _hf_model(name)
+    fn = stampout.compile(model, backend="eager")
+    ids = torch.randint(0, 128, (2, 8))
+    for _ in range(3):
+        torch.testing.assert_close(fn(input_ids=ids, use_cache=False).logits,
+                                   model(input_ids=ids, use_cache=False).logits)
+    assert (fn.stats.captures, fn.stats.traces) == (1, 1)
+    assert fn.last_capture.stats.reuses == 2

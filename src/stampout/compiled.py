@@ -97,9 +97,14 @@ class _Entry:
         with torch._C.DisableTorchFunction():
             tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
             lifted = self.capture.placeholders_for_lifted()
-        seen = {id(t) for t in tensors}
-        tensors += [t for t in lifted if id(t) not in seen]
-        self.tensors, self.lifted = tensors, lifted
+        # One entry per tensor object: tied weights (lm_head.weight is wte.weight) reach it by two paths,
+        # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
+        # the full check, after any write that could change it.
+        names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
+        self.tensors = list({id(t): t for t in [*tensors, *lifted]}.values())
+        self.tensor_names = [names.get(id(t), "a lifted tensor") for t in self.tensors]
+        self.lifted = lifted
+        tensors = self.tensors
         self.tensor_guard = TensorGuards(
             *tensors,
             dynamic_dims_sizes=[list(t.shape) for t in tensors],
@@ -128,8 +133,7 @@ class _Entry:
             return (f"{guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
                     f"got {actual} (read at {guard.where})")
         if self.tensor_guard is not None and not self.tensor_guard.check(*self.tensors):
-            return str(self.tensor_guard.check_verbose(*self.tensors, tensor_check_names=[
-                s.name() for s in self.tensor_sources] + ["lifted"] * (len(self.tensors) - len(self.tensor_sources))))
+            return str(self.tensor_guard.check_verbose(*self.tensors, tensor_check_names=self.tensor_names))
         return "no difference found"
 
 

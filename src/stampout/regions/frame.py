@@ -189,6 +189,8 @@ class RegionFrame:
 
     def on_read(self, obj: Any, name: str, value: Any) -> None:
         base = self.sources.get(id(obj))
+        if base is None and obj not in self.watch:
+            return  # made during this capture (`type(self)(...)` of a watched object, a ModuleList slice)
         if base is None:
             self.mark_ineligible(
                 f"reads .{name} of a {type(obj).__name__} not reachable from its arguments, closures or globals"
