@@ -57,7 +57,7 @@ class _Entry:
         self.compiled = compiled
         self.key = key
         guards = cap.program.guards
-        self.full = compile_guards(guards)
+        self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
         always: list[Guard] = []
         tensors: list[Guard] = []
         memo: dict[Source, Any] = {}
@@ -116,8 +116,10 @@ class _Entry:
         if not self.always(ctx.leaves, ctx.fn):
             return False
         if self.epoch != EPOCH.value:
+            if self._full is None:
+                self._full = compile_guards(self.capture.program.guards)
             with torch._C.DisableTorchFunction():
-                if not self.full(ctx.leaves, ctx.fn):
+                if not self._full(ctx.leaves, ctx.fn):
                     return False
             self.refresh(ctx)
         return self.tensor_guard.check(*self.tensors)

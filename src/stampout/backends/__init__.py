@@ -6,6 +6,7 @@ torch.compile backends. The names here are built in.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -13,25 +14,21 @@ import torch.fx as fx
 
 from ..errors import BackendError, message
 from ..frames import user_location
-from . import aot_eager, eager, inductor
 
 Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
 
-BACKENDS: dict[str, Backend] = {
-    "eager": eager.compile_graph,
-    "aot_eager": aot_eager.compile_graph,
-    "inductor": inductor.compile_graph,
-}
+# Imported on first use: AOTAutograd and Inductor take a second to import.
+BACKENDS: dict[str, str] = {"eager": "eager", "aot_eager": "aot_eager", "inductor": "inductor"}
 
 
 def resolve(backend: str | Backend) -> Backend:
     if callable(backend):
         return backend
-    found = BACKENDS.get(backend)
-    if found is None:
+    module = BACKENDS.get(backend)
+    if module is None:
         raise BackendError(message(
             f"unknown backend {backend!r}",
             user_location(),
             f"use one of {sorted(BACKENDS)} or pass a callable(gm, example_inputs) like a torch.compile backend",
         ))
-    return found
+    return importlib.import_module(f"{__name__}.{module}").compile_graph
