@@ -97,7 +97,7 @@ def test_explain_file(example_file, capsys):
     out = capsys.readouterr().out
     assert "traces=2 reuses=1" in out
     assert "reused -> subgraph_0" in out
-    assert "args[0].scale" in out  # why the third block was not reused
+    assert "self.scale" in out  # why the third block was not reused
 
 
 def test_explain_module_attr_tuple(example_file, monkeypatch, capsys):

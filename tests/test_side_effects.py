@@ -48,7 +48,7 @@ def test_region_writing_an_attribute_is_traced_every_time():
     cap = stampout.capture(model, torch.randn(2, 4))
     assert cap.stats.traces + cap.stats.dedups == 3 and cap.stats.reuses == 0
     assert all(layer.last == 2 for layer in model)
-    assert "writes args[0].last" in cap.events[1].ineligible
+    assert "writes self.last" in cap.events[1].ineligible
     x = torch.randn(2, 4)
     torch.testing.assert_close(cap(x), model(x))
 
@@ -112,7 +112,7 @@ def test_dict_attribute_items_are_guarded_one_by_one():
     model = nn.Sequential(ReadsDict(2.0), ReadsDict(2.0), ReadsDict(3.0))
     cap = stampout.capture(model, torch.randn(2, 4))
     assert [e.outcome for e in cap.events] == ["traced", "reused", "traced"]
-    assert "args[0].opts['scale']" in cap.events[2].reason
+    assert "self.opts['scale']" in cap.events[2].reason
     x = torch.randn(2, 4)
     torch.testing.assert_close(cap(x), model(x))
 

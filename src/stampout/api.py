@@ -24,8 +24,8 @@ from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
 from .regions.marker import ACTIVE, innermost, torch_marked_call
 from .sources import Absolute, Attr, Item, Source, module_path
-from .structure import aliases_of, flatten_inputs, template_constants, to_template
-from .tracer import CaptureMode, Tracer
+from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
+from .tracer import CaptureMode, Tracer, identifier
 from .tracking import LISTENERS, Watch
 
 log = logging.getLogger("stampout.capture")
@@ -89,22 +89,6 @@ class TensorNames:
         else:
             source = Attr(Absolute(root, f"closure[{name!r}]"), "cell_contents")
         return source
-
-
-def _input_names(fn: Callable, args: tuple, labels: list[str]) -> list[str]:
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
-    out = []
-    for label in labels:
-        if label.startswith("args[") and params:
-            i = int(label[5:label.index("]")])
-            if i < len(params):
-                label = params[i] + label[label.index("]") + 1:]
-        name = "".join(c if c.isalnum() or c == "_" else "_" for c in label).strip("_")
-        out.append(name or "input")
-    return out
 
 
 def _our_mode_for_vmap(original: Callable) -> Callable:
@@ -186,8 +170,12 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     handler = RegionCalls(tracer, cache if cache is not None else RegionCache(), watch)
     tracer.regions = handler
 
-    leaves, spec, labels = flatten_inputs(args, kwargs)
-    names = _input_names(fn.forward if isinstance(fn, torch.nn.Module) else fn, args, labels)
+    signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    names = positional_names(signature_of)
+    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
+        names = names[1:]  # bound: `self` is not among the call's arguments
+    leaves, spec, labels = flatten_inputs(args, kwargs, names)
+    names = [identifier(label) for label in labels]
     fake_leaves = list(leaves)
     tensor_leaves = []
     for i, leaf in enumerate(leaves):

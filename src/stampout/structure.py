@@ -19,8 +19,16 @@ def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
 
 
-def flatten_inputs(args: tuple, kwargs: dict) -> tuple[list[Any], tuple, list[str]]:
-    """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels."""
+def positional_names(fn: Any) -> tuple[str, ...]:
+    """The names of `fn`'s positional parameters (`self`, `x`, ...), for labels a user recognizes."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    return code.co_varnames[:code.co_argcount] if code is not None else ()
+
+
+def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tuple[list[Any], tuple, list[str]]:
+    """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels.
+
+    Labels name positional arguments after `names` where given (`self`, `hidden_states[0]`), else `args[i]`."""
     leaves: list[Any] = []
     labels: list[str] = []
 
@@ -35,7 +43,7 @@ def flatten_inputs(args: tuple, kwargs: dict) -> tuple[list[Any], tuple, list[st
         return None
 
     spec = (
-        tuple(walk(a, f"args[{i}]") for i, a in enumerate(args)),
+        tuple(walk(a, names[i] if i < len(names) else f"args[{i}]") for i, a in enumerate(args)),
         tuple((k, walk(v, k)) for k, v in kwargs.items()),
     )
     return leaves, spec, labels

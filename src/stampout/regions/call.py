@@ -43,7 +43,7 @@ class RegionCalls:
     # ---- entry point ------------------------------------------------------------------------
     def call(self, region: Region, args: tuple, kwargs: dict) -> Any:
         with torch._C.DisableTorchFunction():
-            leaves, spec, labels = flatten_inputs(args, kwargs)
+            leaves, spec, labels = flatten_inputs(args, kwargs, region.arg_names)
             fp = fingerprint(spec, leaves)
             rg = requires_grad_pattern(leaves)
             ctx = CallContext(leaves, region.fn)

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import RegionError, message
 from ..frames import user_location
+from ..structure import positional_names
 
 DEFAULT_MAX_REUSE_ENTRIES = 8
 
@@ -39,10 +40,12 @@ class Region:
     reuse_hash_fn: Callable | None = None
     code: types.CodeType = field(init=False)
     name: str = field(init=False)
+    arg_names: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         self.code = self.fn.__code__
         self.name = getattr(self.fn, "__qualname__", self.code.co_name)
+        self.arg_names = positional_names(self.fn)
 
 
 def innermost(fn: Any) -> Any:
