@@ -158,7 +158,9 @@ class Guard:
     def holds(self, value: Any) -> bool:
         if self.kind is Kind.TYPE:
             return type(value) in self.expected
-        if self.kind in (Kind.ID, Kind.ABSENT):
+        if self.kind is Kind.ABSENT:
+            return value is MISSING
+        if self.kind is Kind.ID:
             return value is self.expected
         return _OBSERVE[self.kind](value) == self.expected
 
