@@ -5,6 +5,7 @@ from .api import capture, explain, reset
 from .capture import Capture, RegionEvent, RegionStats
 from .compiled import CompiledFunction, CompileStats, compile
 from .errors import BackendError, CaptureError, GuardError, RegionError, StampoutError
+from .regions.auto import auto_regions
 from .regions.marker import region
 
 _configure_logging()
@@ -19,6 +20,7 @@ __all__ = [
     "RegionError",
     "RegionEvent",
     "RegionStats",
+    "auto_regions",
     "StampoutError",
     "capture",
     "compile",

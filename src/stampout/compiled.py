@@ -9,6 +9,7 @@ object bumped the epoch (see tracking.WriteWatch). A failed guard recaptures, re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from .capture import Capture
 from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure
+from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import describe_difference, fingerprint, requires_grad_pattern
 from .sources import MISSING, Arg, Attr, CallContext, Source
@@ -142,7 +144,14 @@ class _Entry:
 class CompiledFunction:
     """What `stampout.compile` returns: call it like the original function or module."""
 
-    def __init__(self, fn: Callable, backend: Any = "inductor", max_entries: int = 8) -> None:
+    def __init__(self, fn: Callable, backend: Any = "inductor", max_entries: int = 8,
+                 regions: str | None = None) -> None:
+        if regions not in (None, "auto"):
+            raise StampoutError(message(
+                f"regions must be None or 'auto', got {regions!r}", user_location(),
+                "pass regions='auto' to mark repeated children of ModuleLists and Sequentials as regions",
+            ))
+        self.regions = regions
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -186,7 +195,10 @@ class CompiledFunction:
     def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> _Entry:
         self._watch.release()  # capture watches reads with its own shims
         try:
-            cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True)
+            marking = (auto_regions(self.fn) if self.regions == "auto" and isinstance(self.fn, torch.nn.Module)
+                       else contextlib.nullcontext())
+            with marking:
+                cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True)
         finally:
             self._rewatch()
         self.stats.captures += 1
@@ -242,7 +254,8 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8) -> CompiledFunction:  # noqa: A001
+def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # noqa: A001
+            regions: str | None = None) -> CompiledFunction:
     """Compile `fn` (a function or `nn.Module`) with stampout's capture and a torch.compile-style backend.
 
     Example::
@@ -255,6 +268,7 @@ def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8) -> Co
         fn: the function or module.
         backend: "eager", "aot_eager", "inductor", or any `callable(gm, example_inputs)`.
         max_entries: compiled variants kept (oldest dropped beyond this).
+        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions while capturing.
 
     Returns:
         A `CompiledFunction` with `.stats` and `.last_capture`.
@@ -262,7 +276,7 @@ def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8) -> Co
     Raises:
         GuardError: the program has Python side effects a compiled call could not repeat.
     """
-    return CompiledFunction(fn, backend, max_entries)
+    return CompiledFunction(fn, backend, max_entries, regions)
 
 
 def reset_all() -> None:
