@@ -6,9 +6,9 @@ import copy
 
 import pytest
 import torch
+from helpers import assert_matches_eager
 
 import stampout
-from helpers import assert_matches_eager
 from stampout.models import LlamaConfig, LlamaLike
 
 

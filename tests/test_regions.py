@@ -363,3 +363,29 @@ def test_nested_regions_each_cached_under_own_code():
     outer = [e for e in cap.events if e.region.endswith("Outer.forward")]
     assert [e.outcome for e in outer] == ["traced", "reused", "reused"]
     assert [e.outcome for e in inner] == ["traced", "reused"]
+
+
+def test_model_apply_wrapping_each_layers_bound_forward():
+    model = Stack(4)
+
+    def mark(module):
+        if isinstance(module, Plain):
+            module.forward = stampout.region(module.forward)  # a bound method: `self` is bound, not passed
+
+    model.apply(mark)
+    cap = assert_matches_eager(model, torch.randn(2, 4), grad=True)
+    assert _stack_counts(cap, 4)
+
+
+def test_placeholder_names_never_collide():
+    class Weighted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(4))
+
+        def forward(self, weight):  # an input with a parameter's name
+            return weight * self.weight
+
+    cap = assert_matches_eager(Weighted(), torch.randn(4), grad=True)
+    names = [n.target for n in cap.gm.graph.nodes if n.op == "placeholder"]
+    assert len(names) == len(set(names)) == 2

@@ -161,6 +161,7 @@ class Builder:
         self._last_placeholder: fx.Node | None = None
         self.operands: list[fx.Node] = []  # for a subgraph: the parent's node feeding each placeholder
         self.submodules: dict[str, Any] = {}  # subgraphs and constant objects, by attribute name
+        self._placeholder_names: set[str] = set()
         self._constants: dict[int, fx.Node] = {}
 
     def constant(self, value: Any) -> fx.Node:
@@ -186,6 +187,12 @@ class Builder:
     def placeholder(self, name: str, value: torch.Tensor, meta: bool = True) -> fx.Node:
         """A new placeholder after the existing ones. `meta=False` defers `meta['val']` (see fill_meta)."""
         graph = self.graph
+        if name in self._placeholder_names:  # placeholder names are the function's parameter names
+            suffix = 1
+            while f"{name}_{suffix}" in self._placeholder_names:
+                suffix += 1
+            name = f"{name}_{suffix}"
+        self._placeholder_names.add(name)
         if self._last_placeholder is None:
             ctx = graph.inserting_before(next(iter(graph.nodes), None)) if len(graph.nodes) else None
         else:

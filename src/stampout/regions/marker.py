@@ -8,6 +8,7 @@ reach the same handler while a capture runs (see `torch_marked_call`).
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,6 +102,12 @@ def region(
                          reuse_hash_fn=reuse_hash_fn)
         module.forward = types.MethodType(forward, module)
         return module
+    if inspect.ismethod(fn) and not isinstance(fn.__self__, type):
+        # A bound method (`layer.forward`): the region is the function, called with its `self` first, so
+        # what it reads through `self` is guarded relative to the call like any argument.
+        owner, marked = fn.__self__, region(fn.__func__, max_reuse_entries=max_reuse_entries,
+                                            reuse_hash_fn=reuse_hash_fn)
+        return functools.wraps(fn)(functools.partial(marked, owner))
     inner = innermost(fn)
     if not hasattr(inner, "__code__"):
         raise RegionError(message(
@@ -128,6 +135,8 @@ def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:
     handler = ACTIVE.handler
     if handler is None:
         return func(*args, **kwargs)
+    if inspect.ismethod(func) and not isinstance(func.__self__, type):  # nested_compile_region(layer.forward)
+        args, func = (func.__self__, *args), func.__func__
     info = _TORCH_REGIONS.get(func)
     if info is None:
         info = _TORCH_REGIONS[func] = Region(
