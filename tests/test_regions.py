@@ -389,3 +389,17 @@ def test_placeholder_names_never_collide():
     cap = assert_matches_eager(Weighted(), torch.randn(4), grad=True)
     names = [n.target for n in cap.gm.graph.nodes if n.op == "placeholder"]
     assert len(names) == len(set(names)) == 2
+
+
+def test_functions_with_the_same_code_and_different_defaults():
+    def make(k):
+        @stampout.region
+        def scale(x, k=k):
+            return x * k
+
+        return scale
+
+    double, triple = make(2.0), make(3.0)
+    cap = assert_matches_eager(lambda x: triple(double(x)), torch.randn(3))
+    assert cap.stats.traces == 2
+    assert "fn.__defaults__" in cap.events[1].reason

@@ -147,6 +147,30 @@ class Closure(Source):
         return f"_cell(fn, {self.index})"
 
 
+class FnAttr(Source):
+    """An attribute of the called function itself (`__defaults__`, `__kwdefaults__`)."""
+
+    __slots__ = ("attr",)
+
+    def __init__(self, attr: str) -> None:
+        self.attr = attr
+
+    def key(self) -> tuple:
+        return ("fn", self.attr)
+
+    def name(self) -> str:
+        return f"fn.{self.attr}"
+
+    def rebase(self, fn):
+        return fn(self)
+
+    def _step(self, ctx, memo):
+        return getattr(ctx.fn, self.attr, MISSING)
+
+    def expr(self, base_expr: str) -> str:
+        return f"getattr(fn, {self.attr!r}, _MISSING)"
+
+
 class Global(Source):
     """Global `var` of the called function's module."""
 

@@ -11,7 +11,7 @@ import torch
 
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_constant, snapshot, tensor_meta
-from ..sources import MISSING, Absolute, Arg, Attr, Closure, Global, Item, Source
+from ..sources import MISSING, Absolute, Arg, Attr, Closure, FnAttr, Global, Item, Source
 from ..tracking import Watch, original_class, shim_class, write_shim_class
 from .marker import innermost
 
@@ -165,6 +165,11 @@ class RegionFrame:
         if code is None or (as_source is not None and code in self._functions):
             return
         self._functions.add(code)
+        for attr in ("__defaults__", "__kwdefaults__"):  # a default the call did not pass is read too
+            default = getattr(fn, attr, None)
+            if default is not None:
+                source = FnAttr(attr) if as_source is None else Attr(as_source, attr)
+                self.adopt(default, source, where=f"defaults of {code.co_qualname}")
         closure = getattr(fn, "__closure__", None) or ()
         for i, var in enumerate(code.co_freevars):
             try:
@@ -223,6 +228,8 @@ class RegionFrame:
                 return Attr(Item(Attr(Absolute(fn, fn.__qualname__), "__closure__"), root.index), "cell_contents")
             if isinstance(root, Global):
                 return Item(Absolute(fn.__globals__, f"{fn.__module__}.globals"), root.var)
+            if isinstance(root, FnAttr):
+                return Attr(Absolute(fn, fn.__qualname__), root.attr)
             return root
 
         for guard in entry.guards:
