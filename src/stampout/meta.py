@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
+from .guards import const_key, is_constant
 from .structure import tensors_of
 
 NOT_HANDLED = object()
@@ -51,6 +52,7 @@ class MetaRunner:
         self._eligible: dict[Any, bool] = {}
         # Fakes made here carry requires_grad but no autograd history (they are leaves); see mutate().
         self._made: dict[int, FakeTensor] = {}
+        self._memo: dict[tuple, Any] = {}  # op + input metadata -> output metadata, for this capture
 
     def made(self, t: Any) -> bool:
         return id(t) in self._made
@@ -81,21 +83,32 @@ class MetaRunner:
             return NOT_HANDLED
         device: list[torch.device] = []
         try:
-            meta_args = self._to_meta(args, device)
-            meta_kwargs = self._to_meta(kwargs, device) if kwargs else kwargs
-        except _Unsupported:
-            return NOT_HANDLED
-        if not device:
-            return NOT_HANDLED
+            key = (func, torch.is_grad_enabled(), torch.get_default_dtype(), _key(args), _key(kwargs))
+            hash(key)
+        except (_Unsupported, TypeError):
+            key = None
+        recipe = self._memo.get(key) if key is not None else None
         with unset_fake_temporarily():
+            if recipe is not None:  # the same op on inputs with the same metadata: same output metadata
+                return self._to_fake(_from_recipe(recipe), recipe_device(recipe, args))
+            try:
+                meta_args = self._to_meta(args, device)
+                meta_kwargs = self._to_meta(kwargs, device) if kwargs else kwargs
+            except _Unsupported:
+                return NOT_HANDLED
+            if not device:
+                return NOT_HANDLED
             try:
                 out = func(*meta_args, **meta_kwargs)
             except Exception:  # no meta kernel, data-dependent, or a user's shape error: the fake path decides
                 return NOT_HANDLED
             try:
-                return self._to_fake(out, device[0])
+                fake = self._to_fake(out, device[0])
             except _Unsupported:
                 return NOT_HANDLED
+            if key is not None:
+                self._memo[key] = _recipe(out)
+            return fake
 
     def _to_meta(self, value: Any, device: list[torch.device]) -> Any:
         if isinstance(value, torch.Tensor):
@@ -145,5 +158,53 @@ class MetaRunner:
 
 class _Unsupported(Exception):
     pass
+
+
+def _key(value: Any) -> Any:
+    """A hashable key of an op's arguments: tensors by their metadata, constants by value and type."""
+    if isinstance(value, torch.Tensor):
+        device = value.fake_device if isinstance(value, FakeTensor) else value.device
+        return ("T", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, device,
+                value.requires_grad, value.layout)
+    t = type(value)
+    if t is tuple or t is list:
+        return (t, tuple(_key(v) for v in value))
+    if t is dict:
+        return (t, tuple((k, _key(v)) for k, v in value.items()))
+    if is_constant(value):
+        return const_key(value)
+    raise _Unsupported
+
+
+def _recipe(out: Any) -> Any:
+    """The metadata of an op's (meta) outputs, enough to make new ones."""
+    if isinstance(out, torch.Tensor):
+        return ("T", tuple(out.shape), out.stride(), out.storage_offset(), out.dtype, out.requires_grad)
+    if isinstance(out, (tuple, list)) and not isinstance(out, torch.Size):
+        return (type(out), tuple(_recipe(v) for v in out))
+    return ("C", out)
+
+
+def _from_recipe(recipe: Any) -> Any:
+    if recipe[0] == "T":
+        _, shape, stride, offset, dtype, requires_grad = recipe
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        if offset:
+            meta = meta.as_strided(shape, stride, offset)
+        return meta.requires_grad_(True) if requires_grad else meta
+    if recipe[0] == "C":
+        return recipe[1]
+    t, items = recipe
+    values = tuple(_from_recipe(r) for r in items)
+    if t is list:
+        return list(values)
+    return t(*values) if hasattr(t, "_fields") else t(values)
+
+
+def recipe_device(recipe: Any, args: Any) -> torch.device:
+    """The device of the op's first tensor argument (all of them share it, or the op was not memoized)."""
+    for t in tensors_of(args):
+        return t.fake_device if isinstance(t, FakeTensor) else t.device
+    raise _Unsupported
 
 
