@@ -124,7 +124,7 @@ class MetaRunner:
                 raise _Unsupported
             device[:1] = [fake_device]
             with unset_fake_temporarily():
-                meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+                meta = _meta_like(value.shape, value.stride(), value.storage_offset(), value.dtype)
                 if value.requires_grad:
                     meta.requires_grad_(True)
             return meta
@@ -188,9 +188,7 @@ def _recipe(out: Any) -> Any:
 def _from_recipe(recipe: Any) -> Any:
     if recipe[0] == "T":
         _, shape, stride, offset, dtype, requires_grad = recipe
-        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-        if offset:
-            meta = meta.as_strided(shape, stride, offset)
+        meta = _meta_like(shape, stride, offset, dtype)
         return meta.requires_grad_(True) if requires_grad else meta
     if recipe[0] == "C":
         return recipe[1]
@@ -199,6 +197,14 @@ def _from_recipe(recipe: Any) -> Any:
     if t is list:
         return list(values)
     return t(*values) if hasattr(t, "_fields") else t(values)
+
+
+def _meta_like(shape: Any, stride: Any, offset: int, dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor with exactly this layout, storage offset included (views keep their offsets)."""
+    if not offset:
+        return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, stride) if n > 0) if all(shape) else 0
+    return torch.empty(offset + extent, dtype=dtype, device="meta").as_strided(shape, stride, offset)
 
 
 def recipe_device(recipe: Any, args: Any) -> torch.device:
