@@ -95,7 +95,7 @@ class Capture:
     def placeholders_for_lifted(self) -> list[torch.Tensor]:
         """The live tensors behind the lifted placeholders (parameters, buffers, tensor attributes)."""
         if self._sources is None:
-            from .api import TensorNames
+            from .names import TensorNames
 
             self._sources = [None if found is None else TensorNames.source(found) for _, found in self.lifted]
         values: list[torch.Tensor] = []
