@@ -10,6 +10,7 @@ import torch.fx as fx
 
 from .errors import StampoutError, message
 from .frames import user_location
+from .names import TensorNames
 from .runner import as_call_modules
 from .sources import MISSING, CallContext, Source
 from .structure import Template, aliases_of, build, flatten_inputs
@@ -95,8 +96,6 @@ class Capture:
     def placeholders_for_lifted(self) -> list[torch.Tensor]:
         """The live tensors behind the lifted placeholders (parameters, buffers, tensor attributes)."""
         if self._sources is None:
-            from .names import TensorNames
-
             self._sources = [None if found is None else TensorNames.source(found) for _, found in self.lifted]
         values: list[torch.Tensor] = []
         ctx = CallContext([], None)
