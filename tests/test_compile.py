@@ -309,3 +309,17 @@ def test_hugging_face_models_compile_once_and_stay_guarded(name):
                                    model(input_ids=ids, use_cache=False).logits)
     assert (fn.stats.captures, fn.stats.traces) == (1, 1)
     assert fn.last_capture.stats.reuses == 2
+
+
+def test_unrelated_module_construction_does_not_invalidate_guards():
+    from stampout.tracking import EPOCH
+
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    fn(x)
+    before = EPOCH.value
+    torch.nn.Linear(2, 2)  # registers parameters on a module nobody watches
+    assert EPOCH.value == before
+    model.layers[0].register_buffer("extra", torch.zeros(1))  # a watched module: guards must re-check
+    assert EPOCH.value > before
+    same(fn, reference, x)

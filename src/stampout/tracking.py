@@ -278,8 +278,9 @@ class WriteWatch:
         EPOCH.bump()
 
 
-def _registration_hook(*_: Any) -> None:
-    EPOCH.bump()
+def _registration_hook(module: Any, *_: Any) -> None:
+    if id(module) in _WRITE_WATCHERS:  # only a watched module's registrations can change what was guarded
+        EPOCH.bump()
 
 
 _REGISTRATION_HOOKS: list[Any] = []
