@@ -92,6 +92,13 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
         json.dump(payload, f, indent=1, default=str)
 
 
+def finish(path: str, payload: dict[str, Any]) -> int:
+    """Write a bench's raw numbers and say where (the exit code of a bench's main)."""
+    write_json(path, payload)
+    print(f"wrote {path} ({payload['total_s']:.1f}s)")
+    return 0
+
+
 def console(min_width: int = 160):
     """A rich Console at least ``min_width`` wide (tables stay on one line in logs)."""
     from rich.console import Console

@@ -49,7 +49,7 @@ if _ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.common import console, environment, run_json_worker, short_error, write_json  # noqa: E402
+from bench.common import console, environment, finish, run_json_worker, short_error  # noqa: E402
 from stampout.models import LlamaConfig, LlamaLike  # noqa: E402
 
 VARIANTS = ("stampout", "torch_nested", "torch_flat")
@@ -444,9 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "results": results,
     }
-    write_json(args.out, payload)
-    print(f"wrote {args.out} ({total:.1f}s)")
-    return 0
+    return finish(args.out, payload)
 
 
 if __name__ == "__main__":

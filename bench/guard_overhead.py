@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from torch import fx  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
-from bench.common import console, environment, reset_all, run_json_worker, short_error, write_json  # noqa: E402
+from bench.common import console, environment, finish, reset_all, run_json_worker, short_error  # noqa: E402
 from stampout.models import LlamaConfig, LlamaLike  # noqa: E402
 
 VARIANTS = ("stampout_regions", "stampout_flat", "torch_flat", "torch_nested", "eager")
@@ -367,9 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios,
         "results": results,
     }
-    write_json(args.out, payload)
-    print(f"wrote {args.out} ({total:.1f}s)")
-    return 0
+    return finish(args.out, payload)
 
 
 if __name__ == "__main__":
