@@ -240,3 +240,15 @@ def test_capture_usable_after_errors():
             stampout.capture(bad, torch.randn(3, 3))
     x = torch.randn(3, 3)
     torch.testing.assert_close(stampout.capture(ok, x)(x), ok(x))
+
+
+def test_capture_inside_a_capture_is_a_clear_error():
+    def inner(x):
+        return x + 1
+
+    def outer(x):
+        return stampout.capture(inner, x)
+
+    with pytest.raises(stampout.CaptureError, match="while another capture runs"):
+        stampout.capture(outer, torch.randn(2))
+    assert torch.overrides._get_current_function_mode_stack() == []

@@ -50,7 +50,10 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[N
     """Enter the fake and torch-function modes and patch what capture needs; restore all on exit.
     With a program frame on `handler`, attribute reads and writes are recorded for the whole capture."""
     if ACTIVE.handler is not None:
-        raise RuntimeError("stampout.capture cannot run inside another capture")
+        raise CaptureError(message(
+            "stampout.capture (or a stampout.compile'd function) was called while another capture runs",
+            user_location(), "call the compiled function or capture from outside the captured code",
+        ))
     grad = torch.is_grad_enabled()
     saved_placeholder = torch_invoke_subgraph.invoke_subgraph_placeholder
     saved_finder = torch_export_utils._maybe_find_pre_dispatch_tf_mode_for_export
