@@ -51,6 +51,23 @@ def _path(source: Source) -> list[Source]:
     return out[::-1]
 
 
+def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
+    """Whether a write to a watched object is the only way this guard's value can change (watching the
+    objects on its path as a side effect)."""
+    path = _path(guard.source)
+    if not (isinstance(path[0], Arg) and path[0].index == 0):
+        return False  # globals, closures, per-call input objects: checked on every call
+    if guard.kind is Kind.HOOKS and guard.expected != ((), (), (), ()):
+        return False  # hooks registered before compile may be removed through old handles
+    for source in path[:-1]:
+        if source.base() is not None and not isinstance(source, Attr):
+            return False  # an item of a container: containers are not watched
+        obj = source.resolve(ctx, memo)
+        if obj is MISSING or not watch.watch(obj):
+            return False
+    return True
+
+
 class _Entry:
     """One capture and its compiled callable, with the guards that say when it may run."""
 
@@ -65,33 +82,16 @@ class _Entry:
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
             for guard in guards:
-                if not self._protect(guard, ctx, memo, watch):
+                if not protected(guard, ctx, memo, watch):
                     always.append(guard)
                 elif guard.kind is Kind.TENSOR:
                     tensors.append(guard)
-        self.always_guards = always
         self.always = compile_guards(always)
         self.tensor_sources = [g.source for g in tensors]
         self.epoch = -1
         self.tensors: list[torch.Tensor] = []
         self.lifted: list[torch.Tensor] = []
         self.tensor_guard: TensorGuards | None = None
-
-    @staticmethod
-    def _protect(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
-        """Whether a write to a watched object is the only way this guard's value can change."""
-        path = _path(guard.source)
-        if not (isinstance(path[0], Arg) and path[0].index == 0):
-            return False  # globals, closures, per-call input objects: checked on every call
-        if guard.kind is Kind.HOOKS and guard.expected != ((), (), (), ()):
-            return False  # hooks registered before compile may be removed through old handles
-        for source in path[:-1]:
-            if source.base() is not None and not isinstance(source, Attr):
-                return False  # an item of a container: containers are not watched
-            obj = source.resolve(ctx, memo)
-            if obj is MISSING or not watch.watch(obj):
-                return False
-        return True
 
     def refresh(self, ctx: CallContext) -> None:
         """After a full check passed: the current parameter objects, and a C++ check of their metadata."""
@@ -246,7 +246,7 @@ class CompiledFunction:
             ctx = CallContext([self.fn], self._frame_fn)
             with torch._C.DisableTorchFunction():
                 for guard in entry.capture.program.guards:
-                    entry._protect(guard, ctx, memo, self._watch)
+                    protected(guard, ctx, memo, self._watch)
         EPOCH.bump()
 
 

@@ -279,12 +279,6 @@ def _leaf(leaves: list[Any], index: int) -> Any:
     return leaves[index] if index < len(leaves) else MISSING
 
 
-def root_of(source: Source) -> Source:
-    while (parent := source.base()) is not None:
-        source = parent
-    return source
-
-
 def module_path(root: Source, qualified_name: str) -> Source:
     """`self.layers.3.attn` as nested Attr sources under `root` (printed `self.layers[3].attn`)."""
     source = root

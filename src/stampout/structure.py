@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -121,17 +120,3 @@ def template_constants(template: Template) -> list[Any]:
     for child in template[2]:
         out.extend(template_constants(child[1] if kind in ("modeloutput", "dataclass", "dict") else child))
     return out
-
-
-def map_template_slots(template: Template, fn: Callable[[int], Template]) -> Template:
-    """A copy of `template` with each slot i replaced by `fn(i)`."""
-    kind = template[0]
-    if kind == "slot":
-        return fn(template[1])
-    if kind == "const":
-        return template
-    keyed = kind in ("modeloutput", "dataclass", "dict")
-    children = tuple(
-        (c[0], map_template_slots(c[1], fn)) if keyed else map_template_slots(c, fn) for c in template[2]
-    )
-    return (kind, template[1], children)
