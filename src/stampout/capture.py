@@ -10,7 +10,6 @@ import torch.fx as fx
 
 from .errors import StampoutError, message
 from .frames import user_location
-from .names import TensorNames
 from .runner import as_call_modules
 from .sources import MISSING, CallContext, Source
 from .structure import Template, aliases_of, build, flatten_inputs
@@ -56,15 +55,16 @@ class Capture:
     input_spec: tuple
     input_tensor_leaves: list[int]  # which flat input leaves are placeholders, in order
     input_aliases: tuple[int, ...]  # which input leaves were the same object at capture
-    lifted: list[tuple[torch.Tensor, Any]]  # the other placeholders, in order, with where they were found
+    lifted: list[tuple[torch.Tensor, Source | None]]  # the other placeholders, in order: the tensor seen at
+    # capture and the source each call reads it from (relative to `[fn, *flat inputs]`; None: unnamed)
     output_template: Template
     stats: RegionStats = field(default_factory=RegionStats)
     events: list[RegionEvent] = field(default_factory=list)
-    root: Any = None
+    fn: Any = None  # what was captured (a module, function or bound method)
+    frame_fn: Any = None  # the Python function whose closures and globals the program reads
     program: Any = None  # the RegionFrame of the whole program (compile only): its guards and side effects
     fill_meta: Any = None  # fills deferred placeholder metadata on first use of `gm`
     _runner: fx.GraphModule | None = None
-    _sources: list[Source | None] | None = None
 
     @property
     def gm(self) -> fx.GraphModule:
@@ -91,16 +91,14 @@ class Capture:
                     f"input {labels[i]} was a tensor at capture and is {type(v).__name__} now",
                     user_location(), "pass a tensor, or capture again",
                 ))
-        return values + self.placeholders_for_lifted()
+        return values + self.placeholders_for_lifted(CallContext([self.fn, *leaves], self.frame_fn))
 
-    def placeholders_for_lifted(self) -> list[torch.Tensor]:
-        """The live tensors behind the lifted placeholders (parameters, buffers, tensor attributes)."""
-        if self._sources is None:
-            self._sources = [None if found is None else TensorNames.source(found) for _, found in self.lifted]
+    def placeholders_for_lifted(self, ctx: CallContext) -> list[torch.Tensor]:
+        """The live tensors behind the lifted placeholders (parameters, buffers, tensor attributes, tensors
+        held by input objects), resolved in the call context `ctx`."""
         values: list[torch.Tensor] = []
-        ctx = CallContext([], None)
         memo: dict[Source, Any] = {}
-        for (tensor, _), source in zip(self.lifted, self._sources):
+        for tensor, source in self.lifted:
             if source is None:
                 values.append(tensor)
                 continue
@@ -114,10 +112,29 @@ class Capture:
             values.append(value)
         return values
 
+    def check_inputs(self, values: list[torch.Tensor]) -> None:
+        """Raise when a placeholder's tensor differs in metadata from the one the graph was captured with."""
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        for node, value in zip(placeholders, values):
+            expected = node.meta.get("val")
+            if expected is None or not isinstance(value, torch.Tensor):
+                continue
+            want = (tuple(expected.shape), expected.stride(), expected.dtype, expected.device)
+            got = (tuple(value.shape), value.stride(), value.dtype, value.device)
+            if want != got:
+                raise StampoutError(message(
+                    f"input {node.name} differs from the captured one: expected shape={list(want[0])}, "
+                    f"stride={list(want[1])}, dtype={want[2]}, device={want[3]}; got shape={list(got[0])}, "
+                    f"stride={list(got[1])}, dtype={got[2]}, device={got[3]}",
+                    user_location(), "capture again for these inputs (or use stampout.compile, which recaptures)",
+                ))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._runner is None:
             self._runner = as_call_modules(self.gm)
-        outputs = self._runner(*self.placeholders_for(args, kwargs))
+        values = self.placeholders_for(args, kwargs)
+        self.check_inputs(values)
+        outputs = self._runner(*values)
         return build(self.output_template, list(outputs))
 
     def explain(self) -> str:

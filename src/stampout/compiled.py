@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._C._dynamo.guards import TensorGuards
-
-from .api import _frame_function, capture_program
 from .backends import resolve
 from .capture import Capture
+from .capturing import capture_program, frame_function
 from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure
@@ -30,6 +29,7 @@ from .regions.cache import RegionCache
 from .regions.fingerprint import describe_difference, fingerprint, requires_grad_pattern
 from .sources import MISSING, Arg, Attr, CallContext, Source
 from .structure import build, flatten_inputs
+from .torch_internals import tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
 log = logging.getLogger("stampout.guards")
@@ -54,11 +54,18 @@ def _path(source: Source) -> list[Source]:
 def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
     """Whether a write to a watched object is the only way this guard's value can change (watching the
     objects on its path as a side effect)."""
-    path = _path(guard.source)
-    if not (isinstance(path[0], Arg) and path[0].index == 0):
-        return False  # globals, closures, per-call input objects: checked on every call
     if guard.kind is Kind.HOOKS and guard.expected != ((), (), (), ()):
         return False  # hooks registered before compile may be removed through old handles
+    if guard.kind is Kind.SAME:
+        return False
+    return protected_path(guard.source, ctx, memo, watch)
+
+
+def protected_path(source: Source, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
+    """Whether every step to `source` is an attribute of a watched object reached from the module itself."""
+    path = _path(source)
+    if not (isinstance(path[0], Arg) and path[0].index == 0):
+        return False  # globals, closures, per-call input objects: checked on every call
     for source in path[:-1]:
         if source.base() is not None and not isinstance(source, Attr):
             return False  # an item of a container: containers are not watched
@@ -68,8 +75,27 @@ def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> 
     return True
 
 
+class _State:
+    """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
+    metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
+
+    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard")
+
+    def __init__(self, epoch: int, tensors: list, names: list, fixed: list, tensor_guard: Any) -> None:
+        self.epoch = epoch
+        self.tensors = tensors
+        self.names = names
+        self.fixed = fixed
+        self.tensor_guard = tensor_guard
+
+
 class _Entry:
-    """One capture and its compiled callable, with the guards that say when it may run."""
+    """One capture and its compiled callable, with the guards that say when it may run.
+
+    Guards whose value only a write to a watched object can change are checked after such a write (EPOCH
+    moved); all others run on every call in one generated function, which also returns the lifted tensors
+    that cannot be proven unchanged (globals, closures, tensors held by input objects or in containers):
+    those are read from their sources on every call, never reused from an earlier one."""
 
     def __init__(self, cap: Capture, compiled: Callable, key: tuple, ctx: CallContext, watch: WriteWatch):
         self.capture = cap
@@ -86,45 +112,53 @@ class _Entry:
                     always.append(guard)
                 elif guard.kind is Kind.TENSOR:
                     tensors.append(guard)
-        self.always = compile_guards(always)
+            self.fixed_sources: list[Source] = []
+            per_call: list[Source] = []
+            self.order: list[tuple[bool, int]] = []  # per lifted input: (read per call?, index)
+            for _, source in cap.lifted:
+                if protected_path(source, ctx, memo, watch):
+                    self.order.append((False, len(self.fixed_sources)))
+                    self.fixed_sources.append(source)
+                else:
+                    self.order.append((True, len(per_call)))
+                    per_call.append(source)
+        self.always = compile_guards(always, per_call)
         self.tensor_sources = [g.source for g in tensors]
-        self.epoch = -1
-        self.tensors: list[torch.Tensor] = []
-        self.lifted: list[torch.Tensor] = []
-        self.tensor_guard: TensorGuards | None = None
+        self.state: _State | None = None
 
-    def refresh(self, ctx: CallContext) -> None:
-        """After a full check passed: the current parameter objects, and a C++ check of their metadata."""
+    def refresh(self, ctx: CallContext) -> _State:
+        """After a full check passed: the current protected tensors, and a C++ check of their metadata."""
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
             tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
-            lifted = self.capture.placeholders_for_lifted()
+            fixed = [s.resolve(ctx, memo) for s in self.fixed_sources]
         # One entry per tensor object: tied weights (lm_head.weight is wte.weight) reach it by two paths,
         # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
         # the full check, after any write that could change it.
         names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
-        self.tensors = list({id(t): t for t in [*tensors, *lifted]}.values())
-        self.tensor_names = [names.get(id(t), "a lifted tensor") for t in self.tensors]
-        self.lifted = lifted
-        tensors = self.tensors
-        self.tensor_guard = TensorGuards(
-            *tensors,
-            dynamic_dims_sizes=[list(t.shape) for t in tensors],
-            dynamic_dims_strides=[list(t.stride()) for t in tensors],
-        )
-        self.epoch = EPOCH.value
+        unique = list({id(t): t for t in [*tensors, *fixed]}.values())
+        state = _State(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], fixed,
+                       tensor_guards(unique))
+        self.state = state
+        return state
 
-    def admits(self, ctx: CallContext) -> bool:
-        if not self.always(ctx.leaves, ctx.fn):
-            return False
-        if self.epoch != EPOCH.value:
+    def admits(self, ctx: CallContext) -> tuple | None:
+        """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
+        per_call = self.always(ctx.leaves, ctx.fn)
+        if per_call is False:
+            return None
+        state = self.state
+        if state is None or state.epoch != EPOCH.value:
             if self._full is None:
                 self._full = compile_guards(self.capture.program.guards)
             with torch._C.DisableTorchFunction():
                 if not self._full(ctx.leaves, ctx.fn):
-                    return False
-            self.refresh(ctx)
-        return self.tensor_guard.check(*self.tensors)
+                    return None
+            state = self.refresh(ctx)
+        if not state.tensor_guard.check(*state.tensors):
+            return None
+        fixed = state.fixed
+        return tuple(per_call[i] if each_call else fixed[i] for each_call, i in self.order)
 
     def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
         if key != self.key:
@@ -136,9 +170,19 @@ class _Entry:
             _, guard, actual = failure
             return (f"{guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
                     f"got {actual} (read at {guard.where})")
-        if self.tensor_guard is not None and not self.tensor_guard.check(*self.tensors):
-            return str(self.tensor_guard.check_verbose(*self.tensors, tensor_check_names=self.tensor_names))
+        state = self.state
+        if state is not None and not state.tensor_guard.check(*state.tensors):
+            return str(state.tensor_guard.check_verbose(*state.tensors, tensor_check_names=state.names))
         return "no difference found"
+
+
+class _EagerEntry:
+    """Calls with this key run the original function: its capture read something stampout cannot guard."""
+
+    def __init__(self, key: tuple, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        self.capture = None
 
 
 class CompiledFunction:
@@ -158,8 +202,9 @@ class CompiledFunction:
         self.max_entries = max_entries
         self.stats = CompileStats()
         self.last_capture: Capture | None = None
-        self._frame_fn = _frame_function(fn)
-        self._entries: list[_Entry] = []
+        self._frame_fn = frame_function(fn)
+        self._entries: tuple[_Entry | _EagerEntry, ...] = ()  # replaced whole (threads read it unlocked)
+        self._lock = threading.Lock()  # one recapture at a time; calls that only check guards never take it
         self._cache = RegionCache()
         self._watch = WriteWatch()
         weakref.finalize(self, self._watch.release)
@@ -168,31 +213,47 @@ class CompiledFunction:
 
     def reset(self) -> None:
         """Drop every compiled entry and the region cache; unwatch the model."""
-        self._watch.release()
-        self._entries.clear()
-        self._cache = RegionCache()
+        with self._lock:
+            self._watch.release()
+            self._entries = ()
+            self._cache = RegionCache()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec, labels = flatten_inputs(args, kwargs)
         with torch._C.DisableTorchFunction():
             key = (fingerprint(spec, leaves), requires_grad_pattern(leaves))
         ctx = CallContext([self.fn, *leaves], self._frame_fn)
-        for entry in self._entries:
-            if entry.key == key and entry.admits(ctx):
-                return self._run(entry, leaves)
-        if self._entries and log.isEnabledFor(logging.INFO):
-            log.info("guard failed for %s: %s; capturing again", _name(self.fn),
-                     self._entries[-1].why_not(ctx, key, labels))
-        entry = self._recapture(args, kwargs, key, ctx)
-        return self._run(entry, leaves)
-
-    def _run(self, entry: _Entry, leaves: list[Any]) -> Any:
+        hit = self._lookup(key, ctx)
+        if hit is None:
+            with self._lock:
+                hit = self._lookup(key, ctx)  # another thread may have captured it meanwhile
+                if hit is None:
+                    entries = self._entries
+                    if entries and log.isEnabledFor(logging.INFO):
+                        last = entries[-1]
+                        reason = (last.why_not(ctx, key, labels) if isinstance(last, _Entry)
+                                  else "the last capture could not be guarded")
+                        log.info("guard failed for %s: %s; capturing again", _name(self.fn), reason)
+                    hit = self._recapture(args, kwargs, key, ctx)
+        entry, lifted = hit
+        if isinstance(entry, _EagerEntry):
+            return self.fn(*args, **kwargs)
         self.last_capture = entry.capture
         inputs = [leaves[i] for i in entry.capture.input_tensor_leaves]
-        inputs += entry.lifted
+        inputs.extend(lifted)
         return build(entry.capture.output_template, list(entry.compiled(*inputs)))
 
-    def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> _Entry:
+    def _lookup(self, key: tuple, ctx: CallContext) -> tuple[Any, tuple] | None:
+        for entry in self._entries:
+            if entry.key == key:
+                if isinstance(entry, _EagerEntry):
+                    return entry, ()
+                lifted = entry.admits(ctx)
+                if lifted is not None:
+                    return entry, lifted
+        return None
+
+    def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> tuple[Any, tuple]:
         self._watch.release()  # capture watches reads with its own shims
         try:
             marking = (auto_regions(self.fn) if self.regions == "auto" and isinstance(self.fn, torch.nn.Module)
@@ -213,11 +274,9 @@ class CompiledFunction:
                 "the Python once), or make the state a tensor buffer updated in place",
             ))
         if program.ineligible:
-            raise GuardError(message(
-                f"cannot guard {_name(self.fn)}: it {program.ineligible[0]}",
-                user_location(),
-                "pass such values as arguments or keep them as attributes of the module",
-            ))
+            log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),
+                        program.ineligible[0])
+            return self._add(_EagerEntry(key, program.ineligible[0])), ()
         example = cap.placeholders_for(args, kwargs)
         try:
             compiled = self.backend(cap.gm, example)
@@ -233,20 +292,33 @@ class CompiledFunction:
             )) from error
         entry = _Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
-        if len(self._entries) >= self.max_entries:
-            dropped = self._entries.pop(0)
+        self._add(entry)
+        lifted = entry.admits(ctx)
+        if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
+            lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
+        return entry, lifted
+
+    def _add(self, entry: Any) -> Any:
+        entries = list(self._entries)
+        if len(entries) >= self.max_entries:
+            dropped = entries.pop(0)
             log.info("%s: more than %d compiled entries; dropping the oldest (%s)", _name(self.fn),
-                     self.max_entries, dropped.capture.stats)
-        self._entries.append(entry)
+                     self.max_entries, getattr(dropped.capture, "stats", "eager"))
+        entries.append(entry)
+        self._entries = tuple(entries)
         return entry
 
     def _rewatch(self) -> None:
         memo: dict[Source, Any] = {}
-        for entry in self._entries:
-            ctx = CallContext([self.fn], self._frame_fn)
-            with torch._C.DisableTorchFunction():
+        ctx = CallContext([self.fn], self._frame_fn)
+        with torch._C.DisableTorchFunction():
+            for entry in self._entries:
+                if isinstance(entry, _EagerEntry):
+                    continue
                 for guard in entry.capture.program.guards:
                     protected(guard, ctx, memo, self._watch)
+                for source in entry.fixed_sources:
+                    protected_path(source, ctx, memo, self._watch)
         EPOCH.bump()
 
 

@@ -37,13 +37,20 @@ def mutating(func: Callable, kwargs: dict) -> bool:
         name.startswith("__i") and name.endswith("__")) or "out" in kwargs
 
 
-
-
 class ConstantValues:
-    """id(fake) -> (fake, real value) for tensors that depend on constants only."""
+    """id(fake) -> (fake, real value, scope) for tensors that depend on constants only.
 
-    def __init__(self) -> None:
-        self._known: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    The scope is the set of region frames (by id, from `scope_fn`) that were open wherever the value's
+    inputs were made: a frame outside it did not compute the value from its own guarded reads."""
+
+    def __init__(self, scope_fn: Callable[[], frozenset[int]] = frozenset) -> None:
+        self._known: dict[int, tuple[torch.Tensor, torch.Tensor, frozenset[int]]] = {}
+        self._scope_fn = scope_fn
+
+    def scope_of(self, args: tuple, kwargs: dict) -> frozenset[int]:
+        """The frames that made every (known) tensor among the arguments."""
+        scopes = [self._known[id(t)][2] for t in tensors_of((args, kwargs)) if id(t) in self._known]
+        return frozenset.intersection(*scopes) if scopes else self._scope_fn()
 
     def real(self, t: torch.Tensor) -> torch.Tensor | None:
         hit = self._known.get(id(t))
@@ -63,9 +70,9 @@ class ConstantValues:
         with unset_fake_temporarily():
             return func(*self._to_real(args), **self._to_real(kwargs))
 
-    def remember(self, fakes: Any, reals: Any) -> None:
+    def remember(self, fakes: Any, reals: Any, scope: frozenset[int]) -> None:
         for fake, value in zip(tensors_of(fakes), tensors_of(reals)):
-            self._known[id(fake)] = (fake, value)
+            self._known[id(fake)] = (fake, value, scope)
 
     def knows_all(self, args: tuple, kwargs: dict) -> bool:
         return all(id(t) in self._known for t in tensors_of((args, kwargs)))
@@ -86,4 +93,4 @@ class ConstantValues:
             real = self.evaluate(func, args, kwargs)
         except Exception:  # a device we do not have, an op without a real kernel: just not constant
             return
-        self.remember(outs, real)
+        self.remember(outs, real, self.scope_of(args, kwargs))

@@ -102,6 +102,11 @@ def snapshot(obj: Any) -> Any:
     )
 
 
+def is_auto_mark(value: Any) -> bool:
+    """Whether `value` is the bound region wrapper `stampout.auto_regions` puts on a module for a capture."""
+    return getattr(getattr(value, "__func__", None), "__stampout_auto__", False) is True
+
+
 def _length(value: Any) -> Any:
     try:
         return len(value)
@@ -119,6 +124,8 @@ class Kind(enum.Enum):
     SNAPSHOT = "object fields"
     LEN = "length"
     KEYS = "dict keys"
+    NO_OVERRIDE = "no per-instance override"  # absent, or one of stampout's transient auto-region marks
+    SAME = "same object as"  # expected: another Source that must resolve to the very same object
 
 
 # How each kind reads its value, and the expression the generated predicate tests.
@@ -129,9 +136,10 @@ _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
     Kind.ID: lambda v: v,
     Kind.HOOKS: lambda v: hooks_key(v) if isinstance(v, torch.nn.Module) else MISSING,
     Kind.ABSENT: lambda v: v,
+    Kind.NO_OVERRIDE: lambda v: v,
     Kind.SNAPSHOT: snapshot,
     Kind.LEN: _length,
-    Kind.KEYS: lambda v: tuple(v) if type(v) is dict else MISSING,
+    Kind.KEYS: lambda v: tuple(v) if isinstance(v, dict) else MISSING,
 }
 _HELPERS = {
     "_tensor_meta": tensor_meta,
@@ -140,6 +148,7 @@ _HELPERS = {
     "_no_hooks": no_hooks,
     "_snapshot": snapshot,
     "_length": _length,
+    "_is_auto_mark": lambda v: is_auto_mark(v),
     "_Tensor": torch.Tensor,
     "_Module": torch.nn.Module,
     **RESOLVE_HELPERS,
@@ -155,11 +164,16 @@ class Guard:
     expected: Any
     where: str = ""  # the user's file:line where the value was read
 
-    def holds(self, value: Any) -> bool:
+    def holds(self, value: Any, other: Any = None) -> bool:
+        """Whether `value` passes (for SAME: `other` is the value at the expected source)."""
+        if self.kind is Kind.SAME:
+            return value is other and value is not MISSING
         if self.kind is Kind.TYPE:
             return type(value) in self.expected
         if self.kind is Kind.ABSENT:
             return value is MISSING
+        if self.kind is Kind.NO_OVERRIDE:
+            return value is MISSING or is_auto_mark(value)
         if self.kind is Kind.ID:
             return value is self.expected
         return _OBSERVE[self.kind](value) == self.expected
@@ -170,13 +184,17 @@ class Guard:
             return "<missing>"
         if self.kind is Kind.TYPE:
             return type(value).__qualname__
+        if self.kind is Kind.SAME:
+            return f"another object (<{type(value).__name__} object at {id(value):#x}>)"
         return self._show(_OBSERVE[self.kind](value))
 
     def expected_text(self) -> str:
         if self.kind is Kind.TYPE:
             return self.expected[0].__qualname__
-        if self.kind is Kind.ABSENT:
+        if self.kind in (Kind.ABSENT, Kind.NO_OVERRIDE):
             return "<missing>"
+        if self.kind is Kind.SAME:
+            return f"the object at {self.expected.name()}"
         return self._show(self.expected)
 
     def _show(self, observed: Any) -> str:
@@ -203,6 +221,8 @@ class Guard:
             return f"type({var}) in {const}"
         if k in (Kind.ID, Kind.ABSENT):
             return f"{var} is {const}"
+        if k is Kind.NO_OVERRIDE:
+            return f"({var} is _MISSING or _is_auto_mark({var}))"
         if k is Kind.HOOKS:
             if self.expected == _NO_HOOKS:
                 return f"(isinstance({var}, _Module) and _no_hooks({var}))"
@@ -210,7 +230,7 @@ class Guard:
         if k is Kind.SNAPSHOT:
             return f"_snapshot({var}) == {const}"
         if k is Kind.KEYS:
-            return f"(type({var}) is dict and tuple({var}) == {const})"
+            return f"(isinstance({var}, dict) and tuple({var}) == {const})"
         return f"_length({var}) == {const}"
 
 
@@ -239,8 +259,11 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
 
     for i, guard in enumerate(guards):
         var = bind(guard.source)
+        if guard.kind is Kind.SAME:
+            lines.append(f"    if {var} is not {bind(guard.expected)} or {var} is _MISSING: return False")
+            continue
         const = f"e{i}"
-        namespace[const] = guard.expected if guard.kind is not Kind.ABSENT else MISSING
+        namespace[const] = guard.expected if guard.kind not in (Kind.ABSENT, Kind.NO_OVERRIDE) else MISSING
         lines.append(f"    if not {guard.condition(var, const)}: return False")
     if results is None:
         lines.append("    return True")
@@ -260,7 +283,8 @@ def first_failure(guards: list[Guard], ctx: CallContext) -> tuple[int, Guard, An
     with torch._C.DisableTorchFunction():
         for i, guard in enumerate(guards):
             value = guard.source.resolve(ctx, memo)
-            if not guard.holds(value):
+            other = guard.expected.resolve(ctx, memo) if guard.kind is Kind.SAME else None
+            if not guard.holds(value, other):
                 return i, guard, guard.observe(value)
     return None
 

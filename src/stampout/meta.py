@@ -124,7 +124,7 @@ class MetaRunner:
                 raise _Unsupported
             device[:1] = [fake_device]
             with unset_fake_temporarily():
-                meta = _meta_like(value.shape, value.stride(), value.storage_offset(), value.dtype)
+                meta = meta_like(value.shape, value.stride(), value.storage_offset(), value.dtype)
                 if value.requires_grad:
                     meta.requires_grad_(True)
             return meta
@@ -188,7 +188,7 @@ def _recipe(out: Any) -> Any:
 def _from_recipe(recipe: Any) -> Any:
     if recipe[0] == "T":
         _, shape, stride, offset, dtype, requires_grad = recipe
-        meta = _meta_like(shape, stride, offset, dtype)
+        meta = meta_like(shape, stride, offset, dtype)
         return meta.requires_grad_(True) if requires_grad else meta
     if recipe[0] == "C":
         return recipe[1]
@@ -199,7 +199,7 @@ def _from_recipe(recipe: Any) -> Any:
     return t(*values) if hasattr(t, "_fields") else t(values)
 
 
-def _meta_like(shape: Any, stride: Any, offset: int, dtype: torch.dtype) -> torch.Tensor:
+def meta_like(shape: Any, stride: Any, offset: int, dtype: torch.dtype) -> torch.Tensor:
     """A meta tensor with exactly this layout, storage offset included (views keep their offsets)."""
     if not offset:
         return torch.empty_strided(shape, stride, dtype=dtype, device="meta")

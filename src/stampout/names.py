@@ -1,5 +1,8 @@
 """Names and sources of the tensors a program can reach: what lifted placeholders are called and where
-`cap(...)` finds their live values."""
+`cap(...)` finds their live values.
+
+Sources are relative to a call context whose leaves are `[fn, *flat inputs]`: the root module is
+`Arg(0)` (`self`), an input object is `Arg(i + 1)`, so each call resolves them against its own inputs."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ from typing import Any
 
 import torch
 
-from .sources import Absolute, Attr, Item, Source, module_path
+from .sources import Absolute, Arg, Attr, Item, Source, module_path
+
+_MAX_DEPTH = 3
 
 
 def root_module(fn: Callable) -> torch.nn.Module | None:
@@ -21,52 +26,68 @@ def root_module(fn: Callable) -> torch.nn.Module | None:
 
 class TensorNames:
     """Placeholder name and source of each tensor the program can reach by name: parameters, buffers and
-    tensor attributes of the root module's tree, globals and closure cells of the function. The walk
-    only records qualified names; sources are built for the few tensors that get lifted."""
+    tensor attributes of the root module's tree (and of modules in globals and closure cells), globals and
+    closure cells of the function, and tensors held by input objects. The walk records qualified names and
+    roots; sources are built for the few tensors that get lifted."""
 
-    def __init__(self, fn: Callable) -> None:
-        self._found: dict[int, tuple[str, Any, Any]] = {}  # id -> (qualified name, kind, root object)
+    def __init__(self, fn: Callable, leaves: list[Any] = (), labels: list[str] = ()) -> None:
+        self._found: dict[int, tuple[str, Source, str]] = {}  # id -> (name, root source, path below it)
         root = root_module(fn)
         if root is not None:
-            self._walk(root, "", root)
+            self._walk(root, "", Arg(0, "self"))
             fn = type(root).forward if fn is root else fn
         func = getattr(fn, "__func__", fn)
-        for key, value in list((getattr(func, "__globals__", None) or {}).items()):
-            self._add(value, key, "global", func.__globals__)
+        g = getattr(func, "__globals__", None) or {}
+        for key, value in list(g.items()):
+            self._add_root(value, key, Item(Absolute(g, "globals"), key))
         code = getattr(func, "__code__", None)
-        for var, cell in zip(getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ()):
+        for i, (var, cell) in enumerate(zip(getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ())):
             with contextlib.suppress(ValueError):
-                self._add(cell.cell_contents, var, "closure", cell)
+                self._add_root(cell.cell_contents, var, Attr(Absolute(cell, f"closure[{var!r}]"), "cell_contents"))
+        for i, (leaf, label) in enumerate(zip(leaves, labels)):
+            if not isinstance(leaf, torch.Tensor):
+                self._walk_object(leaf, label, Arg(i + 1, label), "", 0)
 
-    def _add(self, value: Any, name: str, kind: str, root: Any) -> None:
+    def _add(self, value: Any, name: str, root: Source, path: str) -> None:
         if isinstance(value, torch.Tensor) and id(value) not in self._found:
-            self._found[id(value)] = (name, kind, root)
+            self._found[id(value)] = (name, root, path)
 
-    def _walk(self, module: torch.nn.Module, prefix: str, root: torch.nn.Module) -> None:
+    def _add_root(self, value: Any, name: str, source: Source) -> None:
+        if isinstance(value, torch.Tensor):
+            self._add(value, name, source, "")
+        elif isinstance(value, torch.nn.Module):
+            self._walk(value, f"{name}.", source)
+
+    def _walk(self, module: torch.nn.Module, prefix: str, root: Source, path: str = "") -> None:
         d = module.__dict__
         for group in (d.get("_parameters", {}), d.get("_buffers", {})):
             for key, value in group.items():
-                self._add(value, prefix + key, "module", root)
+                self._add(value, prefix + key, root, path + key)
         for key, value in d.items():
             if isinstance(value, torch.Tensor) and not key.startswith("__"):
-                self._add(value, prefix + key, "module", root)
+                self._add(value, prefix + key, root, path + key)
         for key, child in d.get("_modules", {}).items():
             if child is not None:
-                self._walk(child, f"{prefix}{key}.", root)
+                self._walk(child, f"{prefix}{key}.", root, f"{path}{key}.")
 
-    def find(self, t: torch.Tensor) -> tuple[str, str, Any] | None:
-        """(qualified name, kind, root) of a named tensor, or None."""
-        return self._found.get(id(t))
+    def _walk_object(self, obj: Any, label: str, root: Source, path: str, depth: int) -> None:
+        """Tensors held by an input object's attributes (a dataclass batch, a cache object)."""
+        if isinstance(obj, torch.nn.Module):
+            self._walk(obj, f"{label}.", root, path)
+            return
+        fields = getattr(obj, "__dict__", None)
+        if not isinstance(fields, dict) or depth >= _MAX_DEPTH:
+            return
+        for key, value in fields.items():
+            if isinstance(value, torch.Tensor):
+                self._add(value, f"{label}.{key}", root, path + key)
+            elif hasattr(value, "__dict__") and not isinstance(value, type):
+                self._walk_object(value, f"{label}.{key}", root, f"{path}{key}.", depth + 1)
 
-    @staticmethod
-    def source(found: tuple[str, str, Any]) -> Source:
-        name, kind, root = found
-        if kind == "module":
-            source = module_path(Absolute(root, "self"), name)
-        elif kind == "global":
-            source = Item(Absolute(root, "globals"), name)
-        else:
-            source = Attr(Absolute(root, f"closure[{name!r}]"), "cell_contents")
-        return source
-
-
+    def find(self, t: torch.Tensor) -> tuple[str, Source] | None:
+        """(placeholder name, source relative to `[fn, *inputs]`) of a named tensor, or None."""
+        hit = self._found.get(id(t))
+        if hit is None:
+            return None
+        name, root, path = hit
+        return name, module_path(root, path.rstrip("."))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
+from .torch_internals import INVOKE_SUBGRAPH
+
 
 
 def as_call_modules(gm: fx.GraphModule, memo: dict[int, fx.GraphModule] | None = None) -> fx.GraphModule:

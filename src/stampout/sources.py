@@ -227,6 +227,36 @@ class Attr(Source):
         return f"getattr({base_expr}, {self.attr!r}, _MISSING)"
 
 
+class ClassAttr(Source):
+    """Attribute `attr` as the base value's class defines it (found along the MRO, not bound): a method's
+    function, a property object, a class-level default."""
+
+    __slots__ = ("parent", "attr")
+
+    def __init__(self, parent: Source, attr: str) -> None:
+        self.parent = parent
+        self.attr = attr
+
+    def key(self) -> tuple:
+        return ("classattr", self.parent.key(), self.attr)
+
+    def name(self) -> str:
+        return f"type({self.parent.name()}).{self.attr}"
+
+    def base(self) -> Source:
+        return self.parent
+
+    def rebase(self, fn):
+        parent = self.parent.rebase(fn)
+        return None if parent is None else ClassAttr(parent, self.attr)
+
+    def _step(self, ctx, memo):
+        return _class_attr(self.parent.resolve(ctx, memo), self.attr)
+
+    def expr(self, base_expr: str) -> str:
+        return f"_class_attr({base_expr}, {self.attr!r})"
+
+
 class Item(Source):
     """Item `item` of the base container (list index or dict key)."""
 
@@ -265,6 +295,18 @@ def _item(container: Any, key: Any) -> Any:
         return MISSING
 
 
+def _class_attr(obj: Any, attr: str) -> Any:
+    if obj is MISSING:
+        return MISSING
+    cls = type(obj)
+    cls = cls.__dict__.get("_stampout_original", cls)  # a watching shim stands in for the class
+    for klass in cls.__mro__:
+        d = klass.__dict__
+        if attr in d:
+            return d[attr]
+    return MISSING
+
+
 def _cell(fn: Any, index: int) -> Any:
     closure = getattr(fn, "__closure__", None)
     if not closure or index >= len(closure):
@@ -288,4 +330,4 @@ def module_path(root: Source, qualified_name: str) -> Source:
     return source
 
 
-RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_MISSING": MISSING}
+RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_class_attr": _class_attr, "_MISSING": MISSING}

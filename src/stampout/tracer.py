@@ -12,7 +12,7 @@ import logging
 import operator
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
@@ -29,7 +29,7 @@ from .constants import ConstantValues, mutating
 from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
-from .meta import NOT_HANDLED, MetaRunner
+from .meta import NOT_HANDLED, MetaRunner, meta_like
 from .sources import Source
 
 log = logging.getLogger(__name__)
@@ -219,6 +219,20 @@ class Builder:
         self.nodes[id(value)] = (value, node)
 
 
+class RegionHooks(Protocol):
+    """What the tracer asks of the region handler."""
+
+    def lift_into_subgraph(self, builder: Builder, t: torch.Tensor) -> fx.Node: ...
+
+    def note_root_lift(self, t: torch.Tensor) -> None: ...
+
+    def note_autograd_read(self) -> None: ...
+
+    def note_value_decision(self, scope: frozenset[int]) -> None: ...
+
+    def frame_ids(self) -> frozenset[int]: ...
+
+
 class CaptureMode(PreDispatchTorchFunctionMode):
     """Sends every torch-level call (autocast enter/exit included) to the tracer."""
 
@@ -240,14 +254,17 @@ class Tracer:
         self.lifted: list[tuple[fx.Node, torch.Tensor, Source | None]] = []  # outer lifted real tensors
         self._fakes: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self._autocast_nodes: list[fx.Node] = []
-        self.constants = ConstantValues()
+        self.constants = ConstantValues(self._frame_ids)
         self.meta = MetaRunner(fake_mode)
         self.mode = CaptureMode(self)
-        self.regions: Any = None  # the RegionCalls handler, set by api.capture
+        self.regions: RegionHooks | None = None  # the region handler (regions.call.RegionCalls)
 
     @property
     def builder(self) -> Builder:
         return self.builders[-1]
+
+    def _frame_ids(self) -> frozenset[int]:
+        return self.regions.frame_ids() if self.regions is not None else frozenset()
 
     # ---- values -------------------------------------------------------------------------------
     def fake_of(self, t: torch.Tensor) -> torch.Tensor:
@@ -268,13 +285,14 @@ class Tracer:
         if hit is not None:
             return hit[1]
         with torch._C.DisableTorchFunction():
-            return self.new_fake(tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+            return self.new_fake(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device,
+                                 t.requires_grad)
 
-    def new_fake(self, shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device,
+    def new_fake(self, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype, device: torch.device,
                  requires_grad: bool) -> FakeTensor:
         """A fake tensor from known metadata, built with the fake mode unset (~10 us instead of ~170 us)."""
         with unset_fake_temporarily():
-            elem = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+            elem = meta_like(shape, stride, offset, dtype)
             fake = FakeTensor(self.fake_mode, elem, device)
             if requires_grad:
                 fake.requires_grad_(True)
@@ -296,7 +314,7 @@ class Tracer:
         # A stamped region lifts many parameters: their placeholders' meta['val'] is filled when `gm` is
         # first used (fill_meta), which keeps capture at a few FX nodes per stamped layer.
         node = builder.placeholder(identifier(name), t, meta=False)
-        self.lifted.append((node, t, found))
+        self.lifted.append((node, t, found[1] if found is not None else None))
         return node
 
     def fill_meta(self) -> None:
@@ -310,6 +328,8 @@ class Tracer:
         what = _DATA_DEPENDENT.get(func)
         if what is not None:
             if self.constants.knows_all(args, kwargs):
+                if self.regions is not None:
+                    self.regions.note_value_decision(self.constants.scope_of(args, kwargs))
                 return self.constants.evaluate(func, args, kwargs)
             self._raise_data_dependent(what)
         if func is _SET_GRAD:
@@ -370,10 +390,13 @@ class Tracer:
             if isinstance(error, DynamicOutputShapeException):
                 self._raise_data_dependent(f"{name} (its output shape depends on tensor values)")
             self._raise_data_dependent(f"{name} (its result depends on tensor values)")
+        scope = self.constants.scope_of(args, kwargs)
+        if self.regions is not None:
+            self.regions.note_value_decision(scope)  # the output's shape came from the values
         real = self.constants.evaluate(func, args, kwargs)
         with torch._C.DisableTorchFunction():
             out = map_tensors(real, lambda t: self.fake_mode.from_tensor(t, static_shapes=True))
-        self.constants.remember(out, real)
+        self.constants.remember(out, real, scope)
         return out
 
     def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:

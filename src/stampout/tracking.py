@@ -13,24 +13,12 @@ from typing import Any
 
 import torch
 
+from .context import _STATE
 from .sources import MISSING
 
-Reader = Callable[[Any, str, Any], None]
-Writer = Callable[[Any, str], None]
-
-
-class _Listeners:
-    __slots__ = ("read", "write")
-
-    def __init__(self) -> None:
-        self.read: Reader | None = None
-        self.write: Writer | None = None
-
-
-LISTENERS = _Listeners()
-
-# Names nn.Module and Python read internally on every call; never guarded.
-_INTERNAL = (frozenset(torch.nn.Module().__dict__) - {"training"}) | {"forward"}
+# Names nn.Module and Python read internally on every call; never guarded. (`forward` is guarded: a
+# per-instance forward replaces what a module computes.)
+_INTERNAL = frozenset(torch.nn.Module().__dict__) - {"training"}
 _SHIMS: dict[type, type] = {}
 
 
@@ -43,15 +31,13 @@ def _make_shim(cls: type) -> type:
     orig_getattr = getattr(cls, "__getattr__", None)
     orig_setattr = cls.__setattr__
     orig_delattr = cls.__delattr__
-    listeners = LISTENERS
+    state = _STATE
 
     def __getattribute__(self, name):
         value = orig_getattribute(self, name)
-        read = listeners.read
-        if read is not None and not _quiet(name):
-            d = object.__getattribute__(self, "__dict__")
-            if name in d:
-                read(self, name, value)
+        ctx = state.ctx
+        if ctx is not None and ctx.read is not None and not _quiet(name):
+            ctx.read(self, name, value)
         return value
 
     def __getattr__(self, name):
@@ -60,26 +46,26 @@ def _make_shim(cls: type) -> type:
                 raise AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
             value = orig_getattr(self, name)
         except AttributeError:
-            read = listeners.read
-            if read is not None and not _quiet(name):
-                read(self, name, MISSING)
+            ctx = state.ctx
+            if ctx is not None and ctx.read is not None and not _quiet(name):
+                ctx.read(self, name, MISSING)
             raise
-        read = listeners.read
-        if read is not None and not _quiet(name):
-            read(self, name, value)
+        ctx = state.ctx
+        if ctx is not None and ctx.read is not None and not _quiet(name):
+            ctx.read(self, name, value)
         return value
 
     def __setattr__(self, name, value):
         orig_setattr(self, name, value)
-        write = listeners.write
-        if write is not None and not _quiet(name):
-            write(self, name)
+        ctx = state.ctx
+        if ctx is not None and ctx.write is not None and not _quiet(name):
+            ctx.write(self, name, value)
 
     def __delattr__(self, name):
         orig_delattr(self, name)
-        write = listeners.write
-        if write is not None and not _quiet(name):
-            write(self, name)
+        ctx = state.ctx
+        if ctx is not None and ctx.write is not None and not _quiet(name):
+            ctx.write(self, name, MISSING)
 
     namespace = {
         "__slots__": (),
@@ -144,16 +130,15 @@ class Swaps:
 
 
 class Watch(Swaps):
-    """Read watching for one capture."""
+    """Read watching for one capture; `arguments` holds the ids of objects passed to region calls."""
 
     def __init__(self) -> None:
         super().__init__(shim_class)
+        self.arguments: set[int] = set()
 
 
 def _swap(obj: Any, shim_for: Callable[[type], type | None]) -> type | None:
     """Give `obj` the shim of its original class; its class before, or None when that is not possible."""
-    if not hasattr(obj, "__dict__"):
-        return None
     cls = type(obj)
     shim = shim_for(cls.__dict__.get("_stampout_original", cls))
     if shim is None:
@@ -263,6 +248,8 @@ class WriteWatch:
             if previous is None:
                 return False
             shared = _WRITE_WATCHERS[id(obj)] = [obj, previous, 0]
+            if isinstance(obj, torch.nn.Module):
+                _bumping_registries(obj, _BumpingDict)
         shared[2] += 1
         self._mine.add(id(obj))
         return True
@@ -273,9 +260,57 @@ class WriteWatch:
             shared[2] -= 1
             if shared[2] == 0:
                 _set_class(shared[0], shared[1])
+                if isinstance(shared[0], torch.nn.Module):
+                    _bumping_registries(shared[0], dict)
                 del _WRITE_WATCHERS[key]
         self._mine.clear()
         EPOCH.bump()
+
+
+class _BumpingDict(dict):
+    """A module's `_parameters`/`_buffers`/`_modules` while watched: direct item writes
+    (`module._parameters["weight"] = p`, as loaders and `_apply` do) bypass `__setattr__` but bump EPOCH."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key, value):
+        dict.__setitem__(self, key, value)
+        EPOCH.value += 1
+
+    def __delitem__(self, key):
+        dict.__delitem__(self, key)
+        EPOCH.value += 1
+
+    def _bump_after(name: str):  # noqa: N805  (builds methods below)
+        method = getattr(dict, name)
+
+        def bumped(self, *args, **kwargs):
+            out = method(self, *args, **kwargs)
+            EPOCH.value += 1
+            return out
+
+        bumped.__name__ = name
+        return bumped
+
+    pop = _bump_after("pop")
+    popitem = _bump_after("popitem")
+    clear = _bump_after("clear")
+    update = _bump_after("update")
+    setdefault = _bump_after("setdefault")
+    __ior__ = _bump_after("__ior__")
+    del _bump_after
+
+
+_REGISTRIES = ("_parameters", "_buffers", "_modules")
+
+
+def _bumping_registries(module: torch.nn.Module, kind: type) -> None:
+    """Give `module` registries of class `kind` (same contents) in place of its current ones."""
+    d = module.__dict__
+    for name in _REGISTRIES:
+        registry = d.get(name)
+        if isinstance(registry, dict) and type(registry) is not kind:
+            d[name] = kind(registry)
 
 
 def _registration_hook(module: Any, *_: Any) -> None:

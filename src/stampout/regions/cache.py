@@ -12,6 +12,24 @@ from ..guards import Guard, const_key, is_constant, tensor_meta
 from ..structure import Template
 
 
+@dataclass(frozen=True)
+class ArgInput:
+    """A subgraph input that is the call's own flat input leaf `index`."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class SourceInput:
+    """A subgraph input captured from a source relative to the call (a parameter, buffer, tensor attribute,
+    closure or global); None when the trace could not name it (the entry is then ineligible)."""
+
+    source: Any
+
+
+LiftedInput = ArgInput | SourceInput
+
+
 @dataclass(eq=False)
 class ReuseEntry:
     """What a traced region call leaves behind so later equivalent calls can be stamped out."""
@@ -20,15 +38,17 @@ class ReuseEntry:
     fingerprint: tuple
     guards: list[Guard]
     check: Callable[[list[Any], Any], bool]
-    lifted: list[tuple[str, Any]]  # per subgraph placeholder: ("arg", leaf index) | ("source", Source)
+    lifted: list[LiftedInput]  # how each subgraph placeholder is obtained
     subgraph: str
     gm: fx.GraphModule
     outputs: list[tuple[str, int]]  # per template slot: ("out", subgraph output) | ("in", placeholder)
     template: Template
     out_meta: dict[tuple, list[tuple]]  # requires_grad pattern of the inputs -> per output
-    # (shape, stride, dtype, device, requires_grad); more patterns are added as calls need them
+    # (shape, stride, storage offset, dtype, device, requires_grad); more patterns added as calls need them
     n_outputs: int
     rg_pattern: tuple | None = None  # set when the trace read `requires_grad`: then it must match
+    operand_aliases: tuple[int, ...] = ()  # which subgraph inputs were the same tensor (see aliases_of)
+    value_guards: tuple = ()  # (leaf index, real value) of constant tensors whose values Python inspected
     call_site: str = ""
     generation: int = 0  # which capture made it (a compiled function's captures share one cache)
 

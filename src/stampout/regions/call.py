@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import operator
+import sys
+import types
 from typing import Any
 
 import torch
@@ -11,15 +13,17 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..capture import RegionEvent, RegionStats
+from ..context import current, listeners
 from ..errors import RegionError, message
 from ..frames import user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
-from ..runner import INVOKE_SUBGRAPH
-from ..sources import CallContext
-from ..structure import build, flatten_inputs, template_constants, to_template
+from ..torch_internals import invoke_subgraph
+from ..sources import Absolute, CallContext
+from ..structure import aliases_of, build, flatten_inputs, template_constants, to_template
 from ..tracer import Builder, Tracer, identifier
-from ..tracking import LISTENERS, Watch
-from .cache import RegionCache, ReuseEntry
+from ..tracking import Watch
+from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput
+from .code import is_user_file
 from .fingerprint import describe_difference, fingerprint, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
@@ -38,6 +42,7 @@ class RegionCalls:
         self.program: RegionFrame | None = None  # the whole program's frame, when compile guards it
         self.stats = RegionStats()
         self.events: list[RegionEvent] = []
+        self._previous_profile: Any = None
         cache.generation += 1  # entries made by earlier captures (of a compiled function) may be evicted
 
     # ---- entry point ------------------------------------------------------------------------
@@ -53,7 +58,9 @@ class RegionCalls:
                     if entry.rg_pattern is None or entry.rg_pattern == rg:
                         captured = self._holds(entry, ctx)
                         if captured is not False:
-                            return self._stamp(region, entry, leaves, captured, site, rg)
+                            values = self._operands(entry, leaves, captured)
+                            if aliases_of(values) == entry.operand_aliases:
+                                return self._stamp(region, entry, leaves, values, site, rg)
                 reason = self._miss_reason(region, fp, ctx, labels)
         if region.reuse_hash_fn is not None:
             return self._call_hashed(region, args, kwargs, leaves, labels, fp, rg, ctx, site)
@@ -68,6 +75,45 @@ class RegionCalls:
                 f"closures or globals (at {user_location(4)})"
             )
 
+    def note_value_decision(self, scope: frozenset[int]) -> None:
+        """Python looked at the value of a tensor computed from constants; frames that did not compute it
+        themselves depend on a value their guards do not see."""
+        for frame in self.frames:
+            if id(frame) not in scope:
+                frame.mark_ineligible(
+                    f"takes a Python decision on the value of a tensor computed outside it (at {user_location(4)})"
+                )
+
+    def frame_ids(self) -> frozenset[int]:
+        return frozenset(id(f) for f in self.frames)
+
+    # ---- frames and the profile hook that shows them the Python code that runs -----------------------
+    def push(self, frame: RegionFrame) -> None:
+        if not self.frames:
+            self._previous_profile = sys.getprofile()
+            sys.setprofile(self._profile)
+        self.frames.append(frame)
+
+    def pop(self) -> None:
+        self.frames.pop()
+        if not self.frames:
+            sys.setprofile(self._previous_profile)
+            self._previous_profile = None
+
+    def _profile(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        previous = self._previous_profile
+        if previous is not None:
+            previous(frame, event, arg)
+        if event != "call":
+            return
+        code = frame.f_code
+        if not is_user_file(code.co_filename):
+            return
+        g = frame.f_globals
+        with torch._C.DisableTorchFunction(), listeners(None, None):
+            for f in self.frames:
+                f.on_code(code, g, where=f"{code.co_filename}:{code.co_firstlineno} in {code.co_qualname}")
+
     def note_autograd_read(self) -> None:
         """The code being traced read `requires_grad` (or similar): its traces depend on it."""
         for frame in self.frames:
@@ -75,11 +121,13 @@ class RegionCalls:
 
     def _holds(self, entry: ReuseEntry, ctx: CallContext) -> Any:
         """False, or the values of the entry's captured sources (resolved while checking its guards)."""
-        read, LISTENERS.read = LISTENERS.read, None
-        try:
+        with listeners(None, None):
             return check_guards(entry.check, ctx)
-        finally:
-            LISTENERS.read = read
+
+    @staticmethod
+    def _operands(entry: ReuseEntry, leaves: list[Any], captured: Any) -> list[Any]:
+        it = iter(captured)
+        return [leaves[spec.index] if isinstance(spec, ArgInput) else next(it) for spec in entry.lifted]
 
     def _call_hashed(self, region, args, kwargs, leaves, labels, fp, rg, ctx, site) -> Any:
         key = region.reuse_hash_fn(*args, **kwargs)
@@ -97,8 +145,17 @@ class RegionCalls:
                     site, "include what differs in the hash key, or drop reuse_hash_fn",
                 ))
             with torch._C.DisableTorchFunction():
-                captured = [spec.resolve(ctx, {}) for kind, spec in entry.lifted if kind == "source"]
-                return self._stamp(region, entry, leaves, captured, site, rg)
+                memo: dict = {}
+                captured = [spec.source.resolve(ctx, memo) for spec in entry.lifted if isinstance(spec, SourceInput)]
+                values = self._operands(entry, leaves, captured)
+            if aliases_of(values) != entry.operand_aliases:
+                raise RegionError(message(
+                    f"region {region.name}: two calls with reuse_hash_fn key {key} differ in which tensors "
+                    "they read are the same tensor (tied weights?)",
+                    site, "include the difference in the hash key, or drop reuse_hash_fn",
+                ))
+            with torch._C.DisableTorchFunction():
+                return self._stamp(region, entry, leaves, values, site, rg)
         return self._trace(region, args, kwargs, leaves, labels, fp, rg, site,
                            f"first call with reuse_hash_fn key {key}", hash_key=key)
 
@@ -111,16 +168,14 @@ class RegionCalls:
         if not same:
             return "inputs differ: " + describe_difference(entries[-1].fingerprint, fp, labels)
         best = None
-        read, LISTENERS.read = LISTENERS.read, None
-        try:
+        with listeners(None, None):
             for entry in same:
                 failure = first_failure(entry.guards, ctx)
                 if failure is not None and (best is None or failure[0] > best[0]):
                     best = failure
-        finally:
-            LISTENERS.read = read
         if best is None:
-            return "the trace read requires_grad, and which inputs require grad differs"
+            return ("the trace read requires_grad, and which inputs require grad differs, or the tensors it "
+                    "reads alias each other differently (tied weights)")
         _, guard, actual = best
         return (f"guard failed: {guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
                 f"got {actual} (read at {guard.where})")
@@ -152,16 +207,16 @@ class RegionCalls:
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:
                     child.operands.append(parent.node_for(leaf))
                     child.placeholder(identifier(labels[i]), leaf)
-                    frame.lifted.append(("arg", i))
+                    frame.lifted.append(ArgInput(i))
+            for outer in self.frames:  # what the nested region's code reads, its callers' traces read too
+                outer.adopt_function(region.fn, Absolute(region.fn, region.name))
         tracer.builders.append(child)
-        self.frames.append(frame)
-        saved = (LISTENERS.read, LISTENERS.write)
-        LISTENERS.read, LISTENERS.write = self.on_read, self.on_write
+        self.push(frame)
         try:
-            out = region.fn(*args, **kwargs)
+            with listeners(self.on_read, self.on_write):
+                out = region.fn(*args, **kwargs)
         finally:
-            LISTENERS.read, LISTENERS.write = saved
-            self.frames.pop()
+            self.pop()
             tracer.builders.pop()
         with torch._C.DisableTorchFunction():
             self._finish_trace(region, frame, child, parent, out, fp, rg, site, reason, hash_key)
@@ -193,12 +248,12 @@ class RegionCalls:
                 frame.mark_ineligible(f"returns a {type(value).__name__} (outputs must be tensors and constants)")
         out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
         entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
-                           out_meta, len(returned), rg if frame.reads_requires_grad else None, site,
-                           self.cache.generation)
+                           out_meta, len(returned), rg if frame.reads_requires_grad else None,
+                           tuple(range(len(frame.lifted))), (), site, self.cache.generation)
         if not frame.ineligible:
             if hash_key is None:
                 self._check_cap(region, reason, site)
-            entry.check = compile_guards(frame.guards, [spec for kind, spec in frame.lifted if kind == "source"])
+            entry.check = compile_guards(frame.guards, [s.source for s in frame.lifted if isinstance(s, SourceInput)])
             self.cache.add(region.code, entry)
             if hash_key is not None:
                 self.cache.hashed[(region.code, hash_key)] = entry
@@ -217,21 +272,19 @@ class RegionCalls:
         self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
 
     def on_read(self, obj: Any, name: str, value: Any) -> None:
-        with torch._C.DisableTorchFunction():
+        with torch._C.DisableTorchFunction(), listeners(None, None):
             for frame in self.frames:
                 frame.on_read(obj, name, value)
 
-    def on_write(self, obj: Any, name: str) -> None:
-        with torch._C.DisableTorchFunction():
+    def on_write(self, obj: Any, name: str, value: Any) -> None:
+        with torch._C.DisableTorchFunction(), listeners(None, None):
             for frame in self.frames:
-                frame.on_write(obj, name)
+                frame.on_write(obj, name, value)
 
     # ---- stamping -----------------------------------------------------------------------------
-    def _stamp(self, region: Region, entry: ReuseEntry, leaves: list[Any], captured: Any, site: str,
+    def _stamp(self, region: Region, entry: ReuseEntry, leaves: list[Any], values: list[Any], site: str,
                rg: tuple) -> Any:
         parent = self.tracer.builder
-        it = iter(captured)
-        values = [leaves[spec] if kind == "arg" else next(it) for kind, spec in entry.lifted]
         for frame in self.frames:
             frame.import_entry(entry, leaves, region.fn, values)
         operands = [parent.node_for(v) for v in values]
@@ -259,7 +312,7 @@ class RegionCalls:
         builder.submodules[entry.subgraph] = entry.gm
         graph = builder.graph
         sub = graph.get_attr(entry.subgraph)
-        call = graph.call_function(INVOKE_SUBGRAPH, (sub, entry.subgraph, *operands))
+        call = invoke_subgraph(graph, sub, entry.subgraph, operands)
         outs = [graph.call_function(operator.getitem, (call, i)) for i in range(entry.n_outputs)]
         call.meta["stack_trace"] = f"  File {entry.call_site}\n"
         for (kind, i), value in zip(entry.outputs, slots):
@@ -295,9 +348,9 @@ class RegionCalls:
             label = source.name()
         operand = builder.parent.node_for(t)
         builder.operands.append(operand)
-        frame.lifted.append(("source", source))
+        frame.lifted.append(SourceInput(source))
         return builder.placeholder(identifier(label), t)
 
 
 def _out_meta(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)

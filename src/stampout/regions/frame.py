@@ -1,8 +1,14 @@
-"""RegionFrame: what one region trace read, as guards on sources relative to the call's arguments."""
+"""RegionFrame: what one region trace read, as guards on sources relative to the call's arguments.
+
+Fail closed: every value the traced Python reads is guarded by value (constants), metadata (tensors),
+identity (functions, classes) or by watching its reads (objects whose class can carry a shim); a value
+that fits none of these makes the trace ineligible for reuse.
+"""
 
 from __future__ import annotations
 
-import os
+import functools
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -10,43 +16,58 @@ from typing import Any
 import torch
 
 from ..frames import user_location
-from ..guards import Guard, Kind, const_key, hooks_key, is_constant, snapshot, tensor_meta
-from ..sources import MISSING, Absolute, Arg, Attr, Closure, FnAttr, Global, Item, Source
+from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
+from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source
 from ..tracking import Watch, original_class, shim_class, write_shim_class
+from .cache import ArgInput, LiftedInput
+from .code import code_facts, is_user_file
 from .marker import innermost
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
-_GLOBAL_NAMES: dict[types.CodeType, tuple[str, ...]] = {}
 _MAX_ITEMS = 256  # containers read by a trace with more items than this are not guarded item by item
+# Immutable callables and namespaces: guarded by identity.
+_BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
+                types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
+                types.ClassMethodDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
+                torch._ops.HigherOrderOperator, functools._lru_cache_wrapper)
+_MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
+_SLOT = types.MemberDescriptorType
 
 
 def _contents(value: Any) -> Any:
     if is_constant(value):
         return const_key(value)
-    if type(value) is dict:
+    if isinstance(value, dict):
         return tuple((k, id(v)) for k, v in value.items())
     return tuple(id(v) for v in value)
-
-
-def global_names(code: types.CodeType) -> tuple[str, ...]:
-    """Names a code object (and the code nested in it) may load as globals."""
-    names = _GLOBAL_NAMES.get(code)
-    if names is None:
-        found = list(code.co_names)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                found.extend(global_names(const))
-        names = _GLOBAL_NAMES[code] = tuple(dict.fromkeys(found))
-    return names
 
 
 def _accepted_types(obj: Any) -> tuple[type, ...]:
     """The object's class and the shim classes stampout may have swapped in (read and write watching)."""
     cls = original_class(obj)
-    if not hasattr(obj, "__dict__"):
-        return (cls,)
     return (cls, *(s for s in (shim_class(cls), write_shim_class(cls)) if s is not None))
+
+
+def _found_on_class(obj: Any, name: str) -> tuple[bool, Any]:
+    """(True, raw class attribute) when `obj.name` came from its class, not from the instance."""
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict) and name in d and not is_auto_mark(d[name]):
+        return False, None
+    for klass in original_class(obj).__mro__:
+        raw = klass.__dict__.get(name, MISSING)
+        if raw is not MISSING:
+            return not isinstance(raw, (_SLOT, _MEMBER)), raw
+    return False, None
+
+
+def _is_user_class(obj: Any, name: str) -> bool:
+    """Whether the class that defines `name` for `obj` is user code (not torch's or stampout's)."""
+    for klass in original_class(obj).__mro__:
+        if name in klass.__dict__:
+            module = sys.modules.get(klass.__module__)
+            return is_user_file(getattr(module, "__file__", None) or "")
+    return False
 
 
 class RegionFrame:
@@ -63,14 +84,19 @@ class RegionFrame:
         self.ineligible: list[str] = []
         self.reads_requires_grad = False
         self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
-        self._functions: set[types.CodeType] = set()
-        self._containers: list[tuple[Any, Source, tuple]] = []  # functions whose globals and cells are guarded
-        self.lifted: list[tuple[str, Any]] = []  # ("arg", leaf index) | ("source", Source | None)
+        self.stores: list[tuple[Any, str, Any]] = []  # (object, attribute, value) written, in order
+        self._functions: set[types.CodeType] = set()  # codes whose globals (and cells, if known) are guarded
+        self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
+        self._guarded_code: set[tuple[types.CodeType, int]] = set()
+        self._containers: list[tuple[Any, Source, tuple]] = []
+        self.lifted: list[LiftedInput] = []
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
+                if not isinstance(leaf, torch.Tensor):
+                    watch.arguments.add(id(leaf))
                 self.adopt(leaf, Arg(i, labels[i]), from_arg=True)
         self._input_meta = [(i, tensor_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
-        self._adopt_function(fn, None, depth=0)
+        self.adopt_function(fn, None)
 
     # ---- recording ------------------------------------------------------------------------------
     def guard(self, source: Source, kind: Kind, expected: Any, where: str = "") -> None:
@@ -78,10 +104,17 @@ class RegionFrame:
             self._guarded.add((source, kind))
             self.guards.append(Guard(source, kind, expected, where or user_location(3)))
 
-    def _name(self, obj: Any, source: Source) -> None:
-        if id(obj) not in self.sources:
+    def _name(self, obj: Any, source: Source, where: str = "") -> bool:
+        """Remember where `obj` was found; a second path to it is guarded to lead to the same object.
+        Returns True when the object was new to this frame."""
+        known = self.sources.get(id(obj))
+        if known is None:
             self.sources[id(obj)] = source
             self._keep.append(obj)
+            return True
+        if known != source:
+            self.guard(source, Kind.SAME, known, where)
+        return False
 
     def adopt(self, value: Any, source: Source, from_arg: bool = False, where: str = "") -> None:
         """Guard `value`, found at `source`, and remember the source of objects read through it."""
@@ -90,55 +123,76 @@ class RegionFrame:
         elif isinstance(value, torch.Tensor):
             if not from_arg:
                 self.guard(source, Kind.TENSOR, tensor_meta(value), where)
-            self._name(value, source)
+            self._name(value, source, where)
         elif is_constant(value):
             if not from_arg:
                 self.guard(source, Kind.CONST, const_key(value), where)
             if type(value) in (list, dict, set):  # mutable: changing it in the trace is a side effect
                 self._containers.append((value, source, _contents(value)))
         elif isinstance(value, torch.nn.Module):
-            if not from_arg:
-                self.guard(source, Kind.TYPE, _accepted_types(value), where)
-            self.guard(source, Kind.HOOKS, hooks_key(value), where)
-            self._name(value, source)
-            self.watch.watch(value)
-            forward = innermost(getattr(original_class(value), "forward", None))
-            if isinstance(forward, types.FunctionType) and _is_user_code(forward):
-                self._adopt_function(forward, Absolute(forward, forward.__qualname__), depth=1)
-            if isinstance(value, _CONTAINERS):
-                self._adopt_children(value, source, where)
-        elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
-                                types.ModuleType)) or callable(value) and not hasattr(value, "__dict__"):
+            self._adopt_module(value, source, from_arg, where)
+        elif isinstance(value, types.FunctionType):
+            self._adopt_callable(value, source, where)
+        elif isinstance(value, types.MethodType):
+            self.adopt(value.__func__, Attr(source, "__func__"), where=where)
+            self.adopt(value.__self__, Attr(source, "__self__"), where=where)
+        elif type(value) is functools.partial:
+            self.guard(source, Kind.TYPE, (functools.partial,), where)
+            for part in ("func", "args", "keywords"):
+                self.adopt(getattr(value, part), Attr(source, part), where=where)
+        elif isinstance(value, _BY_IDENTITY):
             self.guard(source, Kind.ID, value, where)
-        elif type(value) in (list, tuple, dict):
+        elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
         elif self.watch.watch(value):
             if not from_arg:
                 self.guard(source, Kind.TYPE, _accepted_types(value), where)
-            self._name(value, source)
-        elif hasattr(value, "__dict__"):
-            self.guard(source, Kind.TYPE, _accepted_types(value), where)
-            self.guard(source, Kind.SNAPSHOT, snapshot(value), where)
+            self._name(value, source, where)
         else:
             self.guard(source, Kind.ID, value, where)
+            self.mark_ineligible(
+                f"reads {source.name()}, a {type(value).__name__} whose state stampout cannot guard"
+            )
+
+    def _adopt_module(self, value: torch.nn.Module, source: Source, from_arg: bool, where: str) -> None:
+        if not from_arg:
+            self.guard(source, Kind.TYPE, _accepted_types(value), where)
+        self.guard(source, Kind.HOOKS, hooks_key(value), where)
+        if not self._name(value, source, where):
+            return
+        self.watch.watch(value)
+        if isinstance(value, _CONTAINERS):
+            self._adopt_children(value, source, where)
+
+    def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str) -> None:
+        """A Python function: a region wrapper by its innermost function, others by identity, and in both
+        cases the closure cells and defaults its code reads."""
+        marked = getattr(fn, "__stampout_region__", None)
+        if marked is not None:  # one wrapper per marked instance, all with the same code and function
+            self.guard(Attr(source, "__code__"), Kind.ID, fn.__code__, where)
+            self._adopt_callable(marked.fn, Attr(Attr(source, "__stampout_region__"), "fn"), where)
+            return
+        self.guard(source, Kind.ID, fn, where)
+        if is_user_file(fn.__code__.co_filename):
+            self.adopt_function(fn, source)
 
     def _adopt_container(self, value: list | tuple | dict, source: Source, where: str) -> None:
         """A list, tuple or dict holding more than constants: guard its shape and each item by its own
         source (so a cache object inside is watched), and check at the end that the trace did not mutate it."""
         self.guard(source, Kind.TYPE, (type(value),), where)
         self.guard(source, Kind.LEN, len(value), where)
-        if id(value) in self.sources:
+        if not self._name(value, source, where):
             return
-        self._name(value, source)
         if len(value) > _MAX_ITEMS:
             self.guard(source, Kind.ID, value, where)
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
             return
-        if type(value) is dict:
+        if isinstance(value, dict):
             self.guard(source, Kind.KEYS, tuple(value), where)
-        for key, item in (value.items() if type(value) is dict else enumerate(value)):
+        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
             self.adopt(item, Item(source, key), where=where)
-        self._containers.append((value, source, _contents(value)))
+        if not isinstance(value, tuple):
+            self._containers.append((value, source, _contents(value)))
 
     def close(self) -> None:
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
@@ -159,17 +213,19 @@ class RegionFrame:
             if child is not None:
                 self.adopt(child, Attr(source, key), where=where)
 
-    def _adopt_function(self, fn: Callable, as_source: Source | None, depth: int) -> None:
-        """Guard the closure cells and globals a function (and functions it names) may read."""
+    def adopt_function(self, fn: Callable, as_source: Source | None) -> None:
+        """Guard the defaults and closure cells of a function whose code may run (`as_source=None`: the
+        region's own function, whose cells and defaults are resolved from each call's function)."""
         code = getattr(fn, "__code__", None)
-        if code is None or (as_source is not None and code in self._functions):
+        if code is None or code in self._functions:
             return
         self._functions.add(code)
+        where = f"defaults of {code.co_qualname}"
         for attr in ("__defaults__", "__kwdefaults__"):  # a default the call did not pass is read too
             default = getattr(fn, attr, None)
             if default is not None:
                 source = FnAttr(attr) if as_source is None else Attr(as_source, attr)
-                self.adopt(default, source, where=f"defaults of {code.co_qualname}")
+                self.adopt(default, source, where=where)
         closure = getattr(fn, "__closure__", None) or ()
         for i, var in enumerate(code.co_freevars):
             try:
@@ -179,35 +235,94 @@ class RegionFrame:
             cell = (Closure(i, var) if as_source is None
                     else Attr(Item(Attr(as_source, "__closure__"), i), "cell_contents"))
             self.adopt(value, cell, where=f"closure of {code.co_qualname}")
-        g = fn.__globals__
-        g_source = None if as_source is None else Absolute(g, f"{fn.__module__}.globals")
-        for name in global_names(code):
-            if name not in g:
+        if as_source is None:
+            self.on_code(code, fn.__globals__, own=True)
+
+    def on_code(self, code: types.CodeType, g: dict, own: bool = False, where: str = "") -> None:
+        """Python code is about to run in this trace: guard the globals it may read (and `module.attr`
+        chains), record the globals it assigns, and refuse closures this frame cannot reach."""
+        key = (code, id(g))
+        if key in self._guarded_code:
+            return
+        self._guarded_code.add(key)
+        facts = code_facts(code)
+        self._local_codes.update(facts.nested)
+        free = [v for v in code.co_freevars if v != "__class__"]
+        if free and code not in self._functions and code not in self._local_codes:
+            self.mark_ineligible(
+                f"runs {code.co_qualname}, a closure over {', '.join(free)} that stampout cannot reach"
+            )
+        label = f"{g.get('__name__', '?')}.globals"
+        own = own or (g is getattr(self.fn, "__globals__", None))
+        where = where or f"global of {code.co_qualname}"
+        for name in facts.names:
+            if name in g:
+                value = g[name]
+                source = Global(name) if own else Item(Absolute(g, label), name)
+                if isinstance(value, types.ModuleType):
+                    self._adopt_module_chains(value, source, name, facts.chains, where)
+                else:
+                    self.adopt(value, source, where=where)
+        for name in facts.stores:
+            self.writes.append(f"global {name} (assigned by {code.co_qualname})")
+            self.mark_ineligible(f"assigns the global {name} (a Python side effect)")
+
+    def _adopt_module_chains(self, module: types.ModuleType, source: Source, name: str,
+                             chains: tuple[tuple[str, ...], ...], where: str) -> None:
+        """`cfg.FLAG` on a module used as a namespace: guard the attribute reached, not the module."""
+        if module.__name__.split(".")[0] == "torch":
+            return
+        for chain in chains:
+            if chain[0] != name:
                 continue
-            value = g[name]
-            if isinstance(value, types.ModuleType):
-                continue
-            src = Global(name) if g_source is None else Item(g_source, name)
-            self.adopt(value, src, where=f"global of {code.co_qualname}")
-            if depth < 2 and isinstance(value, types.FunctionType) and _is_user_code(value):
-                self._adopt_function(value, Absolute(value, value.__qualname__), depth + 1)
+            value: Any = module
+            src = source
+            for attr in chain[1:]:
+                if not isinstance(value, types.ModuleType) or value.__name__.split(".")[0] == "torch":
+                    break
+                value = getattr(value, attr, MISSING)
+                src = Attr(src, attr)
+                if not isinstance(value, types.ModuleType):
+                    self.adopt(value, src, where=where)
+                    break
 
     def on_read(self, obj: Any, name: str, value: Any) -> None:
         base = self.sources.get(id(obj))
-        if base is None and obj not in self.watch:
-            return  # made during this capture (`type(self)(...)` of a watched object, a ModuleList slice)
         if base is None:
-            self.mark_ineligible(
-                f"reads .{name} of a {type(obj).__name__} not reachable from its arguments, closures or globals"
-            )
+            if obj in self.watch and id(obj) not in self.watch.arguments:
+                self.mark_ineligible(
+                    f"reads .{name} of a {type(obj).__name__} not reachable from its arguments, closures or globals"
+                )
+            return  # made during this capture (`type(self)(...)` of a watched object, a ModuleList slice)
+        where = user_location(3)
+        if value is MISSING:
+            self.guard(Attr(base, name), Kind.ABSENT, MISSING, where)
             return
-        self.adopt(value, Attr(base, name), where=user_location(3))
+        on_class, raw = _found_on_class(obj, name)
+        if not on_class:
+            self.adopt(value, Attr(base, name), where=where)
+        elif name == "forward" or _is_user_class(obj, name):
+            # A class attribute (method, property, default): the class's entry, and no instance override.
+            self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
+            if isinstance(raw, property):
+                self.guard(ClassAttr(base, name), Kind.ID, raw, where)
+                for part in (raw.fget, raw.fset):
+                    if isinstance(part, types.FunctionType) and is_user_file(part.__code__.co_filename):
+                        self.adopt_function(part, Attr(ClassAttr(base, name), "fget" if part is raw.fget else "fset"))
+            elif isinstance(raw, (staticmethod, classmethod)):
+                self.guard(ClassAttr(base, name), Kind.ID, raw, where)
+                self.adopt(raw.__func__, Attr(ClassAttr(base, name), "__func__"), where=where)
+            else:
+                self.adopt(raw, ClassAttr(base, name), where=where)
 
-    def on_write(self, obj: Any, name: str) -> None:
+    def on_write(self, obj: Any, name: str, value: Any) -> None:
         base = self.sources.get(id(obj))
+        if base is None and (obj not in self.watch or id(obj) in self.watch.arguments):
+            return  # an object made during this capture
         target = f"{base.name()}.{name}" if base is not None else f"a {type(obj).__name__}.{name}"
         where = user_location(3)
         self.writes.append(f"{target} at {where}")
+        self.stores.append((obj, name, value))
         self.mark_ineligible(f"writes {target} (a Python side effect) at {where}")
 
     def leaves_contain(self, value: Any) -> bool:
@@ -220,10 +335,14 @@ class RegionFrame:
     # ---- a nested region call that was stamped out instead of traced -----------------------------
     def import_entry(self, entry: Any, leaves: list[Any], fn: Callable, lifted_values: list[Any]) -> None:
         """Take over the guards of a nested entry stamped out during this trace, rebased onto our sources."""
+        unnamed: set[int] = set()
 
         def translate(root: Source) -> Source | None:
             if isinstance(root, Arg):
-                return self.sources.get(id(leaves[root.index]))
+                source = self.sources.get(id(leaves[root.index]))
+                if source is None:
+                    unnamed.add(root.index)
+                return source
             if isinstance(root, Closure):
                 return Attr(Item(Attr(Absolute(fn, fn.__qualname__), "__closure__"), root.index), "cell_contents")
             if isinstance(root, Global):
@@ -234,19 +353,21 @@ class RegionFrame:
 
         for guard in entry.guards:
             source = guard.source.rebase(translate)
-            if source is None:
-                self.mark_ineligible(f"calls region {entry.region} with an argument it cannot name")
-                return
-            self.guard(source, guard.kind, guard.expected, guard.where)
-        for (kind, spec), value in zip(entry.lifted, lifted_values):
-            if kind == "source" and isinstance(value, torch.Tensor):
-                source = spec.rebase(translate)
+            expected = guard.expected.rebase(translate) if guard.kind is Kind.SAME else guard.expected
+            if source is None or expected is None:
+                # An argument this frame cannot name is an object the traced code made itself (its state
+                # comes from what this frame read); anything else would be unguarded: refuse.
+                if any(not _made_here(leaves[i], self.watch) for i in unnamed):
+                    self.mark_ineligible(f"calls region {entry.region} with an argument it cannot name")
+                    return
+                continue
+            self.guard(source, guard.kind, expected, guard.where)
+        for spec, value in zip(entry.lifted, lifted_values):
+            if not isinstance(spec, ArgInput) and isinstance(value, torch.Tensor):
+                source = spec.source.rebase(translate) if spec.source is not None else None
                 if source is not None:
                     self._name(value, source)
 
 
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
-
-
-def _is_user_code(fn: types.FunctionType) -> bool:
-    return not fn.__code__.co_filename.startswith(_LIBRARY_DIRS)
+def _made_here(obj: Any, watch: Watch) -> bool:
+    return isinstance(obj, torch.Tensor) or is_constant(obj) or obj not in watch or id(obj) in watch.arguments

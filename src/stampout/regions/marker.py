@@ -16,20 +16,12 @@ from typing import Any
 
 import torch
 
+from ..context import current
 from ..errors import RegionError, message
 from ..frames import user_location
 from ..structure import positional_names
 
 DEFAULT_MAX_REUSE_ENTRIES = 8
-
-
-class _Active:
-    """The capture in progress, if any (one at a time per process)."""
-
-    handler: Any = None
-
-
-ACTIVE = _Active()
 
 
 @dataclass(eq=False)
@@ -118,10 +110,10 @@ def region(
 
     @functools.wraps(inner)
     def call_region(*args: Any, **kwargs: Any) -> Any:
-        handler = ACTIVE.handler
-        if handler is None:
+        ctx = current()
+        if ctx is None:
             return inner(*args, **kwargs)
-        return handler.call(info, args, kwargs)
+        return ctx.handler.call(info, args, kwargs)
 
     call_region.__stampout_region__ = info  # type: ignore[attr-defined]
     return call_region
@@ -132,11 +124,13 @@ _TORCH_REGIONS: dict[Callable, Region] = {}
 
 def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:
     """Stands in for torch's `invoke_subgraph_placeholder` while a capture runs."""
-    handler = ACTIVE.handler
-    if handler is None:
+    ctx = current()
+    if ctx is None:
         return func(*args, **kwargs)
     if inspect.ismethod(func) and not isinstance(func.__self__, type):  # nested_compile_region(layer.forward)
         args, func = (func.__self__, *args), func.__func__
+    elif isinstance(func, torch.nn.Module):  # nested_compile_region(layer): a region of its class's forward
+        args, func = (func, *args), innermost(type(func).forward)
     info = _TORCH_REGIONS.get(func)
     if info is None:
         info = _TORCH_REGIONS[func] = Region(
@@ -144,4 +138,4 @@ def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:
             getattr(func, "__marked_compile_region_max_reuse_entries__", DEFAULT_MAX_REUSE_ENTRIES),
             getattr(func, "__marked_compile_region_reuse_hash_fn__", None),
         )
-    return handler.call(info, args, kwargs)
+    return ctx.handler.call(info, args, kwargs)

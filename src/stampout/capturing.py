@@ -1,0 +1,182 @@
+"""Running a program under the tracer: the capture context, the patched torch hooks, inputs made fake,
+and the finished `Capture`."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+from . import torch_internals
+from .capture import Capture
+from .context import CAPTURE_LOCK, CaptureContext, current, entered
+from .errors import CaptureError, message
+from .frames import user_location
+from .names import TensorNames, root_module
+from .regions.cache import RegionCache
+from .regions.call import RegionCalls
+from .regions.frame import RegionFrame
+from .regions.marker import innermost, torch_marked_call
+from .sources import Source
+from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
+from .tracer import CaptureMode, Tracer, identifier
+from .tracking import Watch
+
+log = logging.getLogger("stampout.capture")
+
+
+def _our_mode_for_vmap(original: Callable) -> Callable:
+    """vmap routes its batching calls through a pre-dispatch mode only under export; do it under capture too
+    (on the capturing thread only)."""
+
+    def find() -> Any:
+        if current() is not None and torch._C._is_torch_function_mode_enabled():
+            for mode in torch.overrides._get_current_function_mode_stack():
+                if isinstance(mode, CaptureMode):
+                    return mode
+        return original()
+
+    return find
+
+
+@contextlib.contextmanager
+def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[CaptureContext]:
+    """Enter the capture context, the fake and torch-function modes, and patch what capture needs; restore
+    all on exit. One capture at a time per process (the patched torch hooks are process-wide)."""
+    if current() is not None:
+        raise CaptureError(message(
+            "stampout.capture (or a stampout.compile'd function) was called while another capture runs",
+            user_location(), "call the compiled function or capture from outside the captured code",
+        ))
+    grad = torch.is_grad_enabled()
+    with CAPTURE_LOCK:
+        ctx = CaptureContext(handler)
+        try:
+            with torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap), entered(ctx), tracer.fake_mode, tracer.mode:
+                yield ctx
+        finally:
+            while handler.frames:
+                handler.pop()
+            watch.restore()
+            torch._C._set_grad_enabled(grad)
+
+
+def frame_function(fn: Callable) -> Callable:
+    """The Python function whose closures and globals a call of `fn` reads."""
+    root = root_module(fn)
+    if root is not None and fn is root:
+        return innermost(type(root).forward)
+    return getattr(fn, "__func__", fn)
+
+
+def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache | None = None,
+                    guard_program: bool = False) -> Capture:
+    """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
+    guards on everything the whole program read, recorded in `Capture.program`."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    names = positional_names(signature_of)
+    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
+        names = names[1:]  # bound: `self` is not among the call's arguments
+    leaves, spec, labels = flatten_inputs(args, kwargs, names)
+    tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels))
+    watch = Watch()
+    handler = RegionCalls(tracer, cache if cache is not None else RegionCache(), watch)
+    tracer.regions = handler
+    names = [identifier(label) for label in labels]
+    fake_leaves = list(leaves)
+    tensor_leaves = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            fake = fake_mode.from_tensor(leaf, static_shapes=True)
+            if id(fake) not in tracer.root.nodes:
+                tracer.root.placeholder(names[i], fake)
+                tensor_leaves.append(i)
+            fake_leaves[i] = fake
+    fake_args, fake_kwargs = rebuild_inputs(args, kwargs, fake_leaves)
+
+    program = None
+    with _capturing(tracer, handler, watch) as ctx:
+        if guard_program:
+            program = RegionFrame(frame_function(fn), [fn, *fake_leaves], ["self", *labels], watch)
+            handler.program = program
+            handler.push(program)
+            ctx.read, ctx.write = handler.on_read, handler.on_write
+        out = fn(*fake_args, **fake_kwargs)
+        slots: list[torch.Tensor] = []
+        template = to_template(out, slots)
+        _check_no_hidden_tensors(template)
+        nodes = [tracer.root.node_for(t) for t in slots]
+        if program is not None:
+            with torch._C.DisableTorchFunction():
+                program.close()
+    graph = tracer.root.graph
+    graph.output(tuple(nodes))
+    graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
+    stats = handler.stats
+    stats.subgraphs = len({e.subgraph for e in handler.events})
+    log.info("captured %s: %d nodes, regions: %s", getattr(fn, "__qualname__", type(fn).__name__),
+             len(graph.nodes), stats)
+    return Capture(
+        graph_module=graph_module,
+        input_spec=spec,
+        input_tensor_leaves=tensor_leaves,
+        input_aliases=aliases_of(leaves),
+        lifted=[(t, _lifted_source(t, found, program)) for _, t, found in tracer.lifted],
+        fill_meta=tracer.fill_meta,
+        output_template=template,
+        stats=stats,
+        events=handler.events,
+        fn=fn,
+        frame_fn=frame_function(fn),
+        program=program,
+    )
+
+
+def _lifted_source(t: torch.Tensor, found: Source | None, program: RegionFrame | None) -> Source | None:
+    """Where each call finds a lifted tensor: the path the program read it through, else its name."""
+    if program is not None and id(t) in program.sources:
+        return program.sources[id(t)]
+    return found
+
+
+def _check_no_hidden_tensors(template: Any) -> None:
+    """An output object that carries traced tensors where stampout cannot see them (a KV-cache object, say)
+    would hand fake tensors to the caller: refuse it."""
+    for value in template_constants(template):
+        fields = getattr(value, "__dict__", None)
+        if not isinstance(fields, dict):
+            continue
+        for name, field in fields.items():
+            items = field if isinstance(field, (list, tuple)) else [field]
+            inner = [getattr(i, "__dict__", {}).values() for i in items if not isinstance(i, torch.Tensor)]
+            if any(isinstance(t, FakeTensor) for t in [*items, *(v for d in inner for v in d)]):
+                raise CaptureError(message(
+                    f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
+                    "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
+                    user_location(),
+                    "return the tensors themselves (for Hugging Face models, call with use_cache=False)",
+                ))
+
+
+def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple, dict]:
+    """`(args, kwargs)` with the flat leaves of `flatten_inputs` replaced by `leaves`."""
+    it = iter(leaves)
+
+    def walk(value: Any) -> Any:
+        t = type(value)
+        if t is tuple or t is list:
+            return t(walk(v) for v in value)
+        if isinstance(value, tuple) and hasattr(t, "_fields"):
+            return t(*(walk(v) for v in value))
+        if t is dict:
+            return {k: walk(v) for k, v in value.items()}
+        return next(it)
+
+    return tuple(walk(a) for a in args), {k: walk(v) for k, v in kwargs.items()}

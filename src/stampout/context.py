@@ -1,0 +1,66 @@
+"""The capture context: the state of one capture, reached through a thread-local.
+
+A capture belongs to the thread that runs it. Region markers, attribute shims and patched torch hooks
+look the context up here: on any other thread they find none and behave as plain eager code. Captures
+are serialized by `CAPTURE_LOCK` (a few torch module globals must be patched for the duration of a
+capture, and those are process-wide); calls of compiled functions that only check guards never take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+Reader = Callable[[Any, str, Any], None]
+Writer = Callable[[Any, str, Any], None]
+
+
+class CaptureContext:
+    """What one running capture shares with the code it runs: its region handler and attribute listeners."""
+
+    __slots__ = ("handler", "read", "write")
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler  # regions.call.RegionCalls: every region call goes there
+        self.read: Reader | None = None  # attribute reads on watched objects (None: not recording)
+        self.write: Writer | None = None
+
+
+class _State(threading.local):
+    ctx: CaptureContext | None = None
+
+
+_STATE = _State()
+CAPTURE_LOCK = threading.RLock()
+
+
+def current() -> CaptureContext | None:
+    """The capture running on this thread, if any."""
+    return _STATE.ctx
+
+
+@contextlib.contextmanager
+def entered(ctx: CaptureContext) -> Iterator[CaptureContext]:
+    """Make `ctx` this thread's capture for the duration of the block."""
+    _STATE.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _STATE.ctx = None
+
+
+@contextlib.contextmanager
+def listeners(read: Reader | None, write: Writer | None) -> Iterator[None]:
+    """Set this thread's attribute listeners for the block (no-op outside a capture)."""
+    ctx = _STATE.ctx
+    if ctx is None:
+        yield
+        return
+    saved = (ctx.read, ctx.write)
+    ctx.read, ctx.write = read, write
+    try:
+        yield
+    finally:
+        ctx.read, ctx.write = saved

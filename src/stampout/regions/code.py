@@ -1,0 +1,79 @@
+"""What a code object can read and write by name: its globals, `module.attr` chains, global stores."""
+
+from __future__ import annotations
+
+import dis
+import os
+import sysconfig
+import types
+from dataclasses import dataclass
+
+import torch
+
+_LIBRARY_DIRS = tuple(dict.fromkeys(
+    [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep]
+    + [os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")]
+    + [sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")]
+))
+_LOADS_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+
+
+@dataclass(frozen=True)
+class CodeFacts:
+    names: tuple[str, ...]  # names it may load as globals (attribute names included: a superset)
+    chains: tuple[tuple[str, ...], ...]  # `g.a.b` loads: global name, then attributes
+    stores: tuple[str, ...]  # globals it assigns or deletes
+    nested: tuple[types.CodeType, ...]  # code objects of functions it defines
+
+
+_FACTS: dict[types.CodeType, CodeFacts] = {}
+_USER_FILES: dict[str, bool] = {}
+
+
+def is_user_file(filename: str) -> bool:
+    """Code outside torch, stampout and the standard library (Hugging Face and diffusers included: user
+    models live there). Generated code (`<string>`, as dataclasses make `__init__`) is not user code."""
+    user = _USER_FILES.get(filename)
+    if user is None:
+        user = _USER_FILES[filename] = not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<")
+    return user
+
+
+def code_facts(code: types.CodeType) -> CodeFacts:
+    facts = _FACTS.get(code)
+    if facts is None:
+        facts = _FACTS[code] = _analyse(code)
+    return facts
+
+
+def _analyse(code: types.CodeType) -> CodeFacts:
+    chains: list[tuple[str, ...]] = []
+    stores: list[str] = []
+    chain: list[str] | None = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_GLOBAL":
+            if chain is not None and len(chain) > 1:
+                chains.append(tuple(chain))
+            chain = [ins.argval]
+            continue
+        if chain is not None and ins.opname in _LOADS_ATTR and len(chain) < 4:
+            chain.append(ins.argval)
+            continue
+        if chain is not None and len(chain) > 1:
+            chains.append(tuple(chain))
+        chain = None
+        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            stores.append(ins.argval)
+    if chain is not None and len(chain) > 1:
+        chains.append(tuple(chain))
+    nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores), nested)
+
+
+def global_names(code: types.CodeType) -> tuple[str, ...]:
+    """Names a code object (and the code nested in it) may load as globals."""
+    facts = code_facts(code)
+    found = list(facts.names)
+    for inner in facts.nested:
+        found.extend(global_names(inner))
+    return tuple(dict.fromkeys(found))

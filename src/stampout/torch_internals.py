@@ -1,0 +1,78 @@
+"""Every torch internal stampout depends on that may change between releases, checked at import.
+
+Patched module globals (the `nested_compile_region` placeholder, export's pre-dispatch mode finder), the
+`invoke_subgraph` calling convention, and the C++ tensor guards. If a torch release moves one of them,
+importing stampout fails here with the name that is missing instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+_REQUIRED = (
+    ("torch._higher_order_ops.invoke_subgraph", "invoke_subgraph_placeholder"),
+    ("torch._export.utils", "_maybe_find_pre_dispatch_tf_mode_for_export"),
+    ("torch._C._dynamo.guards", "TensorGuards"),
+    ("torch._functorch.predispatch", "_vmap_increment_nesting"),
+)
+
+
+def _load(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(
+            f"stampout needs {module}.{name}, which this torch ({torch.__version__}) does not have; "
+            "stampout supports torch 2.13 — install torch==2.13.0"
+        ) from error
+
+
+for _module, _name in _REQUIRED:
+    _load(_module, _name)
+
+_INVOKE_MODULE = importlib.import_module("torch._higher_order_ops.invoke_subgraph")
+_EXPORT_UTILS = importlib.import_module("torch._export.utils")
+TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
+INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
+
+
+def invoke_subgraph(graph: fx.Graph, subgraph: fx.Node, name: str, operands: list[Any]) -> fx.Node:
+    """Append a region call in torch's calling convention: `invoke_subgraph(get_attr, name, *operands)`;
+    its result is a tuple of the subgraph's outputs."""
+    return graph.call_function(INVOKE_SUBGRAPH, (subgraph, name, *operands))
+
+
+def is_region_call(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target is INVOKE_SUBGRAPH
+
+
+def tensor_guards(tensors: list[torch.Tensor]) -> Any:
+    """One C++ check of the metadata (shape, strides, dtype, device, requires_grad, dispatch keys) of each
+    tensor, in order; `.check(*tensors)`."""
+    return TensorGuards(
+        *tensors,
+        dynamic_dims_sizes=[list(t.shape) for t in tensors],
+        dynamic_dims_strides=[list(t.stride()) for t in tensors],
+    )
+
+
+@contextlib.contextmanager
+def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], Callable]) -> Iterator[None]:
+    """For the duration of a capture: `nested_compile_region` functions call `marked_call`, and vmap finds
+    stampout's mode through `vmap_mode_finder(original finder)`. The replacements act as the originals on
+    threads that are not capturing."""
+    saved_placeholder = _INVOKE_MODULE.invoke_subgraph_placeholder
+    saved_finder = _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export
+    _INVOKE_MODULE.invoke_subgraph_placeholder = marked_call
+    _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = vmap_mode_finder(saved_finder)
+    try:
+        yield
+    finally:
+        _INVOKE_MODULE.invoke_subgraph_placeholder = saved_placeholder
+        _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = saved_finder
