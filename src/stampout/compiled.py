@@ -27,7 +27,7 @@ from .guards import Guard, Kind, compile_guards, first_failure
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import describe_difference, fingerprint, requires_grad_pattern
-from .sources import MISSING, Arg, Attr, CallContext, Source
+from .sources import MISSING, Absolute, Arg, Attr, CallContext, ClassAttr, ClassDictAttr, Item, Source
 from .structure import build, flatten_inputs
 from .torch_internals import tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
@@ -42,6 +42,41 @@ class CompileStats:
 
     captures: int = 0
     traces: int = 0
+
+
+def _instance_dict_item(source: Source) -> bool:
+    """`obj.__dict__[name]`: written through `obj`'s own `__setattr__`, like an attribute."""
+    parent = source.base()
+    return isinstance(source, Item) and isinstance(parent, Attr) and parent.attr == "__dict__"
+
+
+def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
+    """Guards on class attributes read through instances, as guards on the classes themselves (each
+    instance's class is guarded separately): one check per class instead of one per instance."""
+    out: list[Guard] = []
+    seen: set[tuple] = set()
+    memo: dict[Source, Any] = {}
+
+    def on_class(source: Source) -> Source:
+        if isinstance(source, ClassAttr):
+            cls = type(source.parent.resolve(ctx, memo))
+            cls = cls.__dict__.get("_stampout_original", cls)
+            return ClassDictAttr(Absolute(cls, cls.__qualname__), source.attr)
+        parent = source.base()
+        if parent is None:
+            return source
+        new = on_class(parent)
+        return source if new is parent else source.with_parent(new)
+
+    for guard in guards:
+        source = on_class(guard.source)
+        if source is not guard.source:
+            if (source, guard.kind) in seen:
+                continue
+            seen.add((source, guard.kind))
+            guard = Guard(source, guard.kind, guard.expected, guard.where)
+        out.append(guard)
+    return out
 
 
 def _path(source: Source) -> list[Source]:
@@ -67,7 +102,9 @@ def protected_path(source: Source, ctx: CallContext, memo: dict, watch: WriteWat
     if not (isinstance(path[0], Arg) and path[0].index == 0):
         return False  # globals, closures, per-call input objects: checked on every call
     for source in path[:-1]:
-        if source.base() is not None and not isinstance(source, Attr):
+        if isinstance(source, Attr) and source.attr == "__dict__":
+            continue  # the owner is watched: its __setattr__ writes this dict
+        if source.base() is not None and not isinstance(source, Attr) and not _instance_dict_item(source):
             return False  # an item of a container: containers are not watched
         obj = source.resolve(ctx, memo)
         if obj is MISSING or not watch.watch(obj):
@@ -101,7 +138,8 @@ class _Entry:
         self.capture = cap
         self.compiled = compiled
         self.key = key
-        guards = cap.program.guards
+        with torch._C.DisableTorchFunction():
+            guards = self.guards = by_class(cap.program.guards, ctx)
         self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
         always: list[Guard] = []
         tensors: list[Guard] = []
@@ -112,15 +150,15 @@ class _Entry:
                     always.append(guard)
                 elif guard.kind is Kind.TENSOR:
                     tensors.append(guard)
-            self.fixed_sources: list[Source] = []
+            self.fixed_sources: list[Source | None] = []  # per lifted input; None: read per call
             per_call: list[Source] = []
-            self.order: list[tuple[bool, int]] = []  # per lifted input: (read per call?, index)
-            for _, source in cap.lifted:
+            self.per_call_positions: list[int] = []
+            for position, (_, source) in enumerate(cap.lifted):
                 if protected_path(source, ctx, memo, watch):
-                    self.order.append((False, len(self.fixed_sources)))
                     self.fixed_sources.append(source)
                 else:
-                    self.order.append((True, len(per_call)))
+                    self.fixed_sources.append(None)
+                    self.per_call_positions.append(position)
                     per_call.append(source)
         self.always = compile_guards(always, per_call)
         self.tensor_sources = [g.source for g in tensors]
@@ -131,13 +169,13 @@ class _Entry:
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
             tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
-            fixed = [s.resolve(ctx, memo) for s in self.fixed_sources]
+            fixed = [None if s is None else s.resolve(ctx, memo) for s in self.fixed_sources]
         # One entry per tensor object: tied weights (lm_head.weight is wte.weight) reach it by two paths,
         # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
         # the full check, after any write that could change it.
         names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
-        unique = list({id(t): t for t in [*tensors, *fixed]}.values())
-        state = _State(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], fixed,
+        unique = list({id(t): t for t in [*tensors, *fixed] if t is not None}.values())
+        state = _State(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
                        tensor_guards(unique))
         self.state = state
         return state
@@ -150,22 +188,26 @@ class _Entry:
         state = self.state
         if state is None or state.epoch != EPOCH.value:
             if self._full is None:
-                self._full = compile_guards(self.capture.program.guards)
+                self._full = compile_guards(self.guards)
             with torch._C.DisableTorchFunction():
                 if not self._full(ctx.leaves, ctx.fn):
                     return None
             state = self.refresh(ctx)
         if not state.tensor_guard.check(*state.tensors):
             return None
-        fixed = state.fixed
-        return tuple(per_call[i] if each_call else fixed[i] for each_call, i in self.order)
+        if not per_call:
+            return state.fixed
+        lifted = list(state.fixed)
+        for position, value in zip(self.per_call_positions, per_call):
+            lifted[position] = value
+        return lifted
 
     def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
         if key != self.key:
             if key[0] != self.key[0]:
                 return "inputs: " + describe_difference(self.key[0], key[0], labels)
             return "which inputs require grad differs"
-        failure = first_failure(self.capture.program.guards, ctx)
+        failure = first_failure(self.guards, ctx)
         if failure is not None:
             _, guard, actual = failure
             return (f"{guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
@@ -315,10 +357,11 @@ class CompiledFunction:
             for entry in self._entries:
                 if isinstance(entry, _EagerEntry):
                     continue
-                for guard in entry.capture.program.guards:
+                for guard in entry.guards:
                     protected(guard, ctx, memo, self._watch)
                 for source in entry.fixed_sources:
-                    protected_path(source, ctx, memo, self._watch)
+                    if source is not None:
+                        protected_path(source, ctx, memo, self._watch)
         EPOCH.bump()
 
 

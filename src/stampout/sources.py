@@ -219,6 +219,9 @@ class Attr(Source):
         parent = self.parent.rebase(fn)
         return None if parent is None else Attr(parent, self.attr)
 
+    def with_parent(self, parent: Source) -> Source:
+        return Attr(parent, self.attr)
+
     def _step(self, ctx, memo):
         obj = self.parent.resolve(ctx, memo)
         return MISSING if obj is MISSING else getattr(obj, self.attr, MISSING)
@@ -250,11 +253,46 @@ class ClassAttr(Source):
         parent = self.parent.rebase(fn)
         return None if parent is None else ClassAttr(parent, self.attr)
 
+    def with_parent(self, parent: Source) -> Source:
+        return ClassAttr(parent, self.attr)
+
     def _step(self, ctx, memo):
         return _class_attr(self.parent.resolve(ctx, memo), self.attr)
 
     def expr(self, base_expr: str) -> str:
         return f"_class_attr({base_expr}, {self.attr!r})"
+
+
+class ClassDictAttr(Source):
+    """Attribute `attr` as the class at `parent` (a class object) defines it along its MRO, unbound."""
+
+    __slots__ = ("parent", "attr")
+
+    def __init__(self, parent: Source, attr: str) -> None:
+        self.parent = parent
+        self.attr = attr
+
+    def key(self) -> tuple:
+        return ("classdict", self.parent.key(), self.attr)
+
+    def name(self) -> str:
+        return f"{self.parent.name()}.{self.attr}"
+
+    def base(self) -> Source:
+        return self.parent
+
+    def rebase(self, fn):
+        parent = self.parent.rebase(fn)
+        return None if parent is None else ClassDictAttr(parent, self.attr)
+
+    def with_parent(self, parent: Source) -> Source:
+        return ClassDictAttr(parent, self.attr)
+
+    def _step(self, ctx, memo):
+        return _mro_attr(self.parent.resolve(ctx, memo), self.attr)
+
+    def expr(self, base_expr: str) -> str:
+        return f"_mro_attr({base_expr}, {self.attr!r})"
 
 
 class Item(Source):
@@ -279,6 +317,9 @@ class Item(Source):
         parent = self.parent.rebase(fn)
         return None if parent is None else Item(parent, self.item)
 
+    def with_parent(self, parent: Source) -> Source:
+        return Item(parent, self.item)
+
     def _step(self, ctx, memo):
         return _item(self.parent.resolve(ctx, memo), self.item)
 
@@ -299,7 +340,12 @@ def _class_attr(obj: Any, attr: str) -> Any:
     if obj is MISSING:
         return MISSING
     cls = type(obj)
-    cls = cls.__dict__.get("_stampout_original", cls)  # a watching shim stands in for the class
+    return _mro_attr(cls.__dict__.get("_stampout_original", cls), attr)  # a watching shim stands in for it
+
+
+def _mro_attr(cls: Any, attr: str) -> Any:
+    if not isinstance(cls, type):
+        return MISSING
     for klass in cls.__mro__:
         d = klass.__dict__
         if attr in d:
@@ -330,4 +376,5 @@ def module_path(root: Source, qualified_name: str) -> Source:
     return source
 
 
-RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_class_attr": _class_attr, "_MISSING": MISSING}
+RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_class_attr": _class_attr,
+                   "_mro_attr": _mro_attr, "_MISSING": MISSING}

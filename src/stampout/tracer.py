@@ -11,6 +11,7 @@ import builtins
 import logging
 import operator
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -232,6 +233,8 @@ class RegionHooks(Protocol):
 
     def frame_ids(self) -> frozenset[int]: ...
 
+    trace_hook: Callable[..., Any]  # the trace function it sets while region frames are open
+
 
 class CaptureMode(PreDispatchTorchFunctionMode):
     """Sends every torch-level call (autocast enter/exit included) to the tracer."""
@@ -325,6 +328,18 @@ class Tracer:
 
     # ---- the torch function hook ----------------------------------------------------------------
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        # The region handler's trace function shows it the user code that runs; torch's own Python under
+        # this call is not user code, and skipping it keeps a trace fast.
+        hook = sys.gettrace()
+        if hook is None or self.regions is None or hook is not self.regions.trace_hook:
+            return self._on_call(func, args, kwargs)
+        sys.settrace(None)
+        try:
+            return self._on_call(func, args, kwargs)
+        finally:
+            sys.settrace(hook)
+
+    def _on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         what = _DATA_DEPENDENT.get(func)
         if what is not None:
             if self.constants.knows_all(args, kwargs):
@@ -347,7 +362,7 @@ class Tracer:
             self.builder.graph.call_function(func, args, kwargs)
             return func(*args, **kwargs)
         if func is _T.__iter__:  # record the unbind that iteration performs
-            return iter(self.on_call(_T.unbind, (args[0], 0), {}))
+            return iter(self._on_call(_T.unbind, (args[0], 0), {}))
 
         tensors_in = has_tensor(args) or has_tensor(kwargs)
         if tensors_in and _is_property_get(func) and not isinstance(args[0], FakeTensor):

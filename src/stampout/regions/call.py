@@ -42,7 +42,8 @@ class RegionCalls:
         self.program: RegionFrame | None = None  # the whole program's frame, when compile guards it
         self.stats = RegionStats()
         self.events: list[RegionEvent] = []
-        self._previous_profile: Any = None
+        self._previous_trace: Any = None
+        self.trace_hook = self._on_call  # one bound method, so the tracer can tell it is ours
         cache.generation += 1  # entries made by earlier captures (of a compiled function) may be evicted
 
     # ---- entry point ------------------------------------------------------------------------
@@ -90,29 +91,28 @@ class RegionCalls:
     # ---- frames and the profile hook that shows them the Python code that runs -----------------------
     def push(self, frame: RegionFrame) -> None:
         if not self.frames:
-            self._previous_profile = sys.getprofile()
-            sys.setprofile(self._profile)
+            self._previous_trace = sys.gettrace()
+            sys.settrace(self.trace_hook)
         self.frames.append(frame)
 
     def pop(self) -> None:
         self.frames.pop()
         if not self.frames:
-            sys.setprofile(self._previous_profile)
-            self._previous_profile = None
+            sys.settrace(self._previous_trace)
+            self._previous_trace = None
 
-    def _profile(self, frame: types.FrameType, event: str, arg: Any) -> None:
-        previous = self._previous_profile
-        if previous is not None:
-            previous(frame, event, arg)
-        if event != "call":
-            return
+    def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        """A trace function (called once per Python call, on this thread only): user code that is about to
+        run is shown to every open frame, which guards the globals it may read."""
+        previous = self._previous_trace
+        local = previous(frame, event, arg) if previous is not None else None
         code = frame.f_code
-        if not is_user_file(code.co_filename):
-            return
-        g = frame.f_globals
-        with torch._C.DisableTorchFunction(), listeners(None, None):
-            for f in self.frames:
-                f.on_code(code, g, where=f"{code.co_filename}:{code.co_firstlineno} in {code.co_qualname}")
+        if event == "call" and is_user_file(code.co_filename):
+            g = frame.f_globals
+            with torch._C.DisableTorchFunction(), listeners(None, None):
+                for f in self.frames:
+                    f.on_code(code, g)
+        return local
 
     def note_autograd_read(self) -> None:
         """The code being traced read `requires_grad` (or similar): its traces depend on it."""
