@@ -179,19 +179,43 @@ def test_a_failed_guard_never_runs_a_stale_entry():
     assert runs[-1] == 1 and len(runs) == fn.stats.captures == 5
 
 
-def test_python_side_effect_is_an_error_not_dropped():
+def test_python_side_effects_are_replayed_on_every_call():
     class Counts(nn.Module):
         def __init__(self):
             super().__init__()
             self.lin = nn.Linear(4, 4)
             self.calls = 0
+            self.seen = []
 
         def forward(self, x):
             self.calls = self.calls + 1
+            h = self.lin(x)
+            self.last = h * 2  # a tensor stored on the module: an extra output of the graph
+            self.seen.append(self.calls)
+            return h
+
+    model = Counts()
+    fn = stampout.compile(model, backend="eager")
+    for i in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fn(x), model.lin(x))
+        assert model.calls == i + 1 and model.seen == list(range(1, i + 2))
+        assert type(model.last) is torch.Tensor
+        torch.testing.assert_close(model.last, model.lin(x) * 2)
+
+
+def test_python_side_effect_that_cannot_be_replayed_is_an_error_not_dropped():
+    class Keeps(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            self.made = object()  # an object made during the call: not replayable
             return self.lin(x)
 
-    with pytest.raises(stampout.GuardError, match=r"writes self\.calls") as info:
-        stampout.compile(Counts(), backend="eager")(torch.randn(2, 4))
+    with pytest.raises(stampout.GuardError, match=r"stores a object made during the call") as info:
+        stampout.compile(Keeps(), backend="eager")(torch.randn(2, 4))
     assert "test_compile.py" in str(info.value)
 
 

@@ -63,6 +63,7 @@ class Capture:
     fn: Any = None  # what was captured (a module, function or bound method)
     frame_fn: Any = None  # the Python function whose closures and globals the program reads
     program: Any = None  # the RegionFrame of the whole program (compile only): its guards and side effects
+    effects: Any = None  # effects.Plan (compile only): stores to replay after each call, from extra outputs
     fill_meta: Any = None  # fills deferred placeholder metadata on first use of `gm`
     _runner: fx.GraphModule | None = None
 
@@ -135,6 +136,8 @@ class Capture:
         values = self.placeholders_for(args, kwargs)
         self.check_inputs(values)
         outputs = self._runner(*values)
+        if self.effects is not None and self.effects.extra:
+            outputs = outputs[: len(outputs) - len(self.effects.extra)]
         return build(self.output_template, list(outputs))
 
     def explain(self) -> str:

@@ -4,6 +4,7 @@ and the finished `Capture`."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from . import torch_internals
 from .capture import Capture
+from .effects import Plan, undo
 from .context import CAPTURE_LOCK, CaptureContext, current, entered
 from .errors import CaptureError, message
 from .frames import user_location
@@ -45,6 +47,19 @@ def _our_mode_for_vmap(original: Callable) -> Callable:
     return find
 
 
+def _autograd_function_apply(original: Callable) -> Callable:
+    """`Function.apply` during a capture: on the capturing thread the call is recorded as one node (its
+    custom backward kept), elsewhere it is the original."""
+
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        ctx = current()
+        if ctx is None or not torch._C._is_torch_function_mode_enabled():
+            return original(cls, *args, **kwargs)
+        return ctx.tracer.on_autograd_function(cls, original, args, kwargs)
+
+    return apply
+
+
 @contextlib.contextmanager
 def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[CaptureContext]:
     """Enter the capture context, the fake and torch-function modes, and patch what capture needs; restore
@@ -56,9 +71,9 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[C
         ))
     grad = torch.is_grad_enabled()
     with CAPTURE_LOCK:
-        ctx = CaptureContext(handler)
+        ctx = CaptureContext(handler, tracer)
         try:
-            with torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap), entered(ctx), tracer.fake_mode, tracer.mode:
+            with torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply), entered(ctx), tracer.fake_mode, tracer.mode:
                 yield ctx
         finally:
             while handler.frames:
@@ -102,20 +117,27 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     fake_args, fake_kwargs = rebuild_inputs(args, kwargs, fake_leaves)
 
     program = None
-    with _capturing(tracer, handler, watch) as ctx:
-        if guard_program:
-            program = RegionFrame(frame_function(fn), [fn, *fake_leaves], ["self", *labels], watch)
-            handler.program = program
-            handler.push(program)
-            ctx.read, ctx.write = handler.on_read, handler.on_write
-        out = fn(*fake_args, **fake_kwargs)
-        slots: list[torch.Tensor] = []
-        template = to_template(out, slots)
-        _check_no_hidden_tensors(template)
-        nodes = [tracer.root.node_for(t) for t in slots]
+    plan = None
+    try:
+        with _capturing(tracer, handler, watch) as ctx:
+            if guard_program:
+                program = RegionFrame(frame_function(fn), [fn, *fake_leaves], ["self", *labels], watch,
+                                      program=True)
+                handler.program = program
+                handler.push(program)
+                ctx.read, ctx.write = handler.on_read, handler.on_write
+            out = fn(*fake_args, **fake_kwargs)
+            slots: list[torch.Tensor] = []
+            template = to_template(out, slots)
+            _check_no_hidden_tensors(template)
+            if program is not None:
+                with torch._C.DisableTorchFunction():
+                    program.close()
+                    plan = Plan(program)
+            nodes = [tracer.root.node_for(t) for t in [*slots, *(plan.extra if plan else ())]]
+    finally:
         if program is not None:
-            with torch._C.DisableTorchFunction():
-                program.close()
+            undo(program)
     graph = tracer.root.graph
     graph.output(tuple(nodes))
     graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
@@ -136,6 +158,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         fn=fn,
         frame_fn=frame_function(fn),
         program=program,
+        effects=plan,
     )
 
 
@@ -177,6 +200,11 @@ def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple,
             return t(*(walk(v) for v in value))
         if t is dict:
             return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, dict):  # a dict subclass (OrderedDict, ModelOutput): a copy with the new items
+            new = copy.copy(value)
+            for k, v in value.items():
+                new[k] = walk(v)
+            return new
         return next(it)
 
     return tuple(walk(a) for a in args), {k: walk(v) for k, v in kwargs.items()}

@@ -21,6 +21,7 @@ import torch
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
+from .effects import replay
 from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure
@@ -280,10 +281,17 @@ class CompiledFunction:
         entry, lifted = hit
         if isinstance(entry, _EagerEntry):
             return self.fn(*args, **kwargs)
-        self.last_capture = entry.capture
-        inputs = [leaves[i] for i in entry.capture.input_tensor_leaves]
+        cap = entry.capture
+        self.last_capture = cap
+        inputs = [leaves[i] for i in cap.input_tensor_leaves]
         inputs.extend(lifted)
-        return build(entry.capture.output_template, list(entry.compiled(*inputs)))
+        outputs = list(entry.compiled(*inputs))
+        effects = cap.effects
+        if effects.effects:
+            n = len(outputs) - len(effects.extra)
+            replay(effects.effects, ctx, outputs[n:])
+            outputs = outputs[:n]
+        return build(cap.output_template, outputs)
 
     def _lookup(self, key: tuple, ctx: CallContext) -> tuple[Any, tuple] | None:
         for entry in self._entries:
@@ -307,13 +315,12 @@ class CompiledFunction:
         self.stats.captures += 1
         self.stats.traces += cap.stats.traces
         program = cap.program
-        if program.writes:
+        if cap.effects.refused:
             raise GuardError(message(
-                f"{_name(self.fn)} writes {program.writes[0]}: a compiled call would not repeat that "
-                "Python side effect",
-                program.writes[0].rsplit(" at ", 1)[-1],
-                "keep Python state updates out of the compiled function (or use stampout.capture, which runs "
-                "the Python once), or make the state a tensor buffer updated in place",
+                f"{_name(self.fn)} {cap.effects.refused}: a compiled call cannot repeat that Python side effect",
+                user_location(),
+                "keep such Python state updates out of the compiled function (attribute stores of constants and "
+                "tensors, list appends and dict stores are replayed), or use stampout.capture",
             ))
         if program.ineligible:
             log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),

@@ -14,16 +14,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 Reader = Callable[[Any, str, Any], None]
-Writer = Callable[[Any, str, Any], None]
+Writer = Callable[[Any, str, Any, Any], None]  # (object, name, new value, value before)
 
 
 class CaptureContext:
     """What one running capture shares with the code it runs: its region handler and attribute listeners."""
 
-    __slots__ = ("handler", "read", "write")
+    __slots__ = ("handler", "tracer", "read", "write")
 
-    def __init__(self, handler: Any) -> None:
+    def __init__(self, handler: Any, tracer: Any) -> None:
         self.handler = handler  # regions.call.RegionCalls: every region call goes there
+        self.tracer = tracer  # tracer.Tracer: custom autograd.Function calls go there
         self.read: Reader | None = None  # attribute reads on watched objects (None: not recording)
         self.write: Writer | None = None
 

@@ -131,7 +131,7 @@ class Kind(enum.Enum):
 # How each kind reads its value, and the expression the generated predicate tests.
 _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
     Kind.TENSOR: lambda v: tensor_meta(v) if isinstance(v, torch.Tensor) else MISSING,
-    Kind.CONST: lambda v: MISSING if v is MISSING else const_key(v),
+    Kind.CONST: lambda v: const_key(v) if v is not MISSING and is_constant(v) else MISSING,
     Kind.TYPE: lambda v: type(v),
     Kind.ID: lambda v: v,
     Kind.HOOKS: lambda v: hooks_key(v) if isinstance(v, torch.nn.Module) else MISSING,
@@ -144,6 +144,7 @@ _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
 _HELPERS = {
     "_tensor_meta": tensor_meta,
     "_const_key": const_key,
+    "_is_constant": is_constant,
     "_hooks_key": hooks_key,
     "_no_hooks": no_hooks,
     "_snapshot": snapshot,
@@ -216,7 +217,9 @@ class Guard:
         if k is Kind.TENSOR:
             return f"(isinstance({var}, _Tensor) and _tensor_meta({var}) == {const})"
         if k is Kind.CONST:
-            return f"({var} is not _MISSING and _const_key({var}) == {const})"
+            if self.expected[0] in (type(None), bool, int, float, str):  # a scalar: no container walk
+                return f"({var} is not _MISSING and _const_key({var}) == {const})"
+            return f"({var} is not _MISSING and _is_constant({var}) and _const_key({var}) == {const})"
         if k is Kind.TYPE:
             return f"type({var}) in {const}"
         if k in (Kind.ID, Kind.ABSENT):

@@ -90,7 +90,7 @@ class MetaRunner:
         recipe = self._memo.get(key) if key is not None else None
         with unset_fake_temporarily():
             if recipe is not None:  # the same op on inputs with the same metadata: same output metadata
-                return self._to_fake(_from_recipe(recipe), recipe_device(recipe, args))
+                return self._to_fake(_from_recipe(recipe), recipe_device(recipe, (args, kwargs)))
             try:
                 meta_args = self._to_meta(args, device)
                 meta_kwargs = self._to_meta(kwargs, device) if kwargs else kwargs

@@ -7,6 +7,7 @@ Sources are relative to a call context whose leaves are `[fn, *flat inputs]`: th
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -36,14 +37,8 @@ class TensorNames:
         if root is not None:
             self._walk(root, "", Arg(0, "self"))
             fn = type(root).forward if fn is root else fn
-        func = getattr(fn, "__func__", fn)
-        g = getattr(func, "__globals__", None) or {}
-        for key, value in list(g.items()):
-            self._add_root(value, key, Item(Absolute(g, "globals"), key))
-        code = getattr(func, "__code__", None)
-        for i, (var, cell) in enumerate(zip(getattr(code, "co_freevars", ()), getattr(func, "__closure__", None) or ())):
-            with contextlib.suppress(ValueError):
-                self._add_root(cell.cell_contents, var, Attr(Absolute(cell, f"closure[{var!r}]"), "cell_contents"))
+        self._functions: set[int] = set()
+        self._walk_function(getattr(fn, "__func__", fn), 0)
         for i, (leaf, label) in enumerate(zip(leaves, labels)):
             if not isinstance(leaf, torch.Tensor):
                 self._walk_object(leaf, label, Arg(i + 1, label), "", 0)
@@ -52,11 +47,30 @@ class TensorNames:
         if isinstance(value, torch.Tensor) and id(value) not in self._found:
             self._found[id(value)] = (name, root, path)
 
-    def _add_root(self, value: Any, name: str, source: Source) -> None:
+    def _add_root(self, value: Any, name: str, source: Source, depth: int) -> None:
         if isinstance(value, torch.Tensor):
             self._add(value, name, source, "")
         elif isinstance(value, torch.nn.Module):
             self._walk(value, f"{name}.", source)
+        elif callable(value) and depth < _MAX_DEPTH:
+            marked = getattr(value, "__stampout_region__", None)
+            self._walk_function(marked.fn if marked is not None else value, depth + 1)
+
+    def _walk_function(self, func: Any, depth: int) -> None:
+        """Tensors and modules in a function's globals and closure cells, and in those of the functions
+        found there (a region function the program calls, closing over a module)."""
+        if not isinstance(func, types.FunctionType) or id(func) in self._functions:
+            return
+        self._functions.add(id(func))
+        g = func.__globals__
+        for key, value in list(g.items()):
+            if isinstance(value, (torch.Tensor, torch.nn.Module)) or (
+                    isinstance(value, types.FunctionType) and value.__module__ == func.__module__):
+                self._add_root(value, key, Item(Absolute(g, "globals"), key), depth)
+        for var, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
+            with contextlib.suppress(ValueError):
+                self._add_root(cell.cell_contents, var, Attr(Absolute(cell, f"closure[{var!r}]"), "cell_contents"),
+                               depth)
 
     def _walk(self, module: torch.nn.Module, prefix: str, root: Source, path: str = "") -> None:
         d = module.__dict__

@@ -35,7 +35,7 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
         t = type(value)
         if t is tuple or t is list or _is_namedtuple(value):
             return (t, tuple(walk(v, f"{label}[{i}]") for i, v in enumerate(value)))
-        if t is dict:
+        if isinstance(value, dict):  # OrderedDict and Hugging Face ModelOutput too: their items are inputs
             return (t, tuple((k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()))
         leaves.append(value)
         labels.append(label)
@@ -79,6 +79,8 @@ def to_template(value: Any, slots: list[torch.Tensor]) -> Template:
         return ("seq", t, tuple(to_template(v, slots) for v in value))
     if _is_namedtuple(value):
         return ("namedtuple", t, tuple(to_template(v, slots) for v in value))
+    if isinstance(value, tuple) and hasattr(t, "n_fields"):  # a structseq: torch.return_types.max
+        return ("structseq", t, tuple(to_template(v, slots) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if isinstance(value, dict):  # transformers' ModelOutput: a dict whose set keys are its fields
             items = tuple((k, to_template(v, slots)) for k, v in value.items())
@@ -104,9 +106,27 @@ def build(template: Template, values: list[Any]) -> Any:
         return t(build(c, values) for c in children)
     if kind == "namedtuple":
         return t(*(build(c, values) for c in children))
+    if kind == "structseq":
+        return t(tuple(build(c, values) for c in children))
     if kind in ("modeloutput", "dataclass"):
         return t(**{k: build(c, values) for k, c in children})
     return t((k, build(c, values)) for k, c in children)
+
+
+def tensors_within(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Tensors inside containers and plain objects' attributes (a few levels deep)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 3:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in tensors_within(v, depth + 1)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in tensors_within(v, depth + 1)]
+    fields = getattr(value, "__dict__", None)
+    if isinstance(fields, dict) and not isinstance(value, (type, torch.nn.Module)):
+        return [t for v in list(fields.values()) for t in tensors_within(v, depth + 1)]
+    return []
 
 
 def template_constants(template: Template) -> list[Any]:

@@ -40,6 +40,9 @@ _INVOKE_MODULE = importlib.import_module("torch._higher_order_ops.invoke_subgrap
 _EXPORT_UTILS = importlib.import_module("torch._export.utils")
 TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
+_FUNCTION = torch.autograd.function.Function
+if not isinstance(_FUNCTION.__dict__.get("apply"), classmethod):
+    raise ImportError("stampout needs torch.autograd.Function.apply to be a classmethod; install torch==2.13.0")
 
 
 def invoke_subgraph(graph: fx.Graph, subgraph: fx.Node, name: str, operands: list[Any]) -> fx.Node:
@@ -63,16 +66,21 @@ def tensor_guards(tensors: list[torch.Tensor]) -> Any:
 
 
 @contextlib.contextmanager
-def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], Callable]) -> Iterator[None]:
-    """For the duration of a capture: `nested_compile_region` functions call `marked_call`, and vmap finds
-    stampout's mode through `vmap_mode_finder(original finder)`. The replacements act as the originals on
-    threads that are not capturing."""
+def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], Callable],
+                  function_apply: Callable[[Callable], Callable]) -> Iterator[None]:
+    """For the duration of a capture: `nested_compile_region` functions call `marked_call`, vmap finds
+    stampout's mode through `vmap_mode_finder(original finder)`, and `torch.autograd.Function.apply` is
+    `function_apply(original apply)`. The replacements act as the originals on threads that are not
+    capturing."""
     saved_placeholder = _INVOKE_MODULE.invoke_subgraph_placeholder
     saved_finder = _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export
+    saved_apply = _FUNCTION.__dict__["apply"]
     _INVOKE_MODULE.invoke_subgraph_placeholder = marked_call
     _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = vmap_mode_finder(saved_finder)
+    _FUNCTION.apply = classmethod(function_apply(saved_apply.__func__))
     try:
         yield
     finally:
         _INVOKE_MODULE.invoke_subgraph_placeholder = saved_placeholder
         _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = saved_finder
+        _FUNCTION.apply = saved_apply

@@ -49,6 +49,8 @@ _DATA_DEPENDENT = {
 }
 # Reading these makes a trace depend on which inputs require grad.
 _AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.is_leaf.__get__, _T.grad_fn.__get__, _T.requires_grad_}
+# Properties that make a new view of the tensor: computed on fakes and recorded, like any op.
+_VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 _ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
 _EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
 _SET_GRAD = torch._C._set_grad_enabled
@@ -121,6 +123,22 @@ def node_target(func: Callable) -> tuple[str, Any]:
     except TypeError:
         pass
     return result
+
+
+_APPLIES: dict[type, Callable] = {}
+
+
+def _function_apply(cls: type) -> Callable:
+    """A stable graph target for `cls.apply` (a classmethod makes a new bound method on each access)."""
+    target = _APPLIES.get(cls)
+    if target is None:
+        def apply(*args: Any, **kwargs: Any) -> Any:
+            return cls.apply(*args, **kwargs)
+
+        apply.__name__ = f"{cls.__name__}_apply"
+        apply.__qualname__ = f"{cls.__qualname__}.apply"
+        target = _APPLIES[cls] = apply
+    return target
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -365,7 +383,8 @@ class Tracer:
             return iter(self._on_call(_T.unbind, (args[0], 0), {}))
 
         tensors_in = has_tensor(args) or has_tensor(kwargs)
-        if tensors_in and _is_property_get(func) and not isinstance(args[0], FakeTensor):
+        if (tensors_in and _is_property_get(func) and not isinstance(args[0], FakeTensor)
+                and func.__self__.__name__ not in _VIEW_PROPERTIES):
             value = func(args[0])  # `param.shape`, `buffer.dtype`: read the real tensor, record nothing
             if not isinstance(value, torch.Tensor):
                 return value
@@ -379,6 +398,18 @@ class Tracer:
         if not has_tensor(out) and not (out is None and tensors_in and not _is_property_get(func)):
             return out
         self.record(func, args, kwargs, out)
+        return out
+
+    def on_autograd_function(self, cls: type, apply: Callable, args: tuple, kwargs: dict) -> Any:
+        """`cls.apply(*args)` of a custom autograd.Function: its forward runs on fakes for the output
+        metadata (not recorded), and the graph calls `cls.apply` itself, so its backward is the user's."""
+        if not (has_tensor(args) or has_tensor(kwargs)):
+            return apply(cls, *args, **kwargs)
+        fake_args = map_tensors(args, self.fake_of)
+        fake_kwargs = map_tensors(kwargs, self.fake_of)
+        with torch._C.DisableTorchFunction():
+            out = apply(cls, *fake_args, **fake_kwargs)
+        self.record(_function_apply(cls), args, kwargs, out)
         return out
 
     def _run_on_fakes(self, func: Callable, args: tuple, kwargs: dict, tensors_in: bool) -> Any:

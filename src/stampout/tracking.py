@@ -26,6 +26,29 @@ def _quiet(name: str) -> bool:
     return name.startswith("__") or name in _INTERNAL
 
 
+def peek(obj: Any, name: str) -> Any:
+    """The value `obj` itself holds for `name` (its dict, a module's registries, a slot); MISSING if none
+    (a class-level default does not count: deleting the instance's value restores it)."""
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict):
+        if name in d:
+            return d[name]
+        for registry in ("_parameters", "_buffers", "_modules"):
+            r = d.get(registry)
+            if isinstance(r, dict) and name in r:
+                return r[name]
+    for klass in type(obj).__mro__:
+        slot = klass.__dict__.get(name)
+        if slot is not None:
+            if type(slot).__name__ == "member_descriptor":
+                try:
+                    return slot.__get__(obj, type(obj))
+                except AttributeError:
+                    return MISSING
+            break
+    return MISSING
+
+
 def _make_shim(cls: type) -> type:
     orig_getattribute = cls.__getattribute__
     orig_getattr = getattr(cls, "__getattr__", None)
@@ -56,16 +79,22 @@ def _make_shim(cls: type) -> type:
         return value
 
     def __setattr__(self, name, value):
-        orig_setattr(self, name, value)
         ctx = state.ctx
-        if ctx is not None and ctx.write is not None and not _quiet(name):
-            ctx.write(self, name, value)
+        if ctx is None or ctx.write is None or _quiet(name):
+            orig_setattr(self, name, value)
+            return
+        old = peek(self, name)
+        orig_setattr(self, name, value)
+        ctx.write(self, name, value, old)
 
     def __delattr__(self, name):
-        orig_delattr(self, name)
         ctx = state.ctx
-        if ctx is not None and ctx.write is not None and not _quiet(name):
-            ctx.write(self, name, MISSING)
+        if ctx is None or ctx.write is None or _quiet(name):
+            orig_delattr(self, name)
+            return
+        old = peek(self, name)
+        orig_delattr(self, name)
+        ctx.write(self, name, MISSING, old)
 
     namespace = {
         "__slots__": (),

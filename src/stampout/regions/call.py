@@ -19,7 +19,7 @@ from ..frames import user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..torch_internals import invoke_subgraph
 from ..sources import Absolute, CallContext
-from ..structure import aliases_of, build, flatten_inputs, template_constants, to_template
+from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..tracer import Builder, Tracer, identifier
 from ..tracking import Watch
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput
@@ -202,6 +202,10 @@ class RegionCalls:
         parent = tracer.builder
         with torch._C.DisableTorchFunction():
             frame = RegionFrame(region.fn, leaves, labels, self.watch)
+            for i, arg in enumerate(args):
+                frame.note_input_containers(arg, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]")
+            for k, arg in kwargs.items():
+                frame.note_input_containers(arg, k)
             child = Builder(tracer, parent, frame)
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:
@@ -239,6 +243,11 @@ class RegionCalls:
             else:
                 outputs.append(("out", len(returned)))
                 returned.append(node)
+        escaped = self._escaped(child, frame, template, returned)
+        for t in escaped:  # tensors the region handed out by side channels: outputs too
+            outputs.append(("out", len(returned)))
+            returned.append(child.nodes[id(t)][1])
+        slots.extend(escaped)
         child.graph.output(tuple(returned))
         gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
         name, gm, deduped = self.cache.register(gm, fp[2])
@@ -271,15 +280,27 @@ class RegionCalls:
             self.stats.traces += 1
         self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
 
+    @staticmethod
+    def _escaped(child: Builder, frame: RegionFrame, template: Any, returned: list[fx.Node]) -> list[torch.Tensor]:
+        """Tensors computed in the region that leave it other than as outputs: inside a returned object,
+        appended to a container it was given, stored on an object."""
+        found: dict[int, torch.Tensor] = {}
+        places = [*template_constants(template), *(c[0] for c in frame.containers), *(s[2] for s in frame.stores)]
+        for t in tensors_within(places):
+            hit = child.nodes.get(id(t))
+            if hit is not None and hit[1].op != "placeholder" and hit[1] not in returned:
+                found[id(t)] = t
+        return list(found.values())
+
     def on_read(self, obj: Any, name: str, value: Any) -> None:
         with torch._C.DisableTorchFunction(), listeners(None, None):
             for frame in self.frames:
                 frame.on_read(obj, name, value)
 
-    def on_write(self, obj: Any, name: str, value: Any) -> None:
+    def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
         with torch._C.DisableTorchFunction(), listeners(None, None):
             for frame in self.frames:
-                frame.on_write(obj, name, value)
+                frame.on_write(obj, name, value, old)
 
     # ---- stamping -----------------------------------------------------------------------------
     def _stamp(self, region: Region, entry: ReuseEntry, leaves: list[Any], values: list[Any], site: str,

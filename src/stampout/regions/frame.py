@@ -43,6 +43,10 @@ def _contents(value: Any) -> Any:
     return tuple(id(v) for v in value)
 
 
+def _copy(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else list(value)
+
+
 def _accepted_types(obj: Any) -> tuple[type, ...]:
     """The object's class and the shim classes stampout may have swapped in (read and write watching)."""
     cls = original_class(obj)
@@ -73,8 +77,10 @@ def _is_user_class(obj: Any, name: str) -> bool:
 class RegionFrame:
     """Reads recorded while one region call is traced, and why its trace may not be reusable."""
 
-    def __init__(self, fn: Callable, leaves: list[Any], labels: list[str], watch: Watch) -> None:
+    def __init__(self, fn: Callable, leaves: list[Any], labels: list[str], watch: Watch,
+                 program: bool = False) -> None:
         self.fn = fn
+        self.program = program  # the whole program's frame (compile): its stores are replayed, not refused
         self.leaves = leaves
         self.watch = watch
         self.sources: dict[int, Source] = {}
@@ -84,11 +90,13 @@ class RegionFrame:
         self.ineligible: list[str] = []
         self.reads_requires_grad = False
         self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
-        self.stores: list[tuple[Any, str, Any]] = []  # (object, attribute, value) written, in order
+        self.stores: list[tuple[Any, str, Any, Any, str]] = []  # (object, attribute, value, value before,
+        # file:line) of each write, in order
         self._functions: set[types.CodeType] = set()  # codes whose globals (and cells, if known) are guarded
         self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
         self._guarded_code: set[tuple[types.CodeType, int]] = set()
-        self._containers: list[tuple[Any, Source, tuple]] = []
+        self._written: set[tuple[int, str]] = set()  # attributes this trace wrote: later reads read its value
+        self.containers: list[tuple[Any, Source, tuple]] = []
         self.lifted: list[LiftedInput] = []
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
@@ -128,7 +136,7 @@ class RegionFrame:
             if not from_arg:
                 self.guard(source, Kind.CONST, const_key(value), where)
             if type(value) in (list, dict, set):  # mutable: changing it in the trace is a side effect
-                self._containers.append((value, source, _contents(value)))
+                self.containers.append((value, source, _contents(value), _copy(value)))
         elif isinstance(value, torch.nn.Module):
             self._adopt_module(value, source, from_arg, where)
         elif isinstance(value, types.FunctionType):
@@ -192,7 +200,18 @@ class RegionFrame:
         for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
             self.adopt(item, Item(source, key), where=where)
         if not isinstance(value, tuple):
-            self._containers.append((value, source, _contents(value)))
+            self.containers.append((value, source, _contents(value), _copy(value)))
+
+    def note_input_containers(self, value: Any, label: str) -> None:
+        """Lists and dicts among the call's arguments (opened into leaves): changing them is a side effect."""
+        if type(value) in (list, dict):
+            self.containers.append((value, Absolute(value, label), _contents(value), _copy(value)))
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                self.note_input_containers(item, f"{label}[{i}]")
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                self.note_input_containers(item, f"{label}[{k!r}]")
 
     def close(self) -> None:
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
@@ -200,10 +219,11 @@ class RegionFrame:
         for i, meta in self._input_meta:
             if tensor_meta(self.leaves[i]) != meta:
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
-        for value, source, before in self._containers:
+        for value, source, before, _ in self.containers:
             if _contents(value) != before:
                 self.writes.append(f"{source.name()} (changed in place)")
-                self.mark_ineligible(f"changes {source.name()} in place (a Python side effect)")
+                if not self.program:
+                    self.mark_ineligible(f"changes {source.name()} in place (a Python side effect)")
 
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)
@@ -265,7 +285,7 @@ class RegionFrame:
                     self.adopt(value, source, where=where)
         for name in facts.stores:
             self.writes.append(f"global {name} (assigned by {code.co_qualname})")
-            self.mark_ineligible(f"assigns the global {name} (a Python side effect)")
+            self.mark_ineligible(f"assigns the global {name} (a Python side effect stampout does not replay)")
 
     def _adopt_module_chains(self, module: types.ModuleType, source: Source, name: str,
                              chains: tuple[tuple[str, ...], ...], where: str) -> None:
@@ -294,6 +314,9 @@ class RegionFrame:
                     f"reads .{name} of a {type(obj).__name__} not reachable from its arguments, closures or globals"
                 )
             return  # made during this capture (`type(self)(...)` of a watched object, a ModuleList slice)
+        if (id(obj), name) in self._written:
+            self._name(value, Attr(base, name))  # the trace's own value, not one from outside
+            return
         where = user_location(3)
         if value is MISSING:
             self.guard(Attr(base, name), Kind.ABSENT, MISSING, where)
@@ -315,15 +338,17 @@ class RegionFrame:
             else:
                 self.adopt(raw, ClassAttr(base, name), where=where)
 
-    def on_write(self, obj: Any, name: str, value: Any) -> None:
+    def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
         base = self.sources.get(id(obj))
         if base is None and (obj not in self.watch or id(obj) in self.watch.arguments):
             return  # an object made during this capture
         target = f"{base.name()}.{name}" if base is not None else f"a {type(obj).__name__}.{name}"
         where = user_location(3)
         self.writes.append(f"{target} at {where}")
-        self.stores.append((obj, name, value))
-        self.mark_ineligible(f"writes {target} (a Python side effect) at {where}")
+        self.stores.append((obj, name, value, old, where))
+        self._written.add((id(obj), name))
+        if not self.program:
+            self.mark_ineligible(f"writes {target} (a Python side effect) at {where}")
 
     def leaves_contain(self, value: Any) -> bool:
         return any(leaf is value for leaf in self.leaves)

@@ -1,0 +1,146 @@
+"""Python side effects of a compiled program: planned at capture, undone after it, replayed after each call.
+
+A capture runs the program's Python once, on fake tensors. What it stored on objects that outlive the call
+(attribute writes, items appended to or set in lists and dicts) is recorded by the program's frame. After
+the capture those stores are undone (no fake tensor is left on the caller's objects), and every compiled
+call replays them with that call's values: constants as recorded, tensors from extra graph outputs,
+existing objects from their sources. A store that cannot be replayed that way makes `compile` refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .guards import is_constant
+from .sources import MISSING, CallContext, Source
+from .tracking import peek
+
+
+@dataclass(frozen=True)
+class Value:
+    """How a replayed value is obtained: a constant, extra graph output `index`, or a source."""
+
+    kind: str  # "const" | "out" | "source" | "missing"
+    value: Any = None
+
+    def get(self, ctx: CallContext, outputs: list[Any]) -> Any:
+        if self.kind == "const":
+            return self.value
+        if self.kind == "out":
+            return outputs[self.value]
+        if self.kind == "source":
+            return self.value.resolve(ctx, {})
+        return MISSING
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One store to replay: `setattr` (key: attribute), `extend` (values appended), `setitem` (key)."""
+
+    op: str
+    target: Source
+    key: Any
+    values: tuple[Value, ...]
+    where: str
+
+    def replay(self, ctx: CallContext, outputs: list[Any]) -> None:
+        target = self.target.resolve(ctx, {})
+        values = [v.get(ctx, outputs) for v in self.values]
+        if self.op == "setattr":
+            if values[0] is MISSING:
+                if hasattr(target, self.key):
+                    delattr(target, self.key)
+            else:
+                setattr(target, self.key, values[0])
+        elif self.op == "extend":
+            target.extend(values)
+        else:
+            target[self.key] = values[0]
+
+
+class Plan:
+    """The effects of one capture, and the fake tensors whose real values must become extra outputs."""
+
+    def __init__(self, program: Any) -> None:
+        self.program = program
+        self.effects: list[Effect] = []
+        self.extra: list[torch.Tensor] = []
+        self.refused: str | None = None
+        self._build()
+
+    def _value(self, value: Any, where: str) -> Value | None:
+        sources = self.program.sources
+        if value is MISSING:
+            return Value("missing")
+        if is_constant(value) and type(value) not in (list, dict, set):
+            return Value("const", value)
+        if isinstance(value, FakeTensor):
+            self.extra.append(value)
+            return Value("out", len(self.extra) - 1)
+        if id(value) in sources:
+            return Value("source", sources[id(value)])
+        self.refused = self.refused or f"stores a {type(value).__name__} made during the call (at {where})"
+        return None
+
+    def _build(self) -> None:
+        program = self.program
+        last: dict[tuple[int, str], tuple[Any, str, Any, str]] = {}
+        for obj, name, value, _, where in program.stores:
+            if id(obj) in program.sources:
+                last[(id(obj), name)] = (obj, name, value, where)
+        for obj, name, value, where in last.values():
+            v = self._value(value, where)
+            if v is not None:
+                self.effects.append(Effect("setattr", program.sources[id(obj)], name, (v,), where))
+        for container, source, _, before in program.containers:
+            self._container(container, source, before)
+
+    def _container(self, container: Any, source: Source, before: Any) -> None:
+        where = f"{source.name()} (changed in place)"
+        if isinstance(container, dict):
+            if any(k not in container for k in before):
+                self.refused = self.refused or f"removes items from {where}"
+                return
+            for k, v in container.items():
+                if k not in before or before[k] is not v:
+                    value = self._value(v, where)
+                    if value is not None:
+                        self.effects.append(Effect("setitem", source, k, (value,), where))
+            return
+        if not isinstance(container, list):
+            if list(container) != list(before):
+                self.refused = self.refused or f"changes {where}"
+            return
+        if len(container) < len(before) or any(a is not b for a, b in zip(container, before)):
+            self.refused = self.refused or f"changes items of {where} other than by appending"
+            return
+        values = [self._value(v, where) for v in container[len(before):]]
+        if values and all(v is not None for v in values):
+            self.effects.append(Effect("extend", source, None, tuple(values), where))
+
+
+def undo(program: Any) -> None:
+    """Put back what the capture's Python changed on objects that outlive it (newest first)."""
+    for container, _, _, before in reversed(program.containers):
+        if isinstance(container, dict):
+            if dict(container) != before or list(container) != list(before):
+                container.clear()
+                container.update(before)
+        elif isinstance(container, list):
+            container[:] = before
+    for obj, name, _, old, _ in reversed(program.stores):
+        if old is not MISSING:
+            setattr(obj, name, old)
+        elif peek(obj, name) is not MISSING:
+            delattr(obj, name)
+
+
+def replay(effects: list[Effect], ctx: CallContext, outputs: list[Any]) -> None:
+    with torch._C.DisableTorchFunction():
+        for effect in effects:
+            effect.replay(ctx, outputs)
+
