@@ -41,7 +41,8 @@ class ReuseEntry:
     lifted: list[LiftedInput]  # how each subgraph placeholder is obtained
     subgraph: str
     gm: fx.GraphModule
-    outputs: list[tuple[str, int]]  # per template slot: ("out", subgraph output) | ("in", placeholder)
+    outputs: list[tuple]  # per template slot: ("out", subgraph output) | ("in", placeholder) |
+    # ("view", subgraph output, size, stride, storage offset): a view of an output, taken by the caller
     template: Template
     out_meta: dict[tuple, list[tuple]]  # requires_grad pattern of the inputs -> per output
     # (shape, stride, storage offset, dtype, device, requires_grad); more patterns added as calls need them

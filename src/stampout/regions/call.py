@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import logging
 import operator
 import sys
@@ -223,10 +224,9 @@ class RegionCalls:
             self.pop()
             tracer.builders.pop()
         with torch._C.DisableTorchFunction():
-            self._finish_trace(region, frame, child, parent, out, fp, rg, site, reason, hash_key)
-        return out
+            return self._finish_trace(region, frame, child, parent, out, fp, rg, site, reason, hash_key)
 
-    def _finish_trace(self, region, frame, child, parent, out, fp, rg, site, reason, hash_key) -> None:
+    def _finish_trace(self, region, frame, child, parent, out, fp, rg, site, reason, hash_key) -> Any:
         """Close the subgraph, dedup it, make the reuse entry and emit the call into the parent graph."""
         frame.close()
         slots: list[torch.Tensor] = []
@@ -248,6 +248,7 @@ class RegionCalls:
             outputs.append(("out", len(returned)))
             returned.append(child.nodes[id(t)][1])
         slots.extend(escaped)
+        returned, outputs = _views_of_one_base(returned, outputs, slots)
         child.graph.output(tuple(returned))
         gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
         name, gm, deduped = self.cache.register(gm, fp[2])
@@ -272,13 +273,14 @@ class RegionCalls:
                 site, "remove the side effect or the reuse_hash_fn",
             ))
 
-        self._emit(parent, entry, child.operands, slots)
+        self._emit(parent, entry, child.operands, slots, [n.meta["val"] for n in returned])
         outcome = "deduped" if deduped else "traced"
         if deduped:
             self.stats.dedups += 1
         else:
             self.stats.traces += 1
         self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
+        return out
 
     @staticmethod
     def _escaped(child: Builder, frame: RegionFrame, template: Any, returned: list[fx.Node]) -> list[torch.Tensor]:
@@ -313,8 +315,14 @@ class RegionCalls:
         if out_meta is None:
             out_meta = entry.out_meta[rg] = self._propagate(entry, values)
         fakes = [self._fake(meta) for meta in out_meta]
-        slots = [fakes[i] if kind == "out" else values[i] for kind, i in entry.outputs]
-        self._emit(parent, entry, operands, slots)
+        slots = []
+        for kind, i, *view in entry.outputs:
+            if kind == "view":  # a view of output i: its own metadata, the base's dtype and autograd state
+                _, _, _, dtype, device, requires_grad = out_meta[i]
+                slots.append(self.tracer.new_fake(*view, dtype, device, requires_grad))
+            else:
+                slots.append(fakes[i] if kind == "out" else values[i])
+        self._emit(parent, entry, operands, slots, fakes)
         self.stats.reuses += 1
         self._record(region, site, "reused", "", entry.subgraph)
         return build(entry.template, slots)
@@ -328,20 +336,28 @@ class RegionCalls:
     def _fake(self, meta: tuple) -> torch.Tensor:
         return self.tracer.new_fake(*meta)
 
-    def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], slots: list) -> list[fx.Node]:
-        """Append `invoke_subgraph(subgraph, name, *operands)` and one getitem per output to `builder`."""
+    def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], slots: list,
+              out_fakes: list) -> None:
+        """Append `invoke_subgraph(subgraph, name, *operands)`, one getitem per output, and the views the
+        region returned of one of them, to `builder`."""
         builder.submodules[entry.subgraph] = entry.gm
         graph = builder.graph
         sub = graph.get_attr(entry.subgraph)
         call = invoke_subgraph(graph, sub, entry.subgraph, operands)
         outs = [graph.call_function(operator.getitem, (call, i)) for i in range(entry.n_outputs)]
         call.meta["stack_trace"] = f"  File {entry.call_site}\n"
-        for (kind, i), value in zip(entry.outputs, slots):
+        for out, fake in zip(outs, out_fakes):
+            out.meta["val"] = fake
+        for (kind, i, *view), value in zip(entry.outputs, slots):
             if kind == "out":
-                outs[i].meta["val"] = value
                 builder.bind(value, outs[i])
-        call.meta["val"] = tuple(n.meta.get("val") for n in outs)
-        return outs
+            elif kind == "view":
+                node = graph.call_function(torch.as_strided, (outs[i], *view))
+                node.meta["val"] = value
+                builder.bind(value, node)
+        for out, fake in zip(outs, out_fakes):
+            builder.bind(fake, out)
+        call.meta["val"] = tuple(out_fakes)
 
     def _record(self, region: Region, site: str, outcome: str, reason: str, subgraph: str,
                 ineligible: str = "") -> None:
@@ -371,6 +387,72 @@ class RegionCalls:
         builder.operands.append(operand)
         frame.lifted.append(SourceInput(source))
         return builder.placeholder(identifier(label), t)
+
+
+# Ops whose result may share storage with their first argument.
+_VIEWS = frozenset({
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "transpose", "permute", "t", "T", "mT",
+    "narrow", "select", "getitem", "expand", "expand_as", "squeeze", "unsqueeze", "as_strided", "detach",
+    "diagonal", "movedim", "moveaxis", "swapaxes", "swapdims", "split", "chunk", "unbind", "tensor_split",
+    "split_with_sizes", "real", "imag", "alias", "contiguous", "unfold", "view_as_real", "view_as_complex",
+})
+
+
+_SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.target is builtins.getattr:
+        return "getattr"
+    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+
+
+def _view_root(node: fx.Node) -> fx.Node:
+    """The node whose storage `node` may be a view of (following view ops back through the graph)."""
+    while node.op in ("call_function", "call_method") and node.args and isinstance(node.args[0], fx.Node):
+        name, source = _op_name(node), node.args[0]
+        if name == "getitem" and not isinstance(source.meta.get("val"), torch.Tensor):
+            if _op_name(source) not in _SPLITS:  # an item of an op's tuple result (torch.max): its own tensor
+                break
+            source = source.args[0]  # a piece of a split: a view of what was split
+        elif name not in _VIEWS and name != "getattr":
+            break
+        node = source
+        if not isinstance(node, fx.Node):
+            break
+    return node
+
+
+def _views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: list) -> tuple[list, list]:
+    """Outputs that may be views of one tensor (`return h[:, :n], h[:, n:]`): the subgraph returns that
+    tensor once, and the caller's graph takes the views with `as_strided` (same sizes, strides, offsets).
+    Aliasing outputs of a reused subgraph get wrong values from torch 2.13's Inductor; this way there are
+    none, and the caller still sees views of one storage, as in eager."""
+    groups: dict[fx.Node, list[int]] = {}
+    for k, (kind, j) in enumerate(outputs):
+        if kind == "out":
+            root = _view_root(returned[j])
+            if root.op != "placeholder":
+                groups.setdefault(root, []).append(k)
+    new_outputs: list[tuple] = list(outputs)
+    keep: list[fx.Node] = []
+
+    def index(node: fx.Node) -> int:
+        if node not in keep:
+            keep.append(node)
+        return keep.index(node)
+
+    for root, members in groups.items():
+        if len({outputs[k][1] for k in members}) < 2:
+            continue
+        r = index(root)
+        for k in members:
+            t = slots[k]
+            new_outputs[k] = ("view", r, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    for k, (kind, *rest) in enumerate(new_outputs):
+        if kind == "out":
+            new_outputs[k] = ("out", index(returned[rest[0]]))
+    return keep, new_outputs
 
 
 def _out_meta(t: torch.Tensor) -> tuple:
