@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
+import random
 import types
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from helpers import scalar_loss, tree_assert_close, tree_clone, tree_leaves
 from torch import nn
+from torch.nn.utils import parametrize
 
 import stampout
 
@@ -501,8 +504,9 @@ def test_case13_per_instance_forward_installed_after_first_call() -> None:
 # --------------------------------------------------------------------------------------- 14-23: refusals
 
 
+@pytest.mark.parametrize("mode", ["capture", "compile"])
 @pytest.mark.parametrize("attr", ["T", "mT", "H"])
-def test_case14_transposed_parameter_property(attr: str) -> None:
+def test_case14_transposed_parameter_property(attr: str, mode: str) -> None:
     """`x @ self.w.T` (and `.mT`, `.H`) on a real-valued parameter."""
 
     class Proj(nn.Module):
@@ -515,9 +519,12 @@ def test_case14_transposed_parameter_property(attr: str) -> None:
             return torch.tanh(x @ getattr(self.w, attr))[..., :D]
 
     model = _stack(Proj, 3)
-    check_capture(model, _x(grad=True))
-    fn = stampout.compile(model, backend="eager")
-    check_call(model, fn, _x(grad=True))
+    if mode == "capture":
+        check_capture(model, _x(grad=True))
+    else:
+        fn = stampout.compile(model, backend="eager")
+        check_call(model, fn, _x(grad=True))
+        check_call(model, fn, _x(grad=True) * 2.0, what="second")
 
 
 def _model_output_cls() -> type:
@@ -559,7 +566,8 @@ class Triple(torch.autograd.Function):
         return g * 3.0
 
 
-def test_case16_custom_autograd_function_backward() -> None:
+@pytest.mark.parametrize("mode", ["capture", "compile"])
+def test_case16_custom_autograd_function_backward(mode: str) -> None:
     """A custom `autograd.Function` whose backward is not the derivative of its forward: gradients must equal
     eager's (refusing with a StampoutError is acceptable)."""
 
@@ -574,18 +582,17 @@ def test_case16_custom_autograd_function_backward() -> None:
 
     model = _stack(Custom, 2)
     try:
-        check_capture(model, _x(grad=True))
+        if mode == "capture":
+            check_capture(model, _x(grad=True))
+        else:
+            fn = stampout.compile(model, backend="eager")
+            check_call(model, fn, _x(grad=True))
     except stampout.StampoutError:
-        pass
-    try:
-        fn = stampout.compile(model, backend="eager")
-        check_call(model, fn, _x(grad=True))
-    except stampout.StampoutError:
-        pass
+        pass  # refusing is acceptable; wrong gradients are not
 
 
-def test_case17_closure_module_tensor_reassigned_and_updated_in_place() -> None:
-    """A region closes over module `m`; `m.state` is reassigned between calls and updated in place."""
+def _closure_state_program() -> tuple[nn.Module, Callable[..., Any]]:
+    """A region closing over module `m`; it updates `m.state` in place and reads it."""
     m = nn.Module()
     m.state = torch.zeros(D)
 
@@ -597,35 +604,44 @@ def test_case17_closure_module_tensor_reassigned_and_updated_in_place() -> None:
     def prog(x: torch.Tensor) -> torch.Tensor:
         return step(x) + 1.0
 
-    x = _x()
-    # eager reference world, kept in lockstep with `m`
+    return m, prog
+
+
+def _closure_state_eager(ref: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    ref.state.add_(x.sum(0))
+    return ref.state * 2.0 + 1.0
+
+
+def test_case17_closure_module_tensor_reassigned_compiled() -> None:
+    """Compiled: `m.state` (m reached through the region's closure) reassigned between calls and updated in
+    place: every call updates and reads the tensor now at `m.state`."""
+    m, prog = _closure_state_program()
     ref = nn.Module()
-    ref.state = torch.zeros(D)
-
-    def ref_prog(x: torch.Tensor) -> torch.Tensor:
-        ref.state.add_(x.sum(0))
-        return ref.state * 2.0 + 1.0
-
+    x = _x()
     fn = stampout.compile(prog, backend="eager")
     for value in (0.0, 10.0, -5.0):
         fresh = torch.full((D,), value)
         m.state, ref.state = fresh, fresh.clone()
-        out = fn(x)
-        torch.testing.assert_close(out, ref_prog(x), **TOL)
-        assert m.state is fresh
-        torch.testing.assert_close(m.state, ref.state, **TOL)
-        out = fn(x)  # a second call on the same tensor keeps accumulating into it
-        torch.testing.assert_close(out, ref_prog(x), **TOL)
-        torch.testing.assert_close(m.state, ref.state, **TOL)
+        for call in range(2):  # the second call keeps accumulating into the same tensor
+            torch.testing.assert_close(fn(x), _closure_state_eager(ref, x), **TOL,
+                                       msg=lambda msg, v=value, c=call: f"state={v} call {c}: {msg}")
+            assert m.state is fresh
+            torch.testing.assert_close(m.state, ref.state, **TOL)
 
-    # a plain capture resolves m.state per call, too
-    m.state, ref.state = torch.zeros(D), torch.zeros(D)
+
+def test_case17_closure_module_tensor_reassigned_captured() -> None:
+    """Captured: the graph resolves `m.state` per call (never the tensor seen at capture time)."""
+    m, prog = _closure_state_program()
+    ref = nn.Module()
+    x = _x()
+    m.state = torch.zeros(D)
     cap = stampout.capture(prog, x)
-    m.state, ref.state = torch.zeros(D), torch.zeros(D)  # capture ran Python; start both over
-    torch.testing.assert_close(cap(x), ref_prog(x), **TOL)
+    m.state, ref.state = torch.zeros(D), torch.zeros(D)  # capture ran the Python once; start both over
+    torch.testing.assert_close(cap(x), _closure_state_eager(ref, x), **TOL)
+    torch.testing.assert_close(m.state, ref.state, **TOL)
     fresh = torch.full((D,), 4.0)
     m.state, ref.state = fresh, fresh.clone()
-    torch.testing.assert_close(cap(x), ref_prog(x), **TOL)
+    torch.testing.assert_close(cap(x), _closure_state_eager(ref, x), **TOL)
     torch.testing.assert_close(fresh, ref.state, **TOL)
 
 
@@ -831,3 +847,360 @@ def test_case23_stamped_outputs_keep_storage_offset() -> None:
     model = SplitStack(4)
     cap = check_capture(model, _x(2, 2 * D, grad=True))
     assert (cap.stats.traces, cap.stats.reuses) == (1, 3)
+
+
+# --------------------------------------------------------------- families found beyond the 23 cases
+
+
+class TypeChecked(nn.Module):
+    """Branches on `type(self.act) is nn.Tanh` (exact class, as some model code does)."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.act = act
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if type(self.act) is nn.Tanh:
+            return x + self.act(h)
+        return x + h * 0.5
+
+
+def test_family_exact_type_checks_see_the_real_class() -> None:
+    """`type(m) is Cls` inside a captured program must see the user's class, not a tracking shim."""
+    torch.manual_seed(0)
+    check_capture(nn.Sequential(TypeChecked(nn.Tanh()), TypeChecked(nn.Sigmoid())), _x(grad=True))
+    torch.manual_seed(0)
+    model = nn.Sequential(TypeChecked(nn.Tanh()), TypeChecked(nn.Tanh()))
+    fn = stampout.compile(model, backend="eager")
+    check_call(model, fn, _x(grad=True))
+
+
+class DictReader(nn.Module):
+    def __init__(self, how: str, scale: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.how = how
+        self.scale = scale
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.__dict__["scale"] if self.how == "dict" else vars(self)["scale"]
+        return x + torch.tanh(self.fc(x)) * s
+
+
+@pytest.mark.parametrize("how", ["dict", "vars"])
+def test_family_reads_through_instance_dict_are_guarded(how: str) -> None:
+    """`self.__dict__["scale"]` / `vars(self)["scale"]` differing per layer."""
+    torch.manual_seed(0)
+    model = nn.Sequential(DictReader(how, 0.5), DictReader(how, -2.0))
+    check_capture(model, _x(grad=True))
+
+
+ENV_NAME = "STAMPOUT_SOUNDNESS_FLAG"
+
+
+class EnvBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if os.environ.get(ENV_NAME) == "1":
+            h = torch.relu(h) * 3.0
+        return x + h
+
+
+def test_family_environment_variable_reads() -> None:
+    """`os.environ.get(...)` read by a region, changed between region calls and between compiled calls."""
+    model = _stack(EnvBlock, 2)
+
+    def prog(x: torch.Tensor) -> torch.Tensor:
+        os.environ[ENV_NAME] = "0"
+        h = model[0](x)
+        os.environ[ENV_NAME] = "1"
+        return model[1](h)
+
+    try:
+        check_capture(prog, _x(grad=True), params_of=model)
+        os.environ[ENV_NAME] = "0"
+        fn = stampout.compile(model, backend="eager")
+        check_call(model, fn, _x(grad=True), what="flag 0")
+        os.environ[ENV_NAME] = "1"
+        check_call(model, fn, _x(grad=True), what="flag 1")
+    finally:
+        os.environ.pop(ENV_NAME, None)
+
+
+G_SCALE = 0.5
+
+
+def _scaled_inner(h: torch.Tensor) -> torch.Tensor:
+    return h * G_SCALE
+
+
+def _scaled_outer(h: torch.Tensor) -> torch.Tensor:
+    return _scaled_inner(h) + 1.0
+
+
+@stampout.region
+def _chain_region(x: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(_scaled_outer(x))
+
+
+def _chain_prog(x: torch.Tensor) -> torch.Tensor:
+    return _chain_region(x) * 2.0
+
+
+def test_family_global_read_by_a_nested_helper() -> None:
+    """A region calls a module-level helper that calls another one that reads a global."""
+    global G_SCALE
+
+    def prog(x: torch.Tensor) -> torch.Tensor:
+        global G_SCALE
+        G_SCALE = 0.5
+        h = _chain_region(x)
+        G_SCALE = -3.0
+        return _chain_region(h)
+
+    try:
+        cap = check_capture(prog, _x(grad=True))
+        assert cap.stats.traces == 2
+        G_SCALE = 0.5
+        fn = stampout.compile(_chain_prog, backend="eager")
+        check_call(_chain_prog, fn, _x(grad=True), what="G_SCALE=0.5")
+        G_SCALE = 2.0
+        check_call(_chain_prog, fn, _x(grad=True), what="G_SCALE=2.0")
+    finally:
+        G_SCALE = 0.5
+
+
+_COMPILE_REGION_SCRIPT = """
+import torch, stampout
+
+@stampout.region
+def layer(x):
+    return torch.tanh(x) * 2.0
+
+fn = stampout.compile(layer, backend="eager")
+x = torch.randn(2, 4)
+torch.testing.assert_close(fn(x), layer(x))
+torch.testing.assert_close(fn(x * 2), layer(x * 2))
+cap = stampout.capture(lambda t: layer(t) + 1.0, x)  # the process still works afterwards
+torch.testing.assert_close(cap(x), layer(x) + 1.0)
+print("OK")
+"""
+
+
+def test_family_compile_a_region_function_directly() -> None:
+    """`stampout.compile(f)` where `f` is itself a `stampout.region` (run in a subprocess: a failure here has
+    been seen to leave the process unable to capture anything)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_REGION_SCRIPT], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+@dataclass(slots=True)
+class Slots:
+    s: float = 0.5
+
+
+class Configured(nn.Module):
+    """Reads its scale from the one holder named by `which` (nothing else, so nothing else decides reuse)."""
+
+    def __init__(self, which: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.which = which
+        self.cfg = {"s": 0.5}
+        self.items = [0.5]
+        self.slots = Slots()
+        self.raw = 0.5
+        self.perm = [0, 1, 2, 3]
+        self.fc.weight.scale = 0.5  # a Python attribute on a parameter
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.which == "dict_item":
+            h = h * self.cfg["s"]
+        elif self.which == "list_item":
+            h = h * self.items[0]
+        elif self.which == "slots_field":
+            h = h * self.slots.s
+        elif self.which in ("instance_dict_write", "object_setattr"):
+            h = h * self.raw
+        elif self.which == "list_in_place":
+            h = h[:, self.perm]
+        else:
+            h = h * self.fc.weight.scale
+        return x + torch.tanh(h)
+
+
+MUTATIONS: dict[str, Callable[[Configured], None]] = {
+    "dict_item": lambda m: m.cfg.__setitem__("s", 2.0),
+    "list_item": lambda m: m.items.__setitem__(0, -1.0),
+    "slots_field": lambda m: setattr(m.slots, "s", 3.0),
+    "instance_dict_write": lambda m: m.__dict__.__setitem__("raw", -2.0),
+    "object_setattr": lambda m: object.__setattr__(m, "raw", 4.0),
+    "list_in_place": lambda m: m.perm.reverse(),
+    "param_python_attr": lambda m: setattr(m.fc.weight, "scale", -0.5),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_family_compiled_guards_see_mutations_that_bypass_setattr(mutation: str) -> None:
+    """Between compiled calls: in-place container edits, slots fields, `__dict__` / `object.__setattr__` writes
+    and Python attributes of parameters all change what the region computes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Configured(mutation), Configured(mutation))
+    fn = stampout.compile(model, backend="eager")
+    check_call(model, fn, _x(grad=True), what="first")
+    MUTATIONS[mutation](model[1])
+    check_call(model, fn, _x(grad=True), what=f"after {mutation}")
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_family_capture_sees_per_layer_values_in_every_holder(mutation: str) -> None:
+    """The same holders, differing between two layers of one captured stack."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Configured(mutation), Configured(mutation))
+    MUTATIONS[mutation](model[1])
+    check_capture(model, _x(grad=True))
+
+
+class ClassScaled(nn.Module):
+    scale = 0.5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    @classmethod
+    def factor(cls) -> float:
+        return cls.scale
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) * self.factor())
+
+
+def test_family_class_attribute_changed() -> None:
+    """`Cls.scale = ...` (read through a classmethod) changed between region calls and between compiled calls."""
+    model = _stack(ClassScaled, 2)
+
+    def prog(x: torch.Tensor) -> torch.Tensor:
+        ClassScaled.scale = 0.5
+        h = model[0](x)
+        ClassScaled.scale = -2.0
+        h = model[1](h)
+        ClassScaled.scale = 0.5
+        return h
+
+    check_capture(prog, _x(grad=True), params_of=model)
+    fn = stampout.compile(model, backend="eager")
+    try:
+        check_call(model, fn, _x(grad=True), what="scale=0.5")
+        ClassScaled.scale = 3.0
+        check_call(model, fn, _x(grad=True), what="scale=3.0")
+    finally:
+        ClassScaled.scale = 0.5
+
+
+class Dice(nn.Module):
+    """LayerDrop-style: a Python RNG decides per call (seeded, so eager is reproducible)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.rng = rng
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.rng.random() < 0.5:
+            h = h * -2.0
+        return x + torch.tanh(h)
+
+
+def test_family_python_rng_in_a_region() -> None:
+    """Each region call draws from a Python RNG: a stamped-out call must not skip the draw (or stampout must
+    refuse)."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = nn.Sequential(*[Dice(rng) for _ in range(4)])
+    ref = copy.deepcopy(model)  # its own copy of the RNG, in the same state
+    try:
+        cap = stampout.capture(model, _x())
+    except stampout.StampoutError:
+        return
+    tree_assert_close(cap(_x()), ref(_x()), **TOL)
+    assert rng.getstate() == ref[0].rng.getstate(), "the capture drew a different number of values than eager"
+
+
+class Cached(nn.Module):
+    """The rotary-embedding pattern: a tensor cache built lazily inside forward and stored on the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.cache: torch.Tensor | None = None
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache is None or self.cache.shape[0] < x.shape[0]:
+            self.cache = torch.arange(x.shape[0] * D, dtype=x.dtype).view(x.shape[0], D) / 10
+        return self.fc(x) + self.cache[: x.shape[0]]
+
+
+def test_family_tensor_stored_on_module_during_capture() -> None:
+    """A tensor made and stored on `self` inside the captured program is left there as a real tensor (as eager
+    leaves it), and the model still runs eagerly afterwards."""
+    model = _stack(Cached, 2)
+    ref = copy.deepcopy(model)
+    cap = stampout.capture(model, _x())
+    tree_assert_close(cap(_x()), ref(_x()), **TOL)
+    for i, layer in enumerate(model):
+        assert type(layer.cache) is torch.Tensor, f"layers[{i}].cache is a {type(layer.cache).__name__}"
+    tree_assert_close(model(_x()), ref(_x()), "eager after capture", **TOL)
+
+
+class DataSetter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.scale = nn.Parameter(torch.ones(D))
+        self.replacement = torch.full((D,), 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.scale.data = self.replacement  # e.g. weight loading / pruning code in forward
+        return self.fc(x) * self.scale
+
+
+def test_family_param_data_assignment_in_program() -> None:
+    """`param.data = tensor` inside a captured program."""
+    torch.manual_seed(0)
+    check_capture(DataSetter(), _x())
+
+
+def test_family_parametrization_removed_after_compile() -> None:
+    """`torch.nn.utils.parametrize` registered / removed between compiled calls (LoRA-style tooling)."""
+
+    class Double(nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return w * 2.0
+
+    model = _stack(Block, 2)
+    fn = stampout.compile(model, backend="eager")
+    check_call(model, fn, _x(grad=True), what="plain")
+    parametrize.register_parametrization(model[1].mlp.fc, "weight", Double())
+    check_call(model, fn, _x(grad=True), what="parametrized")
+    parametrize.remove_parametrizations(model[1].mlp.fc, "weight", leave_parametrized=False)
+    check_call(model, fn, _x(grad=True), what="parametrization removed")
