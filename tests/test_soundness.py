@@ -1022,7 +1022,9 @@ class Configured(nn.Module):
         self.cfg = {"s": 0.5}
         self.items = [0.5]
         self.slots = Slots()
+        self.ns = types.SimpleNamespace(s=0.5)
         self.raw = 0.5
+        self.opt = 0.5
         self.perm = [0, 1, 2, 3]
         self.fc.weight.scale = 0.5  # a Python attribute on a parameter
 
@@ -1035,10 +1037,14 @@ class Configured(nn.Module):
             h = h * self.items[0]
         elif self.which == "slots_field":
             h = h * self.slots.s
+        elif self.which == "namespace_field":
+            h = h * self.ns.s
         elif self.which in ("instance_dict_write", "object_setattr"):
             h = h * self.raw
         elif self.which == "list_in_place":
             h = h[:, self.perm]
+        elif self.which == "delattr":
+            h = h * getattr(self, "opt", 3.0)
         else:
             h = h * self.fc.weight.scale
         return x + torch.tanh(h)
@@ -1048,17 +1054,20 @@ MUTATIONS: dict[str, Callable[[Configured], None]] = {
     "dict_item": lambda m: m.cfg.__setitem__("s", 2.0),
     "list_item": lambda m: m.items.__setitem__(0, -1.0),
     "slots_field": lambda m: setattr(m.slots, "s", 3.0),
+    "namespace_field": lambda m: setattr(m.ns, "s", -3.0),
     "instance_dict_write": lambda m: m.__dict__.__setitem__("raw", -2.0),
     "object_setattr": lambda m: object.__setattr__(m, "raw", 4.0),
     "list_in_place": lambda m: m.perm.reverse(),
+    "delattr": lambda m: delattr(m, "opt"),
     "param_python_attr": lambda m: setattr(m.fc.weight, "scale", -0.5),
 }
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_family_compiled_guards_see_mutations_that_bypass_setattr(mutation: str) -> None:
-    """Between compiled calls: in-place container edits, slots fields, `__dict__` / `object.__setattr__` writes
-    and Python attributes of parameters all change what the region computes."""
+    """Between compiled calls: in-place container edits, slots and SimpleNamespace fields, `__dict__` /
+    `object.__setattr__` writes, `del`, and Python attributes of parameters all change what the region
+    computes."""
     torch.manual_seed(0)
     model = nn.Sequential(Configured(mutation), Configured(mutation))
     fn = stampout.compile(model, backend="eager")
