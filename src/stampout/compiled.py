@@ -108,7 +108,9 @@ def protected_path(source: Source, ctx: CallContext, memo: dict, watch: WriteWat
         if source.base() is not None and not isinstance(source, Attr) and not _instance_dict_item(source):
             return False  # an item of a container: containers are not watched
         obj = source.resolve(ctx, memo)
-        if obj is MISSING or not watch.watch(obj):
+        # Only modules: their state changes through __setattr__ and registries that bump the epoch. Other
+        # objects (configs, dicts, lists, namespaces) are written in too many ways; their guards run per call.
+        if obj is MISSING or not isinstance(obj, torch.nn.Module) or not watch.watch(obj):
             return False
     return True
 

@@ -8,12 +8,14 @@ object's class is swapped for a cached shim subclass (same name, no extra slots)
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .context import _STATE
+from .regions.code import is_user_code
 from .sources import MISSING
 
 # Names nn.Module and Python read internally on every call; never guarded. (`forward` is guarded: a
@@ -24,6 +26,13 @@ _SHIMS: dict[type, type] = {}
 
 def _quiet(name: str) -> bool:
     return name.startswith("__") or name in _INTERNAL
+
+
+def _from_user_code() -> bool:
+    """Whether the attribute read happening now was written in user code (`vars(self)`, `self.__dict__`),
+    not in nn.Module's or Python's own machinery."""
+    frame = sys._getframe(2)
+    return frame is not None and is_user_code(frame.f_code)
 
 
 def peek(obj: Any, name: str) -> Any:
@@ -59,8 +68,9 @@ def _make_shim(cls: type) -> type:
     def __getattribute__(self, name):
         value = orig_getattribute(self, name)
         ctx = state.ctx
-        if ctx is not None and ctx.read is not None and not _quiet(name):
-            ctx.read(self, name, value)
+        if ctx is not None and ctx.read is not None:
+            if not _quiet(name) or name == "__dict__" and _from_user_code():
+                ctx.read(self, name, value)
         return value
 
     def __getattr__(self, name):

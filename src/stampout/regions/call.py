@@ -24,7 +24,7 @@ from ..structure import aliases_of, build, flatten_inputs, template_constants, t
 from ..tracer import Builder, Tracer, identifier
 from ..tracking import Watch
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput
-from .code import is_user_file
+from .code import is_user_code
 from .fingerprint import describe_difference, fingerprint, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
@@ -108,7 +108,7 @@ class RegionCalls:
         previous = self._previous_trace
         local = previous(frame, event, arg) if previous is not None else None
         code = frame.f_code
-        if event == "call" and is_user_file(code.co_filename):
+        if event == "call" and is_user_code(code):
             g = frame.f_globals
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:

@@ -16,6 +16,7 @@ _LIBRARY_DIRS = tuple(dict.fromkeys(
     + [sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")]
 ))
 _LOADS_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+_GENERATED = ("<frozen", "<stampout", "<eval_with_key", "<torch")  # Python's, stampout's and FX's generated code
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,16 @@ _USER_FILES: dict[str, bool] = {}
 
 def is_user_file(filename: str) -> bool:
     """Code outside torch, stampout and the standard library (Hugging Face and diffusers included: user
-    models live there). Generated code (`<string>`, as dataclasses make `__init__`) is not user code."""
+    models live there; so does code made by `exec`, whose file is `<...>`)."""
     user = _USER_FILES.get(filename)
     if user is None:
-        user = _USER_FILES[filename] = not filename.startswith(_LIBRARY_DIRS) and not filename.startswith("<")
+        user = _USER_FILES[filename] = not filename.startswith(_LIBRARY_DIRS + _GENERATED)
     return user
+
+
+def is_user_code(code: types.CodeType) -> bool:
+    """User code, less the methods the standard library generates with `exec` (dataclass `__init__`)."""
+    return is_user_file(code.co_filename) and not code.co_qualname.startswith("__create_fn__")
 
 
 def code_facts(code: types.CodeType) -> CodeFacts:

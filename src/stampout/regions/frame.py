@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
@@ -30,7 +31,7 @@ _MAX_ITEMS = 256  # containers read by a trace with more items than this are not
 _BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
                 types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
                 types.ClassMethodDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
-                torch._ops.HigherOrderOperator, functools._lru_cache_wrapper)
+                torch._ops.HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
 _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
 _SLOT = types.MemberDescriptorType
 
@@ -65,6 +66,17 @@ def _found_on_class(obj: Any, name: str) -> tuple[bool, Any]:
     return False, None
 
 
+def _hidden_state(cls: type) -> bool:
+    """Whether instances keep state in C fields that attribute watching cannot see (`random.Random`)."""
+    slots = sum(len(k.__dict__.get("__slots__", ())) for k in cls.__mro__ if isinstance(k.__dict__.get("__slots__"), (tuple, list)))
+    return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
+
+
+def _is_user_class_object(klass: type) -> bool:
+    module = sys.modules.get(klass.__module__)
+    return klass is not object and is_user_file(getattr(module, "__file__", None) or "<module>")
+
+
 def _is_user_class(obj: Any, name: str) -> bool:
     """Whether the class that defines `name` for `obj` is user code (not torch's or stampout's)."""
     for klass in original_class(obj).__mro__:
@@ -95,6 +107,7 @@ class RegionFrame:
         self._functions: set[types.CodeType] = set()  # codes whose globals (and cells, if known) are guarded
         self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
         self._guarded_code: set[tuple[types.CodeType, int]] = set()
+        self._classes: set[type] = set()
         self._written: set[tuple[int, str]] = set()  # attributes this trace wrote: later reads read its value
         self.containers: list[tuple[Any, Source, tuple]] = []
         self.lifted: list[LiftedInput] = []
@@ -131,7 +144,8 @@ class RegionFrame:
         elif isinstance(value, torch.Tensor):
             if not from_arg:
                 self.guard(source, Kind.TENSOR, tensor_meta(value), where)
-            self._name(value, source, where)
+            if self._name(value, source, where):
+                self._adopt_tensor_attributes(value, source, where)
         elif is_constant(value):
             if not from_arg:
                 self.guard(source, Kind.CONST, const_key(value), where)
@@ -152,10 +166,11 @@ class RegionFrame:
             self.guard(source, Kind.ID, value, where)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
-        elif self.watch.watch(value):
+        elif not _hidden_state(type(value)) and self.watch.watch(value):
             if not from_arg:
                 self.guard(source, Kind.TYPE, _accepted_types(value), where)
-            self._name(value, source, where)
+            if self._name(value, source, where):
+                self._adopt_class(original_class(value), where)
         else:
             self.guard(source, Kind.ID, value, where)
             self.mark_ineligible(
@@ -169,8 +184,33 @@ class RegionFrame:
         if not self._name(value, source, where):
             return
         self.watch.watch(value)
+        self._adopt_class(original_class(value), where)
         if isinstance(value, _CONTAINERS):
             self._adopt_children(value, source, where)
+
+    def _adopt_class(self, cls: type, where: str) -> None:
+        """What a user class defines (defaults, methods, classmethods' data): a class attribute changed
+        between calls, or a method swapped on the class, changes what its instances compute."""
+        for klass in cls.__mro__:
+            if klass in self._classes or not _is_user_class_object(klass):
+                continue
+            self._classes.add(klass)
+            namespace = Attr(Absolute(klass, klass.__qualname__), "__dict__")
+            for name, value in list(klass.__dict__.items()):
+                if not (name.startswith("__") and name.endswith("__")):
+                    self.adopt(value, Item(namespace, name), where=where)
+
+    def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
+        """Python attributes set on a tensor (`weight.scale = 0.5`) are state a trace may read."""
+        if isinstance(t, FakeTensor):
+            return
+        fields = getattr(t, "__dict__", None)
+        if fields and any(not k.startswith("_") for k in fields):
+            attrs = Attr(source, "__dict__")
+            self.guard(attrs, Kind.KEYS, tuple(fields), where)
+            for k, v in list(fields.items()):
+                if not k.startswith("_"):
+                    self.adopt(v, Item(attrs, k), where=where)
 
     def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str) -> None:
         """A Python function: a region wrapper by its innermost function, others by identity, and in both
