@@ -5,7 +5,6 @@ Includes a hypothesis property test: random perturbations of random layers never
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -189,7 +188,10 @@ def test_random_perturbations_never_change_results(n, changes, train):
     model = Stack(n).train(train)
     for index, kind in changes:
         _perturb(model.layers[index % n], kind, model)
-    reference = copy.deepcopy(model)
     cap = assert_matches_eager(model, torch.randn(3, 8), grad=True)
-    del reference
-    assert cap.stats.traces + cap.stats.reuses + cap.stats.dedups == n
+    touched = {index % n for index, _ in changes}
+    # every layer no perturbation touched is stamped from the first untouched one's trace
+    untouched = n - len(touched)
+    assert cap.stats.reuses >= untouched - 1, cap.explain()
+    if not changes:
+        assert (cap.stats.traces, cap.stats.reuses, cap.stats.subgraphs) == (1, n - 1, 1)

@@ -16,8 +16,8 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from . import torch_internals
 from .capture import Capture
-from .effects import Plan, undo
 from .context import CAPTURE_LOCK, CaptureContext, current, entered
+from .effects import Plan, undo
 from .errors import CaptureError, message
 from .frames import user_location
 from .names import TensorNames, root_module
@@ -73,7 +73,8 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[C
     with CAPTURE_LOCK:
         ctx = CaptureContext(handler, tracer)
         try:
-            with torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply), entered(ctx), tracer.fake_mode, tracer.mode:
+            hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply)
+            with hooks, entered(ctx), tracer.fake_mode, tracer.mode:
                 yield ctx
         finally:
             while handler.frames:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function

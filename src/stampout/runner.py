@@ -12,7 +12,6 @@ import torch.fx as fx
 from .torch_internals import INVOKE_SUBGRAPH
 
 
-
 def as_call_modules(gm: fx.GraphModule, memo: dict[int, fx.GraphModule] | None = None) -> fx.GraphModule:
     """A copy of `gm` whose invoke_subgraph calls are plain `call_module` calls of the subgraphs."""
     memo = {} if memo is None else memo

@@ -14,13 +14,13 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..capture import RegionEvent, RegionStats
-from ..context import current, listeners
+from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
-from ..torch_internals import invoke_subgraph
 from ..sources import Absolute, CallContext
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
+from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier
 from ..tracking import Watch
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput

@@ -22,7 +22,6 @@ from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, 
 from ..tracking import Watch, original_class, shim_class, write_shim_class
 from .cache import ArgInput, LiftedInput
 from .code import code_facts, is_user_file
-from .marker import innermost
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
@@ -68,7 +67,8 @@ def _found_on_class(obj: Any, name: str) -> tuple[bool, Any]:
 
 def _hidden_state(cls: type) -> bool:
     """Whether instances keep state in C fields that attribute watching cannot see (`random.Random`)."""
-    slots = sum(len(k.__dict__.get("__slots__", ())) for k in cls.__mro__ if isinstance(k.__dict__.get("__slots__"), (tuple, list)))
+    declared = [k.__dict__.get("__slots__") for k in cls.__mro__]
+    slots = sum(len(d) for d in declared if isinstance(d, (tuple, list)))
     return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
 
 
