@@ -1,1 +1,1 @@
-"""Benchmarks: side-by-side runs against torch.compile (models live in stampout.models)."""
+"""Benchmarks: side-by-side runs against torch.compile (models live in stampout.tools.models)."""

@@ -44,7 +44,7 @@ from torch import fx  # noqa: E402
 from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from bench.common import console, environment, finish, reset_all, run_json_worker, short_error  # noqa: E402
-from stampout.models import LlamaConfig, LlamaLike  # noqa: E402
+from stampout.tools.models import LlamaConfig, LlamaLike  # noqa: E402
 
 VARIANTS = ("stampout_regions", "stampout_flat", "torch_flat", "torch_nested", "eager")
 DEFAULT_VARIANTS = ("stampout_regions", "torch_flat", "torch_nested", "eager")

@@ -1,6 +1,6 @@
 """Shared pytest setup.
 
-* Puts the repo root and ``tests/`` on ``sys.path``: ``from stampout.models import ...``,
+* Puts the repo root and ``tests/`` on ``sys.path``: ``from stampout.tools.models import ...``,
   ``from tests.helpers import ...`` and ``from helpers import ...`` all work.
 * Autouse fixture ``_stampout_clean``: ``stampout.reset()`` before each test; after it, asserts that the
   capture left nothing behind — no TorchFunctionMode or TorchDispatchMode on the stacks, no fake mode,
@@ -162,6 +162,6 @@ def _stampout_clean():
 
 @pytest.fixture
 def llama_config():
-    from stampout.models import LlamaConfig
+    from stampout.tools.models import LlamaConfig
 
     return LlamaConfig()

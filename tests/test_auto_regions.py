@@ -9,7 +9,7 @@ import torch
 from helpers import assert_matches_eager
 
 import stampout
-from stampout.models import LlamaConfig, LlamaLike
+from stampout.tools.models import LlamaConfig, LlamaLike
 
 
 def test_auto_regions_marks_repeated_layers_for_the_capture_only():

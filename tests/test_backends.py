@@ -112,7 +112,7 @@ def test_inductor_training_on_reused_regions_gives_eager_gradients():
     On this llama-like stack, Inductor without stampout's workaround returns gradients 36 % off on
     layers.1.input_layernorm.weight; with it they match eager. Fails if the workaround is removed.
     """
-    from stampout.models import LlamaConfig, LlamaLike
+    from stampout.tools.models import LlamaConfig, LlamaLike
 
     assert inductor_backend.AVOID_REUSED_SUBGRAPH_BUFFER_BUG
     torch.manual_seed(0)

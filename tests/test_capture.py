@@ -17,7 +17,7 @@ from helpers import assert_matches_eager, named_grads, scalar_loss, tree_assert_
 from torch import nn
 
 import stampout
-from stampout.models import (
+from stampout.tools.models import (
     MLP,
     ConvNet,
     GPT2Block,

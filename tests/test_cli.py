@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from stampout.benchmark import VARIANTS
 from stampout.cli import TargetError, load_target, main
+from stampout.tools.benchmark import VARIANTS
 
 EXAMPLE = textwrap.dedent("""
     import torch
@@ -85,7 +85,7 @@ def test_demo_rejects_bad_hidden(capsys):
 
 
 def test_demo_exit_code_when_results_differ(monkeypatch, capsys):
-    from stampout import demo
+    from stampout.tools import demo
 
     monkeypatch.setattr(demo, "TOLERANCE", -1.0)  # every difference, even 0, is now too large
     assert main(["demo", "--layers", "2", "--backend", "eager"]) == 1

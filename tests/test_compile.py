@@ -278,7 +278,7 @@ def test_releasing_one_compiled_function_keeps_the_other_watching():
 
 
 def test_module_without_training_dependent_code_does_not_recapture_on_eval():
-    from stampout.models import LlamaConfig, LlamaLike
+    from stampout.tools.models import LlamaConfig, LlamaLike
 
     model = LlamaLike(LlamaConfig(layers=4), regions=True)
     fn = stampout.compile(model, backend="eager")

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import stampout
-from stampout.models import LlamaConfig, LlamaLike
+from stampout.tools.models import LlamaConfig, LlamaLike
 
 
 def _run_threads(n: int, target: Callable[[int], Any]) -> list[Any]:

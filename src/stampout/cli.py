@@ -1,6 +1,6 @@
 """The `stampout` command line: `stampout demo`, `stampout bench`, `stampout explain MODULE:ATTR`.
 
-Argument parsing and printing only; the work is done in `stampout.demo`, `stampout.benchmark` and
+Argument parsing and printing only; the work is done in `stampout.tools.demo`, `stampout.tools.benchmark` and
 `stampout.explain`.
 """
 
@@ -114,7 +114,7 @@ def _console() -> Any:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from .tools import demo
 
     console = _console()
     try:
@@ -136,7 +136,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
-    from . import benchmark
+    from .tools import benchmark
 
     if args.quick:
         args.models, args.depths, args.repeat = ["llama-like"], [1, 2], 1
@@ -174,8 +174,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from .benchmark import MODELS
-    from .demo import BACKENDS
+    from .tools.benchmark import MODELS
+    from .tools.demo import BACKENDS
 
     p = argparse.ArgumentParser(prog="stampout", description="Capture PyTorch programs, tracing each repeated "
                                 "region once and stamping out the rest.")

@@ -95,6 +95,8 @@ def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> 
         return False  # hooks registered before compile may be removed through old handles
     if guard.kind is Kind.SAME:
         return False
+    if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
+        return False  # a mutable container: changed in place without any write to its holder
     return protected_path(guard.source, ctx, memo, watch)
 
 

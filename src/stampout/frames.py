@@ -12,7 +12,7 @@ _OWN_DIRS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
 )
-_USER_FILES = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "models.py"),)  # the zoo is user code
+_TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools") + os.sep  # the zoo is user code
 _FILE_IS_OWN: dict[str, bool] = {}
 
 
@@ -21,7 +21,7 @@ def _is_own(filename: str) -> bool:
     if own is None:
         own = _FILE_IS_OWN[filename] = (
             filename.startswith(_OWN_DIRS) or filename.startswith("<frozen")
-        ) and filename not in _USER_FILES
+        ) and not filename.startswith(_TOOLS)
     return own
 
 

@@ -16,6 +16,7 @@ _LIBRARY_DIRS = tuple(dict.fromkeys(
     + [sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")]
 ))
 _LOADS_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+_TOOLS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools") + os.sep  # the zoo: user code
 _GENERATED = ("<frozen", "<stampout", "<eval_with_key", "<torch")  # Python's, stampout's and FX's generated code
 
 
@@ -36,7 +37,8 @@ def is_user_file(filename: str) -> bool:
     models live there; so does code made by `exec`, whose file is `<...>`)."""
     user = _USER_FILES.get(filename)
     if user is None:
-        user = _USER_FILES[filename] = not filename.startswith(_LIBRARY_DIRS + _GENERATED)
+        user = _USER_FILES[filename] = (not filename.startswith(_LIBRARY_DIRS + _GENERATED)
+                                        or filename.startswith(_TOOLS))
     return user
 
 

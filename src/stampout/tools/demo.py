@@ -1,6 +1,6 @@
 """`stampout demo`: capture and compile the zoo's Llama-like model, and check both against eager.
 
-The model is `stampout.models.LlamaLike` with random weights and its decoder layers marked as regions
+The model is `stampout.tools.models.LlamaLike` with random weights and its decoder layers marked as regions
 (`regions=True`), run on token ids [2, 8] under `torch.no_grad()` (an inference demo). One layer is traced;
 every other layer is stamped out from the cache.
 """

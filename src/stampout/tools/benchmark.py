@@ -195,7 +195,7 @@ def measure_isolated(model: str, variant: str, depths: list[int], repeat: int,
                      timeout_s: float = 900) -> list[dict[str, Any]]:
     """`measure` in a fresh interpreter; a crash or timeout becomes an error row for every depth."""
     spec = json.dumps({"model": model, "variant": variant, "depths": depths, "repeat": repeat})
-    code = "import sys; from stampout.benchmark import worker_main; sys.exit(worker_main(sys.argv[1]))"
+    code = "import sys; from stampout.tools.benchmark import worker_main; sys.exit(worker_main(sys.argv[1]))"
     try:
         proc = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True,
                               timeout=timeout_s, check=False)

@@ -4,7 +4,7 @@ Every constructor is deterministic given ``seed`` and leaves the global RNG unto
 Nothing here imports ``stampout`` unless a region variant is asked for
 (``LlamaLike(config, regions=True)``), so the plain models have no stampout dependency at all.
 
-    from stampout.models import make_model, make_input
+    from stampout.tools.models import make_model, make_input
     model = make_model("llama", layers=8)
     (ids,) = make_input("llama", batch=2, seq=8)
 """
