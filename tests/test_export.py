@@ -135,6 +135,35 @@ def test_batchnorm_eval_and_training_buffer_updates():
         torch.testing.assert_close(program.state_dict()[name], reference.state_dict()[name])
 
 
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = Inner(), Inner()
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)) + x
+
+
+def test_nested_regions_stay_nested():
+    model, x = nn.Sequential(*[Outer() for _ in range(3)]), torch.randn(2, 8)
+    ep = stampout.export(model, x)
+    assert len(invokes(ep.graph_module)) == 3 and subgraph_names(ep) == {"repeated_subgraph0"}
+    outer = ep.graph_module.repeated_subgraph0
+    assert len(invokes(outer)) == 2 and list(outer._modules) == ["repeated_subgraph0"]
+    torch.testing.assert_close(ep.module()(x), model(x), rtol=0, atol=0)
+
+
 def test_function_with_constants_kwargs_and_pytree_output():
     weight = torch.randn(8, 8, generator=torch.Generator().manual_seed(1))
 

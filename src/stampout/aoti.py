@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch.fx as fx
 from torch._guards import TracingContext, tracing
 from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 
@@ -73,15 +74,27 @@ def _patch_compile_fx(module: Any) -> None:
         return
 
     def aot_export_module(mod: Any, *args: Any, **kwargs: Any) -> Any:
-        graph = getattr(mod, "graph", None)
-        if TracingContext.try_get() is not None or graph is None or not graph.find_nodes(
-                op="call_function", target=invoke_subgraph):
+        if TracingContext.try_get() is not None or _region_depth(mod) != 1:
             return original(mod, *args, **kwargs)
         with tracing(TracingContext(None)):  # turns on invoke_subgraph's cache: one trace per subgraph
             return original(mod, *args, **kwargs)
 
     aot_export_module._stampout_traced_once = True  # type: ignore[attr-defined]
     module.aot_export_module = aot_export_module
+
+
+def _region_depth(mod: Any) -> int:
+    """0: no region calls; 1: region calls whose subgraphs call none; 2: nested regions. With nested regions
+    torch 2.13's cache hands the inner region's undecomposed trace (from its schema check) to Inductor
+    ("both a fallback and a decomp for same op"), so those programs keep torch's trace-per-call."""
+    if not isinstance(mod, fx.GraphModule):
+        return 0
+    calls = [n for m in mod.modules() if isinstance(m, fx.GraphModule)
+             for n in m.graph.find_nodes(op="call_function", target=invoke_subgraph)]
+    regions = {id(n.graph.owning_module.get_submodule(n.args[0].target)) for n in calls}
+    nested = any(id(m) in regions and m.graph.find_nodes(op="call_function", target=invoke_subgraph)
+                 for m in mod.modules() if isinstance(m, fx.GraphModule))
+    return 2 if nested else 1 if calls else 0
 
 
 def _codegen_invoke_subgraph(self: Any, call: Any) -> None:

@@ -200,6 +200,8 @@ def export_capture(cap: Capture, fn: Callable, args: tuple, kwargs: dict, where:
         raise ExportError(message("the captured graph's inputs do not match the call's tensors", where,
                                   "report this as a stampout bug, with the structure of the inputs"))
     gm = lower(cap.gm, [k for _, k in feeds], [i.name for i in inputs], fakes, fake_mode)
+    for item, node in zip(inputs, gm.graph.find_nodes(op="placeholder")):
+        item.spec.arg.name = node.name
     out_specs, out_spec = _outputs(cap, gm, where)
     signature = ExportGraphSignature([i.spec for i in inputs], out_specs)
     constants: dict[str, Any] = {i.spec.target: i.value for i in states
