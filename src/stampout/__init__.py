@@ -5,6 +5,7 @@ from .api import capture, explain, reset
 from .capture import Capture, RegionEvent, RegionStats
 from .compiled import CompiledFunction, CompileStats, compile
 from .errors import BackendError, CaptureError, GuardError, RegionError, StampoutError
+from .export import export
 from .regions.auto import auto_regions
 from .regions.marker import region
 
@@ -25,6 +26,7 @@ __all__ = [
     "capture",
     "compile",
     "explain",
+    "export",
     "region",
     "reset",
 ]
