@@ -4,7 +4,7 @@
     python bench/export.py --quick                      # export at 2 layers, AOTInductor at 2
     python bench/export.py --export-layers 8 --aoti-layers 16 --repeat 3
 
-Model: ``LlamaLike(LlamaConfig(layers=N))`` from ``stampout.models`` (hidden 64), ids [2, 8], eval mode.
+Model: ``LlamaLike(LlamaConfig(layers=N))`` from ``stampout.tools.models`` (hidden 64), ids [2, 8], eval mode.
 
 Export (time to an ``ExportedProgram``; median of ``--repeat`` runs on fresh models, after one untimed
 warm-up export of the same variant at 1 layer):
@@ -51,7 +51,7 @@ if _ROOT not in sys.path:
 import torch  # noqa: E402
 
 from bench.common import console, environment, finish, reset_all, run_json_worker, short_error  # noqa: E402
-from stampout.models import LlamaConfig, LlamaLike  # noqa: E402
+from stampout.tools.models import LlamaConfig, LlamaLike  # noqa: E402
 
 EXPORT_VARIANTS = ("stampout", "torch_flat", "torch_nested", "torch_nested_ns")
 AOTI_VARIANTS = ("stampout", "torch_flat", "torch_nested", "torch_nested_fix")

@@ -50,7 +50,7 @@ if _ROOT not in sys.path:
 import torch  # noqa: E402
 
 from bench.common import console, environment, finish, run_json_worker, short_error  # noqa: E402
-from stampout.tools.models import LlamaConfig, LlamaLike  # noqa: E402
+from stampout.models import LlamaConfig, LlamaLike  # noqa: E402
 
 VARIANTS = ("stampout", "torch_nested", "torch_flat")
 LABELS = {"stampout": "stampout", "torch_nested": "torch nested", "torch_flat": "torch flat"}

@@ -18,7 +18,7 @@ from torch.export.graph_signature import InputKind
 
 import stampout
 from stampout.export import ExportError
-from stampout.models import LlamaConfig, LlamaLike
+from stampout.tools.models import LlamaConfig, LlamaLike
 
 INVOKE = torch.ops.higher_order.invoke_subgraph
 TINY = {"hidden": 16, "heads": 2, "kv_heads": 1, "intermediate": 32, "vocab": 32}

@@ -4,7 +4,7 @@ from ._logging import configure as _configure_logging
 from .api import capture, explain, reset
 from .capture import Capture, RegionEvent, RegionStats
 from .compiled import CompiledFunction, CompileStats, compile
-from .errors import BackendError, CaptureError, GuardError, RegionError, StampoutError
+from .errors import BackendError, CaptureError, ExportError, GuardError, RegionError, StampoutError
 from .export import export
 from .regions.auto import auto_regions
 from .regions.marker import region
@@ -17,6 +17,7 @@ __all__ = [
     "CompileStats",
     "CompiledFunction",
     "CaptureError",
+    "ExportError",
     "GuardError",
     "RegionError",
     "RegionEvent",

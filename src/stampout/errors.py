@@ -23,6 +23,11 @@ class BackendError(StampoutError):
     """A backend failed or is known to be wrong for this graph."""
 
 
+class ExportError(StampoutError):
+    """The program cannot be exported as asked: a dynamic dimension, an input or output an exported program
+    cannot carry, or an operation that does not lower to ATen."""
+
+
 def message(what: str, where: str | None, fix: str) -> str:
     """Format the three lines of a stampout error."""
     lines = [what]

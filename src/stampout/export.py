@@ -41,10 +41,11 @@ from torch.export.graph_signature import (
 from .aoti import enable_aoti_regions
 from .api import capture
 from .capture import Capture
-from .errors import message
+from .errors import ExportError, message
 from .frames import user_location
-from .lowering import ExportError, invokes, lower, mode_switches_as_hops
+from .lowering import invokes, lower, mode_switches_as_hops
 from .names import root_module
+from .sources import Source
 from .structure import build, flatten_inputs, positional_names
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,7 @@ def export_capture(cap: Capture, fn: Callable, args: tuple, kwargs: dict, where:
 
     where = where or user_location()
     root = root_module(fn)
-    states = _state_inputs(cap, root)
+    states = _state_inputs(cap, root, args, kwargs)
     users, in_spec = _user_inputs(cap, fn, args, kwargs, where)
     inputs = states + users
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
@@ -225,7 +226,7 @@ def export_capture(cap: Capture, fn: Callable, args: tuple, kwargs: dict, where:
     return ep
 
 
-def _state_inputs(cap: Capture, root: torch.nn.Module | None) -> list[_Input]:
+def _state_inputs(cap: Capture, root: torch.nn.Module | None, args: tuple, kwargs: dict) -> list[_Input]:
     """`cap.gm`'s lifted placeholders as torch.export lays them out: parameters, then buffers (each in the
     module's order), then constant tensors."""
     params: dict[int, str] = {}
@@ -240,7 +241,8 @@ def _state_inputs(cap: Capture, root: torch.nn.Module | None) -> list[_Input]:
     first = len(cap.input_tensor_leaves)
     found_inputs: list[_Input] = []
     seen: set[str] = set()
-    for i, ((_, found), value) in enumerate(zip(cap.lifted, cap.placeholders_for_lifted())):
+    lifted = cap.placeholders_for(args, kwargs)[first:]
+    for i, ((_, found), value) in enumerate(zip(cap.lifted, lifted)):
         persistent = None
         if id(value) in params:
             kind, target = InputKind.PARAMETER, params[id(value)]
@@ -255,11 +257,12 @@ def _state_inputs(cap: Capture, root: torch.nn.Module | None) -> list[_Input]:
     return sorted(found_inputs, key=lambda i: (kinds.index(i.spec.kind), order.get(i.spec.target, len(order))))
 
 
-def _constant_target(found: tuple[str, str, Any] | None, index: int) -> str:
+def _constant_target(found: Source | None, index: int) -> str:
+    """A state-dict-like name for a lifted tensor from where it was found (`self.cache.k` -> `cache.k`)."""
     if found is None:
         return f"lifted_tensor_{index}"
-    name, kind, _ = found
-    return name if kind == "module" else f"{kind}_{name}"
+    name = found.name()
+    return name[len("self."):] if name.startswith("self.") else name
 
 
 def _user_inputs(cap: Capture, fn: Callable, args: tuple, kwargs: dict,

@@ -18,15 +18,11 @@ import torch.fx as fx
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .errors import StampoutError, message
+from .errors import ExportError, StampoutError, message
+from .torch_internals import INVOKE_SUBGRAPH
 
-INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
 _CUSTOM_FUNCTION_CALL = torch.ops.higher_order.custom_function_call
 
-
-class ExportError(StampoutError):
-    """The program cannot be exported as asked: a dynamic dimension, an input or output an exported program
-    cannot carry, or an operation that does not lower to ATen."""
 
 
 def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: list[Any],
