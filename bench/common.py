@@ -104,3 +104,51 @@ def console(min_width: int = 160):
     from rich.console import Console
 
     return Console(width=max(Console().width, min_width))
+
+
+# ------------------------------------------------------------------------------ diffusers, small configs
+
+DIFFUSERS_MODELS = ("sd3", "wan", "pixart")
+
+
+def diffusers_model(name: str, layers: int, seed: int = 0) -> tuple[torch.nn.Module, dict[str, Any], list[str]]:
+    """A small diffusers transformer built in code (no download): ``(model, call kwargs, repeated block
+    class names)``. The block names are what ``compile_repeated_blocks`` compiles (SD3 and PixArt leave
+    ``_repeated_blocks`` empty in diffusers 0.37, so callers set it on the instance)."""
+    from diffusers import PixArtTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if name == "sd3":
+            model = SD3Transformer2DModel(
+                sample_size=16, patch_size=2, in_channels=4, out_channels=4, num_layers=layers,
+                attention_head_dim=16, num_attention_heads=4, joint_attention_dim=32, caption_projection_dim=64,
+                pooled_projection_dim=32, pos_embed_max_size=16,
+            )
+            inputs = {"hidden_states": torch.randn(1, 4, 16, 16, generator=gen),
+                      "encoder_hidden_states": torch.randn(1, 8, 32, generator=gen),
+                      "pooled_projections": torch.randn(1, 32, generator=gen)}
+            blocks = ["JointTransformerBlock"]
+        elif name == "wan":
+            model = WanTransformer3DModel(
+                patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4,
+                text_dim=32, freq_dim=32, ffn_dim=128, num_layers=layers, rope_max_seq_len=32,
+            )
+            inputs = {"hidden_states": torch.randn(1, 4, 2, 16, 16, generator=gen),
+                      "encoder_hidden_states": torch.randn(1, 8, 32, generator=gen)}
+            blocks = ["WanTransformerBlock"]
+        elif name == "pixart":
+            model = PixArtTransformer2DModel(
+                num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=8, num_layers=layers,
+                cross_attention_dim=64, sample_size=16, patch_size=2, caption_channels=32,
+                norm_type="ada_norm_single", use_additional_conditions=False,
+            )
+            inputs = {"hidden_states": torch.randn(1, 4, 16, 16, generator=gen),
+                      "encoder_hidden_states": torch.randn(1, 8, 32, generator=gen),
+                      "added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}
+            blocks = ["BasicTransformerBlock"]
+        else:
+            raise ValueError(f"unknown diffusers model {name!r}; one of {DIFFUSERS_MODELS}")
+    inputs.update(timestep=torch.tensor([500]), return_dict=False)
+    return model, inputs, blocks

@@ -1,11 +1,12 @@
-"""`STAMPOUT_LOGS`: like TORCH_LOGS. A comma list of `regions`, `guards`, `capture`, `all`; `+name` for debug."""
+"""`STAMPOUT_LOGS`: like TORCH_LOGS. A comma list of `regions`, `guards`, `capture`, `backends`, `timing`, `all`;
+`+name` for debug."""
 
 from __future__ import annotations
 
 import logging
 import os
 
-_NAMES = ("regions", "guards", "capture", "backends")
+_NAMES = ("regions", "guards", "capture", "backends", "timing")
 
 
 def configure(spec: str | None = None) -> None:

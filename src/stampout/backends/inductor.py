@@ -1,45 +1,216 @@
-"""inductor: `compile_fx`, each distinct region subgraph compiled once.
+"""inductor: `compile_fx`, each distinct region subgraph compiled once — and found again on restart.
+
+Two ways to a compiled callable (see split.py for when each is taken):
+- *regions apart* (the usual case for stacks of blocks): each distinct region subgraph is compiled as a
+  graph of its own and the outer graph runs eagerly, calling the compiled regions;
+- *whole*: the captured graph goes to `compile_fx` as it is, regions as invoke_subgraph nodes.
+
+Either way the compile is cacheable, so a restart on the same `TORCHINDUCTOR_CACHE_DIR` loads instead of
+compiling: under a TracingContext whose fake mode has a ShapeEnv (without one the FX graph cache bypasses:
+"No shape env"), with static shapes from the example inputs (`ignore_shape_env`, as `standalone_compile`
+does), and on a copy of the graph whose nodes carry `example_value` (AOTAutogradCache bypasses a graph
+with tensor method calls otherwise). Cold, nothing waits that need not: Inductor's once-per-process C++
+ISA checks are cut to the one that decides and start in the background (toolchain.py); in training the
+backward is lowered with the forward, while the forward's C++ compiles (pipeline.py); a graph without region
+calls inside is one C++ file (Inductor's C++ wrapper) instead of three compiler runs per kernel. Every phase
+is timed (`STAMPOUT_LOGS=+timing`, see timing.py).
 
 torch 2.13's Inductor computes wrong gradients for reused subgraphs in training when it reuses buffers
-(see TORCH_NOTES.md: 31-39 % relative error on the layer norm weights of a reused block). When a graph has
-region calls and will be differentiated, stampout compiles it with `allow_buffer_reuse=False`, which
-gives correct gradients; inference and flat graphs keep buffer reuse.
+(TORCH_NOTES.md: 31-39 % relative error on the layer norm weights of a reused block). Whenever a graph
+handed to Inductor has region calls *inside* it and will be differentiated — the whole graph, or a region
+with nested regions — it is compiled with `allow_buffer_reuse=False`, which gives correct gradients. A
+region compiled apart is a flat graph and keeps buffer reuse.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx as fx
 
-from ..runner import INVOKE_SUBGRAPH
+from .. import timing
+from ..torch_internals import INVOKE_SUBGRAPH
+from . import pipeline, split, toolchain
 
 log = logging.getLogger("stampout.backends")
 
 # Set to False only to reproduce the torch bug (the regression test does).
 AVOID_REUSED_SUBGRAPH_BUFFER_BUG = True
+# "auto": regions apart with eager glue when split.reason_to_compile_whole finds no reason not to;
+# "whole": always hand Inductor the whole graph; "apart": regions apart wherever possible (even thick glue).
+GLUE = "auto"
+# Graphs without region calls inside (a region compiled apart, a flat graph) on CPU compile with Inductor's
+# C++ wrapper: wrapper and kernels in one C++ file, one compiler run per graph instead of three per kernel
+# (about half the compiler time); Inductor has no C++-wrapper code for invoke_subgraph. A graph the C++
+# wrapper cannot compile is compiled again without it.
+CPP_WRAPPER = True
 
 
 def has_region_calls(gm: fx.GraphModule) -> bool:
     return any(n.op == "call_function" and n.target is INVOKE_SUBGRAPH for n in gm.graph.nodes)
 
 
+def trains(example_inputs: list[Any]) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
 def needs_workaround(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
-    trains = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs
-    )
-    return trains and has_region_calls(gm)
+    return trains(example_inputs) and has_region_calls(gm)
+
+
+def _config_patches(gm: fx.GraphModule, example_inputs: list[Any]) -> dict[str, Any]:
+    if not has_region_calls(gm):
+        return {"cpp_wrapper": True} if CPP_WRAPPER and _on_cpu(example_inputs) else {}
+    if AVOID_REUSED_SUBGRAPH_BUFFER_BUG and needs_workaround(gm, example_inputs):
+        log.info("inductor: training a graph with region calls inside; compiling it with allow_buffer_reuse=False "
+                 "(torch 2.13 returns wrong gradients for reused subgraphs otherwise)")
+        return {"allow_buffer_reuse": False}
+    return {}
+
+
+def _on_cpu(example_inputs: list[Any]) -> bool:
+    return all(t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor))
+
+
+def _copy(gm: fx.GraphModule, example_values: bool = False) -> fx.GraphModule:
+    """A copy of `gm` (nested subgraphs too) that compile_fx may change; node metadata is copied shallowly.
+    With `example_values`, nodes carry `example_value` (AOTAutogradCache requires it on tensor method calls)."""
+    graph = copy.deepcopy(gm.graph)  # fx.Graph's deepcopy: new nodes, each with a shallow copy of its meta
+    attrs: dict[str, Any] = {}
+    for node in graph.nodes:
+        if example_values and "val" in node.meta and "example_value" not in node.meta:
+            node.meta["example_value"] = node.meta["val"]
+        if node.op == "get_attr":
+            value = getattr(gm, node.target)
+            attrs[node.target] = _copy(value, example_values) if isinstance(value, fx.GraphModule) else value
+    return fx.GraphModule(attrs, graph, class_name=type(gm).__name__)
+
+
+def _timed_inner_compile(what: str) -> Callable[..., Any]:
+    """compile_fx's per-graph compiler, timed: lowering, C++ compile and module load, or a cache hit."""
+    from torch._dynamo.utils import compilation_time_metrics, counters
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    def sum_of(key: str) -> float:
+        return sum(compilation_time_metrics.get(key, ()))
+
+    def inner(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        from torch._inductor import config
+
+        kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+        lazy = timing.current() is None  # a backward compiled during the first loss.backward()
+        cpp_wrapper = config.cpp_wrapper
+        with timing.record(f"backward compile: {what}") if lazy else contextlib.nullcontext():
+            rec = timing.current()
+            wait, load = sum_of("async_compile.wait"), sum_of("PyCodeCache.load_by_key_path")
+            hits = counters["inductor"]["fxgraph_cache_hit"]
+            with timing.phase("inductor lowering"):
+                compiled = _compile_inner(compile_fx_inner, gm, example_inputs, f"{what} {kind} graph", **kwargs)
+            wait, load = sum_of("async_compile.wait") - wait, sum_of("PyCodeCache.load_by_key_path") - load
+            rec.move("inductor lowering", "c++ compile", wait)
+            # Without pipeline.overlapped, the C++ wrapper's one compiler run happens while the module loads.
+            rec.move("inductor lowering", "c++ compile" if cpp_wrapper else "module load", load - wait)
+            if counters["inductor"]["fxgraph_cache_hit"] > hits:
+                rec.move("inductor lowering", "cache load", float("inf"))
+        return compiled
+
+    return inner
+
+
+def _compile_inner(compile_fx_inner: Callable[..., Any], gm: fx.GraphModule, example_inputs: Any, what: str,
+                   **kwargs: Any) -> Any:
+    """compile_fx_inner; a graph the C++ wrapper cannot compile is compiled with the Python wrapper."""
+    from torch._inductor import config
+
+    if not config.cpp_wrapper:
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+    try:
+        return compile_fx_inner(_copy(gm), example_inputs, **kwargs)
+    except Exception as error:  # noqa: BLE001 - any failure of the C++ wrapper: the Python wrapper is the fallback
+        log.warning("inductor: the C++ wrapper failed on the %s (%s: %s); compiling it with the Python wrapper",
+                    what, type(error).__name__, (str(error).splitlines() or [""])[0][:200])
+    with config.patch(cpp_wrapper=False):
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+
+
+def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: dict[str, Any]) -> Any:
+    """compile_fx under the cache-friendly context (see the module docstring), timed."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake_mode = _fake_mode(example_inputs) or FakeTensorMode(shape_env=ShapeEnv())
+    rec = timing.current()
+    hits = counters["aot_autograd"]["autograd_cache_hit"]
+    before = rec.seconds.get("aot autograd", 0.0) if rec else 0.0
+    with timing.phase("aot autograd"):
+        # In training the backward is lowered now, not at the first backward(), so it overlaps the
+        # forward's C++ compile (pipeline.overlapped) and fails, if it fails, inside the backend.
+        with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
+                torch._functorch.config.patch(force_non_lazy_backward_lowering=trains(example_inputs)):
+            compiled = compile_fx(_copy(gm, example_values=True), example_inputs,
+                                  inner_compile=_timed_inner_compile(what), config_patches=patches or None,
+                                  ignore_shape_env=True)
+    if rec and counters["aot_autograd"]["autograd_cache_hit"] > hits:
+        rec.move("aot autograd", "cache load", rec.seconds.get("aot autograd", 0.0) - before)
+    return compiled
+
+
+def _fake_mode(example_inputs: list[Any]) -> Any:
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(example_inputs)
+
+
+def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., Any]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+    examples = [split.example_like(v, fake_mode) for v in vals]
+    name = call.node.args[1]
+    started = time.perf_counter()
+    compiled = _compile(call.subgraph, examples, f"region {name}", _config_patches(call.subgraph, examples))
+    log.debug("inductor: region %s compiled apart in %.2fs", name, time.perf_counter() - started)
+    return compiled
+
+
+def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+    first = True
+
+    def run(*args: Any) -> Any:
+        nonlocal first
+        if not first:
+            return fn(*args)
+        first = False
+        with timing.record(f"first run: {what}"), timing.phase("first run"):
+            return fn(*args)
+
+    return run
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    from torch._inductor.compile_fx import compile_fx
-
-    patches: dict[str, Any] = {}
-    if AVOID_REUSED_SUBGRAPH_BUFFER_BUG and needs_workaround(gm, example_inputs):
-        patches["allow_buffer_reuse"] = False
-        log.info("inductor: training a graph with region calls; compiling with allow_buffer_reuse=False "
-                 "(torch 2.13 returns wrong gradients for reused subgraphs otherwise)")
-    return compile_fx(gm, example_inputs, config_patches=patches or None)
+    if _on_cpu(example_inputs):
+        toolchain.warm_up()
+    if GLUE == "whole":
+        reason = "GLUE is 'whole'"
+    else:
+        reason = split.reason_to_compile_whole(gm, max_glue=float("inf") if GLUE == "apart" else split.THIN_GLUE)
+    what = "whole graph" if reason else f"{len(split.region_calls(gm))} region calls, eager glue"
+    with timing.record(f"inductor compile: {what}"), pipeline.overlapped():
+        if reason:
+            if has_region_calls(gm):
+                log.info("inductor: compiling the whole graph: %s", reason)
+            compiled = _compile(gm, example_inputs, "whole graph", _config_patches(gm, example_inputs))
+        else:
+            compiled = split.build(gm, _compile_region, key_extra=(AVOID_REUSED_SUBGRAPH_BUFFER_BUG, CPP_WRAPPER))
+            with timing.phase("glue"):
+                compiled.recompile()
+    return _first_run_timed(compiled, what)

@@ -1,0 +1,83 @@
+"""Lowering the next graph while the C++ compiler builds the last one.
+
+Inductor compiles a graph in two halves: Python (lowering, scheduling, code generation) on the calling
+thread, then the C++ compiler — kernels on a thread pool, or the one C++-wrapper file — while loading the
+generated module, which blocks until every kernel is built. Compiling several graphs one after another
+(the forward and the backward of a region, or several distinct regions) therefore leaves one core idle
+half the time on a 2-core machine. Inside `overlapped()`, on the calling thread only:
+
+- the generated module's final `async_compile.wait(globals())` is recorded instead of waited on;
+- a C++-wrapper build (`CppWrapperCodeCache.load_pybinding`) is submitted to Inductor's compile pool and
+  the module gets an entry point that resolves on first use;
+
+so the next graph's lowering runs while the compiler works. Leaving the context waits for all of it (timed
+as `c++ compile`), so the compiled callables are complete before anyone calls them; compile errors surface
+there. Other threads' compiles are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .. import timing
+
+
+class DeferredEntry:
+    """A C++-wrapper entry point whose build was submitted, not waited for."""
+
+    def __init__(self, get: Callable[[], Callable[..., Any]]) -> None:
+        self._get = get
+        self._fn: Callable[..., Any] | None = None
+
+    def resolve(self) -> Callable[..., Any]:
+        if self._fn is None:
+            self._fn = self._get()
+        return self._fn
+
+    def __call__(self, *args: Any) -> Any:
+        return (self._fn or self.resolve())(*args)
+
+
+@contextlib.contextmanager
+def overlapped() -> Iterator[None]:
+    """Defer Inductor's waits for the C++ compiler on this thread until the context exits."""
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codecache import CppWrapperCodeCache
+
+    if not (hasattr(AsyncCompile, "wait") and hasattr(CppWrapperCodeCache, "load_pybinding_async")):
+        yield  # not torch 2.13's Inductor: compile without overlap
+        return
+    thread = threading.get_ident()
+    pending: list[Callable[[], Any]] = []
+    wait = AsyncCompile.wait
+    load_pybinding = CppWrapperCodeCache.load_pybinding.__func__
+    owned = "load_pybinding" in CppWrapperCodeCache.__dict__
+
+    def deferred_wait(self: Any, scope: dict[str, Any]) -> None:
+        if threading.get_ident() != thread or "__file__" not in scope:  # only generated modules' final wait
+            return wait(self, scope)
+        pending.append(lambda: wait(self, scope))
+
+    def deferred_load_pybinding(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() != thread or "submit_fn" in kwargs:
+            return load_pybinding(cls, *args, **kwargs)
+        entry = DeferredEntry(cls.load_pybinding_async(*args, submit_fn=AsyncCompile.submit, **kwargs))
+        pending.append(entry.resolve)
+        return entry
+
+    AsyncCompile.wait = deferred_wait
+    CppWrapperCodeCache.load_pybinding = classmethod(deferred_load_pybinding)
+    try:
+        yield
+    finally:
+        AsyncCompile.wait = wait
+        if owned:
+            CppWrapperCodeCache.load_pybinding = classmethod(load_pybinding)
+        else:
+            del CppWrapperCodeCache.load_pybinding
+    with timing.phase("c++ compile"):
+        for finish in pending:
+            finish()

@@ -1,0 +1,274 @@
+"""Compile each distinct region on its own; run the outer graph (the glue) eagerly around them.
+
+In a model built from repeated blocks nearly all the work is inside the regions; the glue is an embedding,
+rotary tables, a final norm, a head. Compiling the glue as well costs an AOTAutograd trace and an Inductor
+lowering of an outer graph with one invoke_subgraph per layer, C++ kernels for ops that run once per call,
+and a cache key that changes with depth. So when the glue is thin, stampout compiles each distinct region
+subgraph as a graph of its own (forward and backward, through AOTAutograd, so training works), and runs the
+glue as an FX GraphModule whose region calls call the compiled regions. A region's compiled code is found
+again in Inductor's caches by the region alone, whatever the model's depth, and in-process it is shared by
+every later capture that stamps out the same subgraph.
+
+`reason_to_compile_whole(gm)` says why a graph must instead go to Inductor whole (global state changed
+around region calls, operands that alias or are not static tensors, regions that mutate their inputs, a
+glue that does real work); `build(gm, compile_region)` makes the eager glue.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
+
+from ..torch_internals import INVOKE_SUBGRAPH
+
+_SET_GRAD = torch._C._set_grad_enabled
+_AUTOCAST = (torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast)
+# Glue doing at most this much of the regions' work (in graph nodes) runs eagerly. Measured here, a decoder's
+# eager glue calling regions compiled with the C++ wrapper runs no slower than torch.compile's whole graph.
+THIN_GLUE = 1.0
+
+
+@dataclass(frozen=True)
+class RegionCall:
+    """One invoke_subgraph node of the outer graph, with the grad mode it runs under and whether the outer
+    graph has entered autocast around it."""
+
+    node: fx.Node
+    subgraph: fx.GraphModule
+    grad_enabled: bool
+    in_autocast: bool = False
+
+    @property
+    def operands(self) -> tuple[Any, ...]:
+        return tuple(self.node.args[2:])
+
+
+def region_calls(gm: fx.GraphModule) -> list[RegionCall]:
+    """The outer graph's region calls, following its grad mode (`torch._C._set_grad_enabled` nodes, from the
+    current mode) and autocast sections (`_enter_autocast` ... `_exit_autocast`)."""
+    grad = torch.is_grad_enabled()
+    autocast = 0
+    calls = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is _SET_GRAD and isinstance(node.args[0], bool):
+            grad = node.args[0]
+        elif node.target in _AUTOCAST:
+            autocast += 1 if node.target is _AUTOCAST[0] else -1
+        elif node.target is INVOKE_SUBGRAPH:
+            calls.append(RegionCall(node, getattr(gm, node.args[0].target), grad, autocast > 0))
+    return calls
+
+
+def _compute_nodes(gm: fx.GraphModule) -> int:
+    return sum(n.op in ("call_function", "call_method", "call_module") and n.target is not operator.getitem
+               for n in gm.graph.nodes)
+
+
+def _mutates(target: Any, op: str) -> bool:
+    if op == "call_method":
+        return isinstance(target, str) and target.endswith("_") and not target.startswith("__")
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return schema.is_mutable
+    name = getattr(target, "__name__", "")
+    return name.endswith("_") and not name.startswith("__")
+
+
+def _mutates_inputs(sub: fx.GraphModule) -> bool:
+    return any(n.op in ("call_function", "call_method") and (_mutates(n.target, n.op) or "out" in n.kwargs)
+               for n in sub.graph.nodes)
+
+
+def _static_tensor(value: Any) -> bool:
+    return isinstance(value, FakeTensor) and all(isinstance(s, int) for s in (*value.shape, *value.stride(),
+                                                                              value.storage_offset()))
+
+
+def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float = THIN_GLUE) -> str | None:
+    """None when each region may be compiled on its own with eager glue; else why not. The glue may do at
+    most `max_glue` times the regions' work (in graph nodes)."""
+    calls = region_calls(gm)
+    if not calls:
+        return "no region calls"
+    for call in calls:
+        if call.in_autocast:
+            return f"{call.node.name} runs inside an autocast section of the outer graph"
+        storages = set()
+        for operand in call.operands:
+            value = operand.meta.get("val") if isinstance(operand, fx.Node) else operand
+            if not _static_tensor(value):
+                return f"{call.node.name} has an operand that is not a tensor of static shape"
+            storage = value.untyped_storage()._cdata
+            if storage in storages:
+                return f"{call.node.name} has operands that share memory"
+            storages.add(storage)
+        if _mutates_inputs(call.subgraph):
+            return f"{call.node.args[1]} may change its inputs in place"
+    region_work = sum(_compute_nodes(call.subgraph) for call in calls)
+    glue_work = _compute_nodes(gm) - len(calls)
+    if glue_work > max_glue * region_work:
+        return f"the glue does real work ({glue_work} nodes beside {region_work} in regions)"
+    return None
+
+
+def _metadata(value: FakeTensor) -> tuple:
+    return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
+            value.requires_grad, value.layout)
+
+
+def example_like(value: FakeTensor, fake_mode: Any) -> torch.Tensor:
+    """A tensor of `fake_mode` with `value`'s metadata (what AOTAutograd would make of a real input)."""
+    with fake_mode:
+        if value.storage_offset():
+            base = torch.empty(value.untyped_storage().nbytes() // value.element_size(), dtype=value.dtype,
+                               device=value.device)
+            out = base.as_strided(value.shape, value.stride(), value.storage_offset())
+        else:
+            out = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    return out.requires_grad_(value.requires_grad)
+
+
+class CompiledRegion(torch.nn.Module):
+    """A compiled region in the glue graph (a module, so the glue's code can call it by name)."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        super().__init__()
+        self.fn = fn
+        self.region = name
+
+    def forward(self, *operands: Any) -> Any:
+        return self.fn(*operands)
+
+
+def relayout(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    """`tensor`'s values in a new tensor with `stride` (differentiable: a copy)."""
+    if tensor.stride() == tuple(stride):
+        return tensor
+    out = torch.empty_strided(tensor.shape, stride, dtype=tensor.dtype, device=tensor.device)
+    return out.copy_(tensor)
+
+
+def _code(sub: fx.GraphModule) -> str | None:
+    """The subgraph's code with its nested subgraphs' (None if it reads other attributes, whose values the
+    code does not show)."""
+    parts = [sub.code]
+    for node in sub.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(sub, node.target)
+            inner = _code(value) if isinstance(value, fx.GraphModule) else None
+            if inner is None:
+                return None
+            parts.append(inner)
+    return "\n".join(parts)
+
+
+def _output_values(sub: fx.GraphModule) -> list[Any]:
+    return [n.meta.get("val") if isinstance(n, fx.Node) else n
+            for n in torch.utils._pytree.tree_leaves(sub.graph.output_node().args[0])]
+
+
+def _aliases_an_input(sub: fx.GraphModule) -> bool:
+    inputs = {n.meta["val"].untyped_storage()._cdata for n in sub.graph.find_nodes(op="placeholder")
+              if isinstance(n.meta.get("val"), FakeTensor)}
+    return any(not isinstance(v, FakeTensor) or v.untyped_storage()._cdata in inputs for v in _output_values(sub))
+
+
+@dataclass
+class Plan:
+    """How a region call is served: the call whose subgraph and operand layout are compiled, and the
+    operands that must be copied into that layout first (their stride, else None)."""
+
+    compiled_as: RegionCall
+    relayout: tuple[tuple[int, ...] | None, ...]
+
+
+def plan(calls: list[RegionCall]) -> dict[fx.Node, Plan]:
+    """One compile per (subgraph, operand metadata, grad mode) — and one for subgraphs that differ only in
+    their operands' strides (same code, e.g. a first block fed a transposed activation): the layout most
+    calls use is compiled and the others' operands are copied into it, when no output aliases an input
+    and the outputs' layouts agree."""
+    def exact(call: RegionCall) -> tuple:
+        return (id(call.subgraph), tuple(_metadata(o.meta["val"]) for o in call.operands), call.grad_enabled)
+
+    def loose(call: RegionCall) -> tuple | None:
+        code = _code(call.subgraph)
+        if code is None or _aliases_an_input(call.subgraph):
+            return None
+        outputs = tuple((tuple(v.shape), v.stride(), v.dtype) for v in _output_values(call.subgraph))
+        operands = tuple(_metadata(o.meta["val"])[3:] + (tuple(o.meta["val"].shape),) for o in call.operands)
+        return (code, operands, outputs, call.grad_enabled)
+
+    by_exact: dict[tuple, list[RegionCall]] = {}
+    for call in calls:
+        by_exact.setdefault(exact(call), []).append(call)
+    plans = {call.node: Plan(group[0], (None,) * len(call.operands)) for group in by_exact.values() for call in group}
+    by_loose: dict[tuple, list[list[RegionCall]]] = {}
+    for group in by_exact.values():
+        key = loose(group[0])
+        if key is not None:
+            by_loose.setdefault(key, []).append(group)
+    for groups in by_loose.values():
+        main = max(groups, key=len)[0]
+        main_vals = [o.meta["val"] for o in main.operands]
+        for group in groups:
+            vals = [o.meta["val"] for o in group[0].operands]
+            strides = tuple(None if (v.stride(), v.storage_offset()) == (m.stride(), m.storage_offset()) else m.stride()
+                            for v, m in zip(vals, main_vals))
+            if any(s is not None and m.storage_offset() for s, m in zip(strides, main_vals)):
+                continue
+            for call in group:
+                plans[call.node] = Plan(main, strides)
+    return plans
+
+
+# subgraph module -> {(operand metadata, grad mode, key extra): compiled}; dropped with the subgraph.
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+CompileRegion = Callable[[RegionCall, list[FakeTensor]], Callable[..., Any]]
+
+
+def build(gm: fx.GraphModule, compile_region: CompileRegion, key_extra: Any = None) -> fx.GraphModule:
+    """The glue: `gm` with each region call replaced by a call of its compiled region (see `plan`). Each
+    compile is done once per process; `key_extra` names whatever else it depends on (config)."""
+    calls = region_calls(gm)
+    plans = plan(calls)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    modules: dict[str, torch.nn.Module] = {}
+    names: dict[int, str] = {}
+    for node in gm.graph.nodes:
+        target = getattr(gm, node.target, None) if node.op == "get_attr" else None
+        if isinstance(target, fx.GraphModule):
+            continue  # a region subgraph: called through its compiled module below
+        if node not in plans:
+            new = graph.node_copy(node, lambda n: env[n])
+            if node.op == "get_attr":
+                modules[node.target] = target
+        else:
+            compiled_as = plans[node].compiled_as
+            vals = [operand.meta["val"] for operand in compiled_as.operands]
+            key = (tuple(_metadata(v) for v in vals), compiled_as.grad_enabled, key_extra)
+            compiled = _COMPILED.setdefault(compiled_as.subgraph, {})
+            if key not in compiled:
+                with torch.set_grad_enabled(compiled_as.grad_enabled):
+                    compiled[key] = compile_region(compiled_as, vals)
+            fn = compiled[key]
+            if id(fn) not in names:
+                names[id(fn)] = f"compiled_{compiled_as.node.args[1]}_{len(names)}"
+                modules[names[id(fn)]] = CompiledRegion(fn, compiled_as.node.args[1])
+            operands = [env[a] for a in node.args[2:]]
+            operands = [a if stride is None else graph.call_function(relayout, (a, stride))
+                        for a, stride in zip(operands, plans[node].relayout)]
+            new = graph.call_module(names[id(fn)], tuple(operands))
+        new.meta = dict(node.meta)
+        env[node] = new
+    return fx.GraphModule(modules, graph, class_name="Glue")
