@@ -70,7 +70,8 @@ class Plan:
         self.effects: list[Effect] = []
         self.extra: list[torch.Tensor] = []
         self.refused: str | None = None
-        self._build()
+        if program is not None:
+            self._build()
 
     def _value(self, value: Any, where: str) -> Value | None:
         sources = self.program.sources
