@@ -136,13 +136,14 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 if program is not None:
                     program.close()
                     plan = Plan(program)
-                else:  # what the Python stored on the model and objects it read must end up real, as in eager
-                    plan = Plan(None)
-                    left = _left_over_fakes([*watch.objects(), *_modules_of(fn)], tracer, plan)
-            nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
+                holders = watch.objects()
     finally:
         if program is not None:
             undo(program)
+    if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
+        plan = Plan(None)
+        left = _left_over_fakes([*holders, *_modules_of(fn)], tracer, plan)
+    nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
     graph = tracer.root.graph
     graph.output(tuple(nodes))
     graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
@@ -180,21 +181,32 @@ def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tup
     key, "attr" | "item"), each appended to `plan.extra` so the graph computes its real value."""
     found: list[tuple[Any, Any, str]] = []
     seen: set[tuple[int, Any]] = set()
+    nodes = tracer.root.nodes
+
+    def note(obj: Any, key: Any, kind: str, value: Any) -> None:
+        if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
+            seen.add((id(obj), key))
+            found.append((obj, key, kind))
+            plan.extra.append(value)
+
     for holder in holders:
         fields = getattr(holder, "__dict__", None)
-        if not isinstance(fields, dict):
+        if type(fields) is not dict:
             continue
         for key, value in list(fields.items()):
-            places = [(holder, key, "attr", value)]
-            if isinstance(value, (list, dict)):
-                items = value.items() if isinstance(value, dict) else enumerate(value)
-                places = [(value, k, "item", v) for k, v in items]
-            for obj, k, kind, v in places:
-                if isinstance(v, FakeTensor) and (id(obj), k) not in seen and id(v) in tracer.root.nodes:
-                    seen.add((id(obj), k))
-                    found.append((obj, k, kind))
-                    plan.extra.append(v)
+            t = type(value)
+            if t is list:
+                for i, item in enumerate(value):
+                    note(value, i, "item", item)
+            elif t is dict or key in _REGISTRIES:
+                for k, item in list(value.items()):
+                    note(value, k, "item", item)
+            else:
+                note(holder, key, "attr", value)
     return found
+
+
+_REGISTRIES = ("_parameters", "_buffers")
 
 
 def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict) -> None:

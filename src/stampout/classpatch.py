@@ -94,7 +94,7 @@ class _Patch:
 _PATCHES: dict[type, _Patch] = {}
 
 
-def _original(cls: type, name: str) -> Any:
+def original(cls: type, name: str) -> Any:
     """`cls.name` as it resolves without any of stampout's patches."""
     for klass in cls.__mro__:
         patch = _PATCHES.get(klass)
@@ -106,10 +106,10 @@ def _original(cls: type, name: str) -> Any:
 
 
 def _wrappers(cls: type) -> dict[str, Any]:
-    orig_getattribute = _original(cls, "__getattribute__")
-    orig_getattr = _original(cls, "__getattr__")
-    orig_setattr = _original(cls, "__setattr__")
-    orig_delattr = _original(cls, "__delattr__")
+    orig_getattribute = original(cls, "__getattribute__")
+    orig_getattr = original(cls, "__getattr__")
+    orig_setattr = original(cls, "__setattr__")
+    orig_delattr = original(cls, "__delattr__")
     state, read_ids, write_ids, epoch = _STATE, READ_IDS, WRITE_IDS, EPOCH
 
     def __getattribute__(self, name):
@@ -157,7 +157,7 @@ def _wrappers(cls: type) -> dict[str, Any]:
            "__delattr__": __delattr__}
     if issubclass(cls, torch.nn.Module):
         for method in _HOOK_METHODS:
-            out[method] = _bumping(_original(cls, method))
+            out[method] = _bumping(original(cls, method))
     return out
 
 

@@ -183,8 +183,8 @@ class RegionFrame:
             )
 
     def _adopt_module(self, value: torch.nn.Module, source: Source, from_arg: bool, where: str) -> None:
-        if not from_arg:
-            self.guard(source, Kind.TYPE, _accepted_types(value), where)
+        # (an argument's class is in the fingerprint too; the guard lets the guard code read it fast)
+        self.guard(source, Kind.TYPE, _accepted_types(value), where)
         self.guard(source, Kind.HOOKS, hooks_key(value), where)
         if not self._name(value, source, where):
             return
