@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .context import _STATE
+from .context import STATE
 from .regions.code import is_user_code
 from .sources import MISSING
 
@@ -110,7 +110,7 @@ def _wrappers(cls: type) -> dict[str, Any]:
     orig_getattr = original(cls, "__getattr__")
     orig_setattr = original(cls, "__setattr__")
     orig_delattr = original(cls, "__delattr__")
-    state, read_ids, write_ids, epoch = _STATE, READ_IDS, WRITE_IDS, EPOCH
+    state, read_ids, write_ids, epoch = STATE, READ_IDS, WRITE_IDS, EPOCH
 
     def __getattribute__(self, name):
         value = orig_getattribute(self, name)

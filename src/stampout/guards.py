@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .sources import MISSING, RESOLVE_HELPERS, Absolute, Attr, CallContext, Source, _mro_attr
+from .sources import MISSING, RESOLVE_HELPERS, Absolute, Attr, CallContext, Source, mro_attr
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
@@ -301,7 +301,7 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
             if isinstance(source, Attr) and parent in classes:
                 if source.attr == "__dict__":
                     expr = f"_object_dict({base_expr})"
-                elif _mro_attr(classes[parent], source.attr) is MISSING:
+                elif mro_attr(classes[parent], source.attr) is MISSING:
                     expr = f"_module_attr({base_expr}, {source.attr!r})"
             lines.append(f"    {name} = {expr}")
         var_of[source] = name

@@ -15,10 +15,8 @@ from typing import Any
 import torch
 
 from . import classpatch
-from .classpatch import EPOCH, READ_IDS, WRITE_IDS, peek
-from .classpatch import from_user_code as _from_user_code
-from .classpatch import quiet as _quiet
-from .context import _STATE
+from .classpatch import EPOCH, READ_IDS, WRITE_IDS, from_user_code, peek, quiet
+from .context import STATE
 from .sources import MISSING
 
 _SHIMS: dict[type, type | None] = {}
@@ -29,13 +27,13 @@ def _make_shim(cls: type) -> type:
     orig_getattr = getattr(cls, "__getattr__", None)
     orig_setattr = cls.__setattr__
     orig_delattr = cls.__delattr__
-    state = _STATE
+    state = STATE
 
     def __getattribute__(self, name):
         value = orig_getattribute(self, name)
         ctx = state.ctx
         if ctx is not None and ctx.read is not None:
-            if not _quiet(name) or name == "__dict__" and _from_user_code():
+            if not quiet(name) or name == "__dict__" and from_user_code():
                 ctx.read(self, name, value)
         return value
 
@@ -46,17 +44,17 @@ def _make_shim(cls: type) -> type:
             value = orig_getattr(self, name)
         except AttributeError:
             ctx = state.ctx
-            if ctx is not None and ctx.read is not None and not _quiet(name):
+            if ctx is not None and ctx.read is not None and not quiet(name):
                 ctx.read(self, name, MISSING)
             raise
         ctx = state.ctx
-        if ctx is not None and ctx.read is not None and not _quiet(name):
+        if ctx is not None and ctx.read is not None and not quiet(name):
             ctx.read(self, name, value)
         return value
 
     def __setattr__(self, name, value):
         ctx = state.ctx
-        if ctx is None or ctx.write is None or _quiet(name):
+        if ctx is None or ctx.write is None or quiet(name):
             orig_setattr(self, name, value)
             return
         old = peek(self, name)
@@ -65,7 +63,7 @@ def _make_shim(cls: type) -> type:
 
     def __delattr__(self, name):
         ctx = state.ctx
-        if ctx is None or ctx.write is None or _quiet(name):
+        if ctx is None or ctx.write is None or quiet(name):
             orig_delattr(self, name)
             return
         old = peek(self, name)
