@@ -16,7 +16,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from . import torch_internals
 from .capture import Capture
-from .context import CAPTURE_LOCK, CaptureContext, current, entered
+from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
 from .effects import Plan, undo
 from .errors import CaptureError, message
 from .frames import user_location
@@ -25,6 +25,7 @@ from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
 from .regions.marker import innermost, torch_marked_call
+from .runner import as_call_modules
 from .sources import Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
@@ -131,14 +132,18 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             slots: list[torch.Tensor] = []
             template = to_template(out, slots)
             _check_no_hidden_tensors(template)
-            if program is not None:
-                with torch._C.DisableTorchFunction():
+            with torch._C.DisableTorchFunction(), listeners(None, None):
+                if program is not None:
                     program.close()
                     plan = Plan(program)
-            nodes = [tracer.root.node_for(t) for t in [*slots, *(plan.extra if plan else ())]]
+                holders = watch.objects()
     finally:
         if program is not None:
             undo(program)
+    if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
+        plan = Plan(None)
+        left = _left_over_fakes([*holders, *_modules_of(fn)], tracer, plan)
+    nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
     graph = tracer.root.graph
     graph.output(tuple(nodes))
     graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
@@ -146,7 +151,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     stats.subgraphs = len({e.subgraph for e in handler.events})
     log.info("captured %s: %d nodes, regions: %s", getattr(fn, "__qualname__", type(fn).__name__),
              len(graph.nodes), stats)
-    return Capture(
+    cap = Capture(
         graph_module=graph_module,
         input_spec=spec,
         input_tensor_leaves=tensor_leaves,
@@ -161,6 +166,58 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         program=program,
         effects=plan,
     )
+    if program is None and plan.extra:
+        _make_real(cap, left, args, kwargs)
+    return cap
+
+
+def _modules_of(fn: Callable) -> list[Any]:
+    root = root_module(fn)
+    return list(root.modules()) if root is not None else []
+
+
+def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, str]]:
+    """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`): (holder,
+    key, "attr" | "item"), each appended to `plan.extra` so the graph computes its real value."""
+    found: list[tuple[Any, Any, str]] = []
+    seen: set[tuple[int, Any]] = set()
+    nodes = tracer.root.nodes
+
+    def note(obj: Any, key: Any, kind: str, value: Any) -> None:
+        if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
+            seen.add((id(obj), key))
+            found.append((obj, key, kind))
+            plan.extra.append(value)
+
+    for holder in holders:
+        fields = getattr(holder, "__dict__", None)
+        if type(fields) is not dict:
+            continue
+        for key, value in list(fields.items()):
+            t = type(value)
+            if t is list:
+                for i, item in enumerate(value):
+                    note(value, i, "item", item)
+            elif t is dict or key in _REGISTRIES:
+                for k, item in list(value.items()):
+                    note(value, k, "item", item)
+            else:
+                note(holder, key, "attr", value)
+    return found
+
+
+_REGISTRIES = ("_parameters", "_buffers")
+
+
+def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict) -> None:
+    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are."""
+    with torch.no_grad():
+        outputs = as_call_modules(cap.gm)(*cap.placeholders_for(args, kwargs))
+    for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
+        if kind == "attr":
+            setattr(obj, key, value)
+        else:
+            obj[key] = value
 
 
 def _lifted_source(t: torch.Tensor, found: Source | None, program: RegionFrame | None) -> Source | None:

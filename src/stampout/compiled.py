@@ -31,7 +31,7 @@ from .regions.cache import RegionCache
 from .regions.fingerprint import describe_difference, fingerprint, requires_grad_pattern
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, ClassAttr, ClassDictAttr, Item, Source
 from .structure import build, flatten_inputs
-from .torch_internals import tensor_guards
+from .torch_internals import dict_sentinel, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
 log = logging.getLogger("stampout.guards")
@@ -50,6 +50,16 @@ def _instance_dict_item(source: Source) -> bool:
     """`obj.__dict__[name]`: written through `obj`'s own `__setattr__`, like an attribute."""
     parent = source.base()
     return isinstance(source, Item) and isinstance(parent, Attr) and parent.attr == "__dict__"
+
+
+def _values_in_dict(guard: Guard) -> bool:
+    """A protected guard on a value a module holds in its `__dict__` (a constant, a config object; not a
+    parameter, a submodule, `training` or the absence of a per-instance `forward`): its module's dict is
+    version-checked on every call, so writes that bypass `__setattr__` are seen."""
+    source = guard.source
+    if guard.kind in (Kind.TENSOR, Kind.HOOKS, Kind.TYPE, Kind.NO_OVERRIDE):
+        return False
+    return not (isinstance(source, Attr) and source.attr == "training")
 
 
 def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
@@ -122,10 +132,12 @@ class _State:
     """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
     metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
 
-    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard")
+    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard", "unwritten")
 
-    def __init__(self, epoch: int, tensors: list, names: list, fixed: list, tensor_guard: Any) -> None:
+    def __init__(self, epoch: int, tensors: list, names: list, fixed: list, tensor_guard: Any,
+                 unwritten: Callable[[], bool]) -> None:
         self.epoch = epoch
+        self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
         self.tensors = tensors
         self.names = names
         self.fixed = fixed
@@ -149,6 +161,7 @@ class _Entry:
         self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
         always: list[Guard] = []
         tensors: list[Guard] = []
+        self.protected_sources: list[tuple[Source, bool]] = []  # (source, guarded absent?)
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
             for guard in guards:
@@ -156,6 +169,8 @@ class _Entry:
                     always.append(guard)
                 elif guard.kind is Kind.TENSOR:
                     tensors.append(guard)
+                elif _values_in_dict(guard):
+                    self.protected_sources.append((guard.source, guard.kind is Kind.ABSENT))
             self.fixed_sources: list[Source | None] = []  # per lifted input; None: read per call
             per_call: list[Source] = []
             self.per_call_positions: list[int] = []
@@ -181,8 +196,18 @@ class _Entry:
         # the full check, after any write that could change it.
         names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
         unique = list({id(t): t for t in [*tensors, *fixed] if t is not None}.values())
+        modules: dict[int, torch.nn.Module] = {}
+        with torch._C.DisableTorchFunction():
+            for source, absent in self.protected_sources:
+                parent = source.base()
+                if isinstance(parent, Attr) and parent.attr == "__dict__":
+                    parent = parent.base()
+                obj = parent.resolve(ctx, memo) if parent is not None else MISSING
+                name = getattr(source, "attr", getattr(source, "item", None))
+                if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
+                    modules[id(obj)] = obj
         state = _State(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
-                       tensor_guards(unique))
+                       tensor_guards(unique), dict_sentinel([m.__dict__ for m in modules.values()]))
         self.state = state
         return state
 
@@ -192,7 +217,7 @@ class _Entry:
         if per_call is False:
             return None
         state = self.state
-        if state is None or state.epoch != EPOCH.value:
+        if state is None or state.epoch != EPOCH.value or not state.unwritten():
             if self._full is None:
                 self._full = compile_guards(self.guards)
             with torch._C.DisableTorchFunction():

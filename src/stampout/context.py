@@ -33,29 +33,29 @@ class _State(threading.local):
     ctx: CaptureContext | None = None
 
 
-_STATE = _State()
+STATE = _State()
 CAPTURE_LOCK = threading.RLock()
 
 
 def current() -> CaptureContext | None:
     """The capture running on this thread, if any."""
-    return _STATE.ctx
+    return STATE.ctx
 
 
 @contextlib.contextmanager
 def entered(ctx: CaptureContext) -> Iterator[CaptureContext]:
     """Make `ctx` this thread's capture for the duration of the block."""
-    _STATE.ctx = ctx
+    STATE.ctx = ctx
     try:
         yield ctx
     finally:
-        _STATE.ctx = None
+        STATE.ctx = None
 
 
 @contextlib.contextmanager
 def listeners(read: Reader | None, write: Writer | None) -> Iterator[None]:
     """Set this thread's attribute listeners for the block (no-op outside a capture)."""
-    ctx = _STATE.ctx
+    ctx = STATE.ctx
     if ctx is None:
         yield
         return

@@ -70,7 +70,8 @@ class Plan:
         self.effects: list[Effect] = []
         self.extra: list[torch.Tensor] = []
         self.refused: str | None = None
-        self._build()
+        if program is not None:
+            self._build()
 
     def _value(self, value: Any, where: str) -> Value | None:
         sources = self.program.sources
@@ -124,7 +125,10 @@ class Plan:
 
 
 def undo(program: Any) -> None:
-    """Put back what the capture's Python changed on objects that outlive it (newest first)."""
+    """Put back what the capture's Python changed on objects that outlive it (newest first), and the state
+    of opaque objects that can say theirs (a `random.Random` the program drew from)."""
+    for obj, state in reversed(program.states):
+        obj.setstate(state)
     for container, _, _, before in reversed(program.containers):
         if isinstance(container, dict):
             if dict(container) != before or list(container) != list(before):

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .sources import MISSING, RESOLVE_HELPERS, Absolute, CallContext, Source
+from .sources import MISSING, RESOLVE_HELPERS, Absolute, Attr, CallContext, Source, mro_attr
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
@@ -102,6 +102,41 @@ def snapshot(obj: Any) -> Any:
     )
 
 
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+_OBJECT_GETATTRIBUTE = object.__getattribute__
+
+
+def _plain_module_class(cls: type) -> bool:
+    """A module class whose attribute lookup is nn.Module's (no custom __getattr__/__getattribute__)."""
+    from .classpatch import original
+
+    return (isinstance(cls, type) and issubclass(cls, torch.nn.Module)
+            and original(cls, "__getattr__") is _MODULE_GETATTR
+            and original(cls, "__getattribute__") is _OBJECT_GETATTRIBUTE)
+
+
+def _object_dict(v: Any) -> Any:
+    try:
+        return _OBJECT_GETATTRIBUTE(v, "__dict__")
+    except AttributeError:
+        return MISSING
+
+
+def _module_attr(v: Any, name: str) -> Any:
+    """`getattr(module, name)` for a name its class does not define, as nn.Module resolves it."""
+    try:
+        d = _OBJECT_GETATTRIBUTE(v, "__dict__")
+    except AttributeError:
+        return MISSING
+    if name in d:
+        return d[name]
+    for registry in ("_parameters", "_buffers", "_modules"):
+        r = d.get(registry)
+        if r is not None and name in r:
+            return r[name]
+    return MISSING
+
+
 def is_auto_mark(value: Any) -> bool:
     """Whether `value` is the bound region wrapper `stampout.auto_regions` puts on a module for a capture."""
     return getattr(getattr(value, "__func__", None), "__stampout_auto__", False) is True
@@ -150,6 +185,8 @@ _HELPERS = {
     "_snapshot": snapshot,
     "_length": _length,
     "_is_auto_mark": lambda v: is_auto_mark(v),
+    "_object_dict": _object_dict,
+    "_module_attr": _module_attr,
     "_Tensor": torch.Tensor,
     "_Module": torch.nn.Module,
     **RESOLVE_HELPERS,
@@ -245,6 +282,10 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
     namespace: dict[str, Any] = dict(_HELPERS)
     lines = ["def check(leaves, fn):"]
     var_of: dict[Source, str] = {}
+    # Modules whose class an earlier guard fixes: their attributes are read the way nn.Module resolves them,
+    # from the instance dict and the registries, without the Python-level attribute hooks.
+    plain = {g.source for g in guards if g.kind is Kind.TYPE and _plain_module_class(g.expected[0])}
+    classes = {g.source: g.expected[0] for g in guards if g.source in plain and g.kind is Kind.TYPE}
 
     def bind(source: Source) -> str:
         if source in var_of:
@@ -256,7 +297,13 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
             parent = source.base()
             base_expr = bind(parent) if parent is not None else ""
             name = f"v{len(var_of)}"
-            lines.append(f"    {name} = {source.expr(base_expr)}")
+            expr = source.expr(base_expr)
+            if isinstance(source, Attr) and parent in classes:
+                if source.attr == "__dict__":
+                    expr = f"_object_dict({base_expr})"
+                elif mro_attr(classes[parent], source.attr) is MISSING:
+                    expr = f"_module_attr({base_expr}, {source.attr!r})"
+            lines.append(f"    {name} = {expr}")
         var_of[source] = name
         return name
 

@@ -289,10 +289,10 @@ class ClassDictAttr(Source):
         return ClassDictAttr(parent, self.attr)
 
     def _step(self, ctx, memo):
-        return _mro_attr(self.parent.resolve(ctx, memo), self.attr)
+        return mro_attr(self.parent.resolve(ctx, memo), self.attr)
 
     def expr(self, base_expr: str) -> str:
-        return f"_mro_attr({base_expr}, {self.attr!r})"
+        return f"mro_attr({base_expr}, {self.attr!r})"
 
 
 class Item(Source):
@@ -340,10 +340,10 @@ def _class_attr(obj: Any, attr: str) -> Any:
     if obj is MISSING:
         return MISSING
     cls = type(obj)
-    return _mro_attr(cls.__dict__.get("_stampout_original", cls), attr)  # a watching shim stands in for it
+    return mro_attr(cls.__dict__.get("_stampout_original", cls), attr)  # a watching shim stands in for it
 
 
-def _mro_attr(cls: Any, attr: str) -> Any:
+def mro_attr(cls: Any, attr: str) -> Any:
     if not isinstance(cls, type):
         return MISSING
     for klass in cls.__mro__:
@@ -377,4 +377,4 @@ def module_path(root: Source, qualified_name: str) -> Source:
 
 
 RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_class_attr": _class_attr,
-                   "_mro_attr": _mro_attr, "_MISSING": MISSING}
+                   "mro_attr": mro_attr, "_MISSING": MISSING}

@@ -8,6 +8,7 @@ importing stampout fails here with the name that is missing instead of misbehavi
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -63,6 +64,20 @@ def tensor_guards(tensors: list[torch.Tensor]) -> Any:
         dynamic_dims_sizes=[list(t.shape) for t in tensors],
         dynamic_dims_strides=[list(t.stride()) for t in tensors],
     )
+
+
+def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:
+    """A C++ check that none of `dicts` was written since now (CPython's per-dict version tags): catches
+    writes that bypass `__setattr__` (`m.__dict__[k] = v`, `object.__setattr__(m, k, v)`)."""
+    from torch._C._dynamo.guards import RootGuardManager
+    from torch._dynamo.guards import GuardManagerType
+
+    root = RootGuardManager()
+    holder = {i: d for i, d in enumerate(dicts)}
+    for i, d in enumerate(dicts):
+        manager = root.dict_getitem_manager(i, f"dicts[{i}]", d, GuardManagerType.GUARD_MANAGER)
+        manager.add_dict_version_guard(d, [f"dict_version(dicts[{i}])"], None)
+    return functools.partial(root.check, holder)
 
 
 @contextlib.contextmanager

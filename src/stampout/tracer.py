@@ -97,6 +97,10 @@ def identifier(text: str) -> str:
     return f"_{name}" if name[0].isdigit() else name
 
 
+def _is_property_set(func: Callable) -> bool:
+    return getattr(func, "__name__", "") == "__set__" and hasattr(func, "__self__")
+
+
 def _is_property_get(func: Callable) -> bool:
     return getattr(func, "__name__", "") == "__get__" and hasattr(func, "__self__")
 
@@ -381,6 +385,13 @@ class Tracer:
             return func(*args, **kwargs)
         if func is _T.__iter__:  # record the unbind that iteration performs
             return iter(self._on_call(_T.unbind, (args[0], 0), {}))
+        if _is_property_set(func) and func.__self__.__name__ == "data" and isinstance(args[0], torch.Tensor):
+            # `param.data = t` (loading, pruning): replayed by the graph at its place in the order
+            builder = self.builder
+            target = builder.node_for(args[0])
+            value = builder.literal(map_tensors(args[1], builder.node_for))
+            builder.graph.call_function(builtins.setattr, (target, func.__self__.__name__, value))
+            return None
 
         tensors_in = has_tensor(args) or has_tensor(kwargs)
         if (tensors_in and _is_property_get(func) and not isinstance(args[0], FakeTensor)

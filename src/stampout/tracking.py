@@ -1,61 +1,25 @@
-"""Recording reads and writes of object attributes while a region is traced.
+"""Recording reads and writes of object attributes: while a capture runs (`Watch`), and while a compiled
+function guards objects (`WriteWatch`).
 
-Module and object attributes are invisible to a TorchFunctionMode. To guard what a region read, a watched
-object's class is swapped for a cached shim subclass (same name, no extra slots) whose `__getattribute__`,
-`__getattr__` and `__setattr__` report to the listener. `isinstance` and `super()` keep working;
-`type(obj) is Cls` does not while the capture runs. Every swap is undone when the capture ends.
+Module and object attributes are invisible to a TorchFunctionMode. A watched object's class is patched in
+place (see classpatch.py); where that is impossible the object's class is swapped for a cached shim
+subclass (same name, no extra slots) with the same reporting methods. Everything is undone when the capture
+ends or the compiled function lets go.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .context import _STATE
-from .regions.code import is_user_code
+from . import classpatch
+from .classpatch import EPOCH, READ_IDS, WRITE_IDS, from_user_code, peek, quiet
+from .context import STATE
 from .sources import MISSING
 
-# Names nn.Module and Python read internally on every call; never guarded. (`forward` is guarded: a
-# per-instance forward replaces what a module computes.)
-_INTERNAL = frozenset(torch.nn.Module().__dict__) - {"training"}
-_SHIMS: dict[type, type] = {}
-
-
-def _quiet(name: str) -> bool:
-    return name.startswith("__") or name in _INTERNAL
-
-
-def _from_user_code() -> bool:
-    """Whether the attribute read happening now was written in user code (`vars(self)`, `self.__dict__`),
-    not in nn.Module's or Python's own machinery."""
-    frame = sys._getframe(2)
-    return frame is not None and is_user_code(frame.f_code)
-
-
-def peek(obj: Any, name: str) -> Any:
-    """The value `obj` itself holds for `name` (its dict, a module's registries, a slot); MISSING if none
-    (a class-level default does not count: deleting the instance's value restores it)."""
-    d = getattr(obj, "__dict__", None)
-    if isinstance(d, dict):
-        if name in d:
-            return d[name]
-        for registry in ("_parameters", "_buffers", "_modules"):
-            r = d.get(registry)
-            if isinstance(r, dict) and name in r:
-                return r[name]
-    for klass in type(obj).__mro__:
-        slot = klass.__dict__.get(name)
-        if slot is not None:
-            if type(slot).__name__ == "member_descriptor":
-                try:
-                    return slot.__get__(obj, type(obj))
-                except AttributeError:
-                    return MISSING
-            break
-    return MISSING
+_SHIMS: dict[type, type | None] = {}
 
 
 def _make_shim(cls: type) -> type:
@@ -63,13 +27,13 @@ def _make_shim(cls: type) -> type:
     orig_getattr = getattr(cls, "__getattr__", None)
     orig_setattr = cls.__setattr__
     orig_delattr = cls.__delattr__
-    state = _STATE
+    state = STATE
 
     def __getattribute__(self, name):
         value = orig_getattribute(self, name)
         ctx = state.ctx
         if ctx is not None and ctx.read is not None:
-            if not _quiet(name) or name == "__dict__" and _from_user_code():
+            if not quiet(name) or name == "__dict__" and from_user_code():
                 ctx.read(self, name, value)
         return value
 
@@ -80,17 +44,17 @@ def _make_shim(cls: type) -> type:
             value = orig_getattr(self, name)
         except AttributeError:
             ctx = state.ctx
-            if ctx is not None and ctx.read is not None and not _quiet(name):
+            if ctx is not None and ctx.read is not None and not quiet(name):
                 ctx.read(self, name, MISSING)
             raise
         ctx = state.ctx
-        if ctx is not None and ctx.read is not None and not _quiet(name):
+        if ctx is not None and ctx.read is not None and not quiet(name):
             ctx.read(self, name, value)
         return value
 
     def __setattr__(self, name, value):
         ctx = state.ctx
-        if ctx is None or ctx.write is None or _quiet(name):
+        if ctx is None or ctx.write is None or quiet(name):
             orig_setattr(self, name, value)
             return
         old = peek(self, name)
@@ -99,7 +63,7 @@ def _make_shim(cls: type) -> type:
 
     def __delattr__(self, name):
         ctx = state.ctx
-        if ctx is None or ctx.write is None or _quiet(name):
+        if ctx is None or ctx.write is None or quiet(name):
             orig_delattr(self, name)
             return
         old = peek(self, name)
@@ -139,41 +103,47 @@ def original_class(obj: Any) -> type:
     return cls.__dict__.get("_stampout_original", cls)
 
 
-class Swaps:
-    """Objects whose class one owner swapped for a shim (`shim_for(original class)`); `restore()` undoes it.
+class Watch:
+    """Read watching for one capture (reads and writes of watched objects go to the capture's listeners).
 
-    An object already carrying another shim (a compiled function's write shim during a capture, say) is
-    given this owner's shim of the original class and gets its previous class back on restore."""
-
-    def __init__(self, shim_for: Callable[[type], type | None]) -> None:
-        self._shim_for = shim_for
-        self._swapped: dict[int, tuple[Any, type]] = {}
-
-    def __contains__(self, obj: Any) -> bool:
-        return id(obj) in self._swapped
-
-    def watch(self, obj: Any) -> bool:
-        """Swap `obj` to the shim; False when its class does not allow it."""
-        if id(obj) in self._swapped:
-            return True
-        previous = _swap(obj, self._shim_for)
-        if previous is None:
-            return False
-        self._swapped[id(obj)] = (obj, previous)
-        return True
-
-    def restore(self) -> None:
-        for obj, cls in reversed(list(self._swapped.values())):
-            _set_class(obj, cls)
-        self._swapped.clear()
-
-
-class Watch(Swaps):
-    """Read watching for one capture; `arguments` holds the ids of objects passed to region calls."""
+    An object's class is patched in place (`classpatch`); where that is impossible (C types such as
+    SimpleNamespace, or a plain `nn.Module`) the object's class is swapped for a cached shim subclass for
+    the duration of the capture. `arguments` holds the ids of objects passed to region calls."""
 
     def __init__(self) -> None:
-        super().__init__(shim_class)
+        self._objects: dict[int, tuple[Any, type | None]] = {}  # id -> (object, class swapped from | None)
         self.arguments: set[int] = set()
+
+    def __contains__(self, obj: Any) -> bool:
+        return id(obj) in self._objects
+
+    def watch(self, obj: Any) -> bool:
+        """Watch `obj`; False when neither its class nor the object allows it."""
+        key = id(obj)
+        if key in self._objects:
+            return True
+        cls = type(obj)
+        if classpatch.acquire(cls, "read"):
+            self._objects[key] = (obj, None)
+            READ_IDS.add(key)
+            return True
+        previous = _swap(obj, shim_class)
+        if previous is None:
+            return False
+        self._objects[key] = (obj, previous)
+        return True
+
+    def objects(self) -> list[Any]:
+        return [obj for obj, _ in self._objects.values()]
+
+    def restore(self) -> None:
+        for key, (obj, previous) in reversed(list(self._objects.items())):
+            if previous is None:
+                READ_IDS.discard(key)
+                classpatch.release(type(obj), "read")
+            else:
+                _set_class(obj, previous)
+        self._objects.clear()
 
 
 def _swap(obj: Any, shim_for: Callable[[type], type | None]) -> type | None:
@@ -195,22 +165,7 @@ def _set_class(obj: Any, cls: type) -> None:
 
 
 # ---- write watching: invalidating cached guard state when a watched attribute is written --------------
-class _Epoch:
-    """A counter bumped by every write to a watched object; compiled guards re-check only when it moved."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-    def bump(self, *_: Any) -> None:
-        self.value += 1
-
-
-EPOCH = _Epoch()
 _WRITE_SHIMS: dict[type, type | None] = {}
-_HOOK_METHODS = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-                 "register_full_backward_pre_hook", "register_backward_hook")
 
 
 def _make_write_shim(cls: type) -> type:
@@ -234,28 +189,7 @@ def _make_write_shim(cls: type) -> type:
         "__qualname__": cls.__qualname__,
         "_stampout_original": cls,
     }
-    if issubclass(cls, torch.nn.Module):
-        for method in _HOOK_METHODS:
-            namespace[method] = _bumping(getattr(cls, method))
     return type(cls)(cls.__name__, (cls,), namespace)
-
-
-def _bumping(register: Callable) -> Callable:
-    def wrapper(self, *args, **kwargs):
-        handle = register(self, *args, **kwargs)
-        EPOCH.bump()
-        remove = handle.remove
-
-        def remove_and_bump() -> None:
-            remove()
-            EPOCH.bump()
-
-        handle.remove = remove_and_bump
-        return handle
-
-    wrapper.__name__ = register.__name__
-    wrapper.__doc__ = register.__doc__
-    return wrapper
 
 
 def write_shim_class(cls: type) -> type | None:
@@ -263,14 +197,15 @@ def write_shim_class(cls: type) -> type | None:
     return _cached_shim(_WRITE_SHIMS, _make_write_shim, cls)
 
 
-_WRITE_WATCHERS: dict[int, list[Any]] = {}  # id(obj) -> [obj, class before, number of WriteWatches]
+_WRITE_WATCHERS: dict[int, list[Any]] = {}  # id(obj) -> [obj, class swapped from | None, number of watchers]
 
 
 class WriteWatch:
     """Objects whose writes bump EPOCH while a compiled function guards them; `release()` undoes it.
 
-    Several compiled functions may watch one object (a model and one of its layers): the write shim
-    stays until the last of them releases it."""
+    Like read watching, by patching the object's class in place (a shim subclass where that is impossible).
+    Several compiled functions may watch one object (a model and one of its layers): the watch stays until
+    the last of them releases it."""
 
     def __init__(self) -> None:
         self._mine: set[int] = set()
@@ -279,18 +214,23 @@ class WriteWatch:
         return id(obj) in self._mine
 
     def watch(self, obj: Any) -> bool:
-        if id(obj) in self._mine:
+        key = id(obj)
+        if key in self._mine:
             return True
-        shared = _WRITE_WATCHERS.get(id(obj))
+        shared = _WRITE_WATCHERS.get(key)
         if shared is None:
-            previous = _swap(obj, write_shim_class)
-            if previous is None:
-                return False
-            shared = _WRITE_WATCHERS[id(obj)] = [obj, previous, 0]
+            if classpatch.acquire(type(obj), "write"):
+                previous = None
+            else:
+                previous = _swap(obj, write_shim_class)
+                if previous is None:
+                    return False
+            shared = _WRITE_WATCHERS[key] = [obj, previous, 0]
+            WRITE_IDS[key] = 1
             if isinstance(obj, torch.nn.Module):
                 _bumping_registries(obj, _BumpingDict)
         shared[2] += 1
-        self._mine.add(id(obj))
+        self._mine.add(key)
         return True
 
     def release(self) -> None:
@@ -298,10 +238,15 @@ class WriteWatch:
             shared = _WRITE_WATCHERS[key]
             shared[2] -= 1
             if shared[2] == 0:
-                _set_class(shared[0], shared[1])
-                if isinstance(shared[0], torch.nn.Module):
-                    _bumping_registries(shared[0], dict)
+                obj, previous = shared[0], shared[1]
+                if previous is None:
+                    classpatch.release(type(obj), "write")
+                else:
+                    _set_class(obj, previous)
+                if isinstance(obj, torch.nn.Module):
+                    _bumping_registries(obj, dict)
                 del _WRITE_WATCHERS[key]
+                WRITE_IDS.pop(key, None)
         self._mine.clear()
         EPOCH.bump()
 

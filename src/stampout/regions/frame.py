@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source
@@ -108,6 +109,8 @@ class RegionFrame:
         self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
         self._guarded_code: set[tuple[types.CodeType, int]] = set()
         self._classes: set[type] = set()
+        self.states: list[tuple[Any, Any]] = []  # (object, getstate()) of opaque objects the trace read
+        self._adopted: dict[int, Callable] = {}  # functions whose cells and defaults are guarded
         self._written: set[tuple[int, str]] = set()  # attributes this trace wrote: later reads read its value
         self.containers: list[tuple[Any, Source, tuple]] = []
         self.lifted: list[LiftedInput] = []
@@ -173,13 +176,15 @@ class RegionFrame:
                 self._adopt_class(original_class(value), where)
         else:
             self.guard(source, Kind.ID, value, where)
+            if callable(getattr(value, "getstate", None)) and callable(getattr(value, "setstate", None)):
+                self.states.append((value, value.getstate()))  # a random.Random: put back after the capture
             self.mark_ineligible(
                 f"reads {source.name()}, a {type(value).__name__} whose state stampout cannot guard"
             )
 
     def _adopt_module(self, value: torch.nn.Module, source: Source, from_arg: bool, where: str) -> None:
-        if not from_arg:
-            self.guard(source, Kind.TYPE, _accepted_types(value), where)
+        # (an argument's class is in the fingerprint too; the guard lets the guard code read it fast)
+        self.guard(source, Kind.TYPE, _accepted_types(value), where)
         self.guard(source, Kind.HOOKS, hooks_key(value), where)
         if not self._name(value, source, where):
             return
@@ -197,7 +202,7 @@ class RegionFrame:
             self._classes.add(klass)
             namespace = Attr(Absolute(klass, klass.__qualname__), "__dict__")
             for name, value in list(klass.__dict__.items()):
-                if not (name.startswith("__") and name.endswith("__")):
+                if not (name.startswith("__") and name.endswith("__")) and name not in PATCHED_NAMES:
                     self.adopt(value, Item(namespace, name), where=where)
 
     def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
@@ -277,8 +282,9 @@ class RegionFrame:
         """Guard the defaults and closure cells of a function whose code may run (`as_source=None`: the
         region's own function, whose cells and defaults are resolved from each call's function)."""
         code = getattr(fn, "__code__", None)
-        if code is None or code in self._functions:
-            return
+        if code is None or id(fn) in self._adopted:
+            return  # (functions with one code and other cells, like closures made per layer, each count)
+        self._adopted[id(fn)] = fn
         self._functions.add(code)
         where = f"defaults of {code.co_qualname}"
         for attr in ("__defaults__", "__kwdefaults__"):  # a default the call did not pass is read too
