@@ -105,7 +105,7 @@ def original(cls: type, name: str) -> Any:
     return None
 
 
-def _wrappers(cls: type) -> dict[str, Any]:
+def wrappers(cls: type) -> dict[str, Any]:
     orig_getattribute = original(cls, "__getattribute__")
     orig_getattr = original(cls, "__getattr__")
     orig_setattr = original(cls, "__setattr__")
@@ -194,7 +194,7 @@ def acquire(cls: type, kind: str) -> bool:
         if not patchable(cls):
             return False
         patch = _Patch(cls)
-        if not _install(patch, [n for n in _wrappers(cls) if n not in _READ_NAMES]):
+        if not _install(patch, [n for n in wrappers(cls) if n not in _READ_NAMES]):
             return False
         _PATCHES[cls] = patch
     if kind == "read" and patch.users["read"] == 0 and not _install(patch, list(_READ_NAMES)):
@@ -220,11 +220,11 @@ def release(cls: type, kind: str) -> None:
 
 def _install(patch: _Patch, names: list[str]) -> bool:
     cls = patch.cls
-    wrappers = _wrappers(cls)
+    made = wrappers(cls)
     try:
         for name in names:
             before = cls.__dict__.get(name, MISSING)
-            type.__setattr__(cls, name, wrappers[name])
+            type.__setattr__(cls, name, made[name])
             patch.saved[name] = before
     except TypeError:  # a C type: its dict is read-only
         _restore(patch, names)

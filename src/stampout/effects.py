@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .classpatch import peek
 from .guards import is_constant
 from .sources import MISSING, CallContext, Source
-from .tracking import peek
 
 
 @dataclass(frozen=True)

@@ -15,67 +15,17 @@ from typing import Any
 import torch
 
 from . import classpatch
-from .classpatch import EPOCH, READ_IDS, WRITE_IDS, from_user_code, peek, quiet
-from .context import STATE
-from .sources import MISSING
+from .classpatch import EPOCH, READ_IDS, WRITE_IDS
 
 _SHIMS: dict[type, type | None] = {}
 
 
 def _make_shim(cls: type) -> type:
-    orig_getattribute = cls.__getattribute__
-    orig_getattr = getattr(cls, "__getattr__", None)
-    orig_setattr = cls.__setattr__
-    orig_delattr = cls.__delattr__
-    state = STATE
-
-    def __getattribute__(self, name):
-        value = orig_getattribute(self, name)
-        ctx = state.ctx
-        if ctx is not None and ctx.read is not None:
-            if not quiet(name) or name == "__dict__" and from_user_code():
-                ctx.read(self, name, value)
-        return value
-
-    def __getattr__(self, name):
-        try:
-            if orig_getattr is None:
-                raise AttributeError(f"'{cls.__name__}' object has no attribute '{name}'")
-            value = orig_getattr(self, name)
-        except AttributeError:
-            ctx = state.ctx
-            if ctx is not None and ctx.read is not None and not quiet(name):
-                ctx.read(self, name, MISSING)
-            raise
-        ctx = state.ctx
-        if ctx is not None and ctx.read is not None and not quiet(name):
-            ctx.read(self, name, value)
-        return value
-
-    def __setattr__(self, name, value):
-        ctx = state.ctx
-        if ctx is None or ctx.write is None or quiet(name):
-            orig_setattr(self, name, value)
-            return
-        old = peek(self, name)
-        orig_setattr(self, name, value)
-        ctx.write(self, name, value, old)
-
-    def __delattr__(self, name):
-        ctx = state.ctx
-        if ctx is None or ctx.write is None or quiet(name):
-            orig_delattr(self, name)
-            return
-        old = peek(self, name)
-        orig_delattr(self, name)
-        ctx.write(self, name, MISSING, old)
-
+    """A subclass of `cls` carrying the same reporting methods as a class patch (classpatch.wrappers): for
+    objects whose own class cannot be patched. What it reports depends on READ_IDS and WRITE_IDS."""
     namespace = {
         "__slots__": (),
-        "__getattribute__": __getattribute__,
-        "__getattr__": __getattr__,
-        "__setattr__": __setattr__,
-        "__delattr__": __delattr__,
+        **classpatch.wrappers(cls),
         "__module__": cls.__module__,
         "__qualname__": cls.__qualname__,
         "_stampout_original": cls,
@@ -131,6 +81,7 @@ class Watch:
         if previous is None:
             return False
         self._objects[key] = (obj, previous)
+        READ_IDS.add(key)
         return True
 
     def objects(self) -> list[Any]:
@@ -138,8 +89,8 @@ class Watch:
 
     def restore(self) -> None:
         for key, (obj, previous) in reversed(list(self._objects.items())):
+            READ_IDS.discard(key)
             if previous is None:
-                READ_IDS.discard(key)
                 classpatch.release(type(obj), "read")
             else:
                 _set_class(obj, previous)
@@ -165,38 +116,6 @@ def _set_class(obj: Any, cls: type) -> None:
 
 
 # ---- write watching: invalidating cached guard state when a watched attribute is written --------------
-_WRITE_SHIMS: dict[type, type | None] = {}
-
-
-def _make_write_shim(cls: type) -> type:
-    orig_setattr = cls.__setattr__
-    orig_delattr = cls.__delattr__
-    epoch = EPOCH
-
-    def __setattr__(self, name, value):
-        orig_setattr(self, name, value)
-        epoch.value += 1
-
-    def __delattr__(self, name):
-        orig_delattr(self, name)
-        epoch.value += 1
-
-    namespace: dict[str, Any] = {
-        "__slots__": (),
-        "__setattr__": __setattr__,
-        "__delattr__": __delattr__,
-        "__module__": cls.__module__,
-        "__qualname__": cls.__qualname__,
-        "_stampout_original": cls,
-    }
-    return type(cls)(cls.__name__, (cls,), namespace)
-
-
-def write_shim_class(cls: type) -> type | None:
-    """The cached write-watching subclass of `cls`, or None when `cls` cannot be shimmed."""
-    return _cached_shim(_WRITE_SHIMS, _make_write_shim, cls)
-
-
 _WRITE_WATCHERS: dict[int, list[Any]] = {}  # id(obj) -> [obj, class swapped from | None, number of watchers]
 
 
@@ -222,7 +141,7 @@ class WriteWatch:
             if classpatch.acquire(type(obj), "write"):
                 previous = None
             else:
-                previous = _swap(obj, write_shim_class)
+                previous = _swap(obj, shim_class)
                 if previous is None:
                     return False
             shared = _WRITE_WATCHERS[key] = [obj, previous, 0]

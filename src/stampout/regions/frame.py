@@ -20,7 +20,7 @@ from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source
-from ..tracking import Watch, original_class, shim_class, write_shim_class
+from ..tracking import Watch, original_class, shim_class
 from .cache import ArgInput, LiftedInput
 from .code import code_facts, is_user_file
 
@@ -51,7 +51,8 @@ def _copy(value: Any) -> Any:
 def _accepted_types(obj: Any) -> tuple[type, ...]:
     """The object's class and the shim classes stampout may have swapped in (read and write watching)."""
     cls = original_class(obj)
-    return (cls, *(s for s in (shim_class(cls), write_shim_class(cls)) if s is not None))
+    shim = shim_class(cls)
+    return (cls,) if shim is None else (cls, shim)
 
 
 def _found_on_class(obj: Any, name: str) -> tuple[bool, Any]:
