@@ -9,6 +9,7 @@ in-place change that mixes in a non-constant value forgets every known value.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -31,10 +32,33 @@ def deterministic(func: Callable) -> bool:
     return not any(word in name for word in _RANDOM)
 
 
-def mutating(func: Callable, kwargs: dict) -> bool:
+def mutating(func: Callable, kwargs: dict, args: tuple = ()) -> bool:
     name = _name(func)
     return name.endswith("_") and not name.endswith("__") or name in ("__setitem__", "setitem") or (
-        name.startswith("__i") and name.endswith("__")) or "out" in kwargs
+        name.startswith("__i") and name.endswith("__")) or "out" in kwargs or _inplace(func, args, kwargs)
+
+
+_INPLACE_AT: dict[Any, int | None] = {}
+
+
+def _inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """`F.relu(x, inplace=True)` and friends: a function with an `inplace` parameter, asked to use it."""
+    if "inplace" in kwargs:
+        return kwargs["inplace"] is True
+    try:
+        position = _INPLACE_AT[func]
+    except (KeyError, TypeError):
+        position = None
+        try:
+            names = list(inspect.signature(func).parameters)
+            position = names.index("inplace") if "inplace" in names else None
+        except (TypeError, ValueError):
+            pass
+        try:
+            _INPLACE_AT[func] = position
+        except TypeError:
+            pass
+    return position is not None and position < len(args) and args[position] is True
 
 
 class ConstantValues:
@@ -83,7 +107,7 @@ class ConstantValues:
             return
         inputs_known = self.knows_all(args, kwargs)
         if not inputs_known:
-            if mutating(func, kwargs) and any(id(t) in self._known for t in tensors_of((args, kwargs))):
+            if mutating(func, kwargs, args) and any(id(t) in self._known for t in tensors_of((args, kwargs))):
                 self._known.clear()
             return
         outs = tensors_of(out)

@@ -118,8 +118,8 @@ class MetaRunner:
                 fake_device = value.device  # a real parameter or buffer: no need to make it a fake first
             else:
                 raise _Unsupported
-            if value.layout is not torch.strided or value.is_quantized:
-                raise _Unsupported
+            if value.layout is not torch.strided or value.is_quantized or _channels_last(value):
+                raise _Unsupported  # (meta kernels do not follow CPU kernels' channels-last output layouts)
             if device and device[0] != fake_device:
                 raise _Unsupported
             device[:1] = [fake_device]
@@ -158,6 +158,13 @@ class MetaRunner:
 
 class _Unsupported(Exception):
     pass
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    dim = t.dim()
+    if dim not in (4, 5) or t.is_contiguous():
+        return False
+    return t.is_contiguous(memory_format=torch.channels_last if dim == 4 else torch.channels_last_3d)
 
 
 def _key(value: Any) -> Any:

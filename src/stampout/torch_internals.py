@@ -46,6 +46,31 @@ if not isinstance(_FUNCTION.__dict__.get("apply"), classmethod):
     raise ImportError("stampout needs torch.autograd.Function.apply to be a classmethod; install torch==2.13.0")
 
 
+_FLAGS = (
+    ("deterministic algorithms", torch.are_deterministic_algorithms_enabled),
+    ("deterministic algorithms warn only", torch.is_deterministic_algorithms_warn_only_enabled),
+    ("float32 matmul precision", torch.get_float32_matmul_precision),
+    ("anomaly detection", torch.is_anomaly_enabled),
+    ("warn always", torch.is_warn_always_enabled),
+    ("intra-op threads", torch.get_num_threads),
+    ("mkldnn enabled", torch._C._get_mkldnn_enabled),
+    ("cudnn enabled", torch._C._get_cudnn_enabled),
+    ("cudnn deterministic", torch._C._get_cudnn_deterministic),
+    ("cudnn benchmark", torch._C._get_cudnn_benchmark),
+    ("flash sdp enabled", torch._C._get_flash_sdp_enabled),
+    ("mem-efficient sdp enabled", torch._C._get_mem_efficient_sdp_enabled),
+    ("math sdp enabled", torch._C._get_math_sdp_enabled),
+)
+FLAG_NAMES = tuple(name for name, _ in _FLAGS)
+_FLAG_GETTERS = tuple(get for _, get in _FLAGS)
+
+
+def global_flags() -> tuple:
+    """torch's process-wide switches that Python code may branch on (`torch.backends.mkldnn.enabled`,
+    deterministic algorithms, matmul precision, ...): part of every fingerprint."""
+    return tuple(get() for get in _FLAG_GETTERS)
+
+
 def invoke_subgraph(graph: fx.Graph, subgraph: fx.Node, name: str, operands: list[Any]) -> fx.Node:
     """Append a region call in torch's calling convention: `invoke_subgraph(get_attr, name, *operands)`;
     its result is a tuple of the subgraph's outputs."""

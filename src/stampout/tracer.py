@@ -431,7 +431,7 @@ class Tracer:
         else:
             fake_args, fake_kwargs = args, kwargs
         try:
-            if tensors_in and self.meta.made(fake_args[0] if fake_args else None) and mutating(func, kwargs):
+            if tensors_in and self.meta.made(fake_args[0] if fake_args else None) and mutating(func, kwargs, args):
                 out = self.meta.mutate(func, fake_args, fake_kwargs)
             else:
                 out = func(*fake_args, **fake_kwargs)

@@ -18,7 +18,7 @@ _LIBRARY_DIRS = tuple(dict.fromkeys(
 _LOADS_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
 _TOOLS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools") + os.sep  # the zoo: user code
 # Python's, stampout's and FX's generated code
-_GENERATED = ("<frozen", "<stampout guards>", "<eval_with_key", "<torch")
+_GENERATED = ("<frozen", "<stampout guards>", "<eval_with_key", "<torch", "<string>")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import torch
 
 from ..guards import const_key, is_constant, tensor_meta
 from ..structure import aliases_of
+from ..torch_internals import FLAG_NAMES, global_flags
 from ..tracking import original_class
 
 _GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
@@ -26,7 +27,8 @@ def leaf_key(leaf: Any) -> tuple:
 
 
 def state_key() -> tuple:
-    """Grad mode, autocast, default dtype and global module hooks: what every trace depends on."""
+    """Grad mode, autocast, default dtype, global module hooks and torch's global switches: what every trace
+    depends on."""
     hooks = torch.nn.modules.module
     return (
         torch.is_grad_enabled(),
@@ -34,6 +36,7 @@ def state_key() -> tuple:
         torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
         torch.get_default_dtype(),
         tuple(tuple(getattr(hooks, name).values()) for name in _GLOBAL_HOOKS),
+        global_flags(),
     )
 
 
@@ -70,4 +73,7 @@ def describe_difference(expected: tuple, actual: tuple, labels: list[str]) -> st
     for name, a, b in zip(names, expected[2], actual[2]):
         if a != b:
             return f"{name}: expected {a}, got {b}"
+    for name, a, b in zip(FLAG_NAMES, expected[2][-1], actual[2][-1]):
+        if a != b:
+            return f"torch flag {name}: expected {a}, got {b}"
     return "no difference"
