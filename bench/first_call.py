@@ -257,10 +257,15 @@ def report(rows: list[dict[str, Any]]) -> None:
                           _correct(s["cold"]), _correct(p["cold"]))
     con.print(table)
 
-    phases = Table(title="stampout, where the first call's time goes (stampout.timing phases, seconds)")
-    names = ["capture", "toolchain", "aot autograd", "inductor lowering", "c++ compile", "module load", "cache load",
-             "glue", "first run", "other"]
-    for col in ("model", "layers", "mode", "run", "first call", *names, "caches (aot, fx: hit/miss/bypass)"):
+    names = {"capture": "capture", "toolchain": "isa", "aot autograd": "aot", "inductor lowering": "lower",
+             "c++ compile": "c++", "module load": "load", "cache load": "cache", "glue": "glue",
+             "first run": "run", "other": "other"}
+    phases = Table(title="stampout, where the first call's time goes (stampout.timing phases, seconds)",
+                   caption="isa: waiting for Inductor's C++ ISA check; aot: AOTAutograd; lower: Inductor lowering "
+                   "and code generation; c++: waiting for the C++ compiler; load: module load; cache: graphs loaded "
+                   "from the AOTAutograd/FX graph caches; run: first run. caches: AOTAutograd hit/miss/bypass, "
+                   "FX graph hit/miss/bypass.")
+    for col in ("model", "layers", "mode", "run", "first call", *names.values(), "caches"):
         phases.add_column(col, justify="left" if col in ("model", "mode", "run") else "right")
     for row in rows:
         for run in ("cold", "warm"):
@@ -269,7 +274,7 @@ def report(rows: list[dict[str, Any]]) -> None:
                 continue
             c = cell.get("caches", {})
             caches = (f"{c.get('autograd_cache_hit', 0)}/{c.get('autograd_cache_miss', 0)}/"
-                      f"{c.get('autograd_cache_bypass', 0)}, {c.get('fxgraph_cache_hit', 0)}/"
+                      f"{c.get('autograd_cache_bypass', 0)} {c.get('fxgraph_cache_hit', 0)}/"
                       f"{c.get('fxgraph_cache_miss', 0)}/{c.get('fxgraph_cache_bypass', 0)}")
             got = cell.get("phases", {})
             phases.add_row(row["model"], str(row["layers"]), row["mode"], run, _s(_t(cell)),

@@ -223,7 +223,17 @@ def test_reasons_to_compile_the_whole_graph():
         return x.mul_(2) @ w
 
     cap = stampout.capture(lambda x, w: scale_(x.clone(), w), torch.randn(4, 4), torch.randn(4, 4))
-    assert "in place" in split.reason_to_compile_whole(cap.gm, max_glue=float("inf"))
+    assert "write into its inputs" in split.reason_to_compile_whole(cap.gm, max_glue=float("inf"))
+
+    @stampout.region
+    def interleave(x, w):  # writes only into a tensor it made (diffusers' Wan rotary embedding does this)
+        out = torch.empty_like(x)
+        out[..., 0::2] = x[..., 1::2]
+        out[..., 1::2] = F.relu(x[..., 0::2] @ w, inplace=True)
+        return out
+
+    cap = stampout.capture(interleave, torch.randn(4, 4), torch.randn(2, 2))
+    assert split.reason_to_compile_whole(cap.gm, max_glue=float("inf")) is None
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])

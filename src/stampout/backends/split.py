@@ -16,6 +16,8 @@ glue that does real work); `build(gm, compile_region)` makes the eager glue.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import operator
 import weakref
 from collections.abc import Callable
@@ -73,19 +75,74 @@ def _compute_nodes(gm: fx.GraphModule) -> int:
                for n in gm.graph.nodes)
 
 
-def _mutates(target: Any, op: str) -> bool:
-    if op == "call_method":
-        return isinstance(target, str) and target.endswith("_") and not target.startswith("__")
-    schema = getattr(target, "_schema", None)
-    if schema is not None:
-        return schema.is_mutable
-    name = getattr(target, "__name__", "")
-    return name.endswith("_") and not name.startswith("__")
+@functools.cache
+def _inplace_parameter(target: Any) -> int | None:
+    """The position of a function's `inplace` parameter (F.relu(x, inplace=True)), if it has one."""
+    try:
+        names = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("inplace") if "inplace" in names else None
 
 
-def _mutates_inputs(sub: fx.GraphModule) -> bool:
-    return any(n.op in ("call_function", "call_method") and (_mutates(n.target, n.op) or "out" in n.kwargs)
-               for n in sub.graph.nodes)
+def _name(target: Any) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", "")
+
+
+def writes_in_place(node: fx.Node) -> bool:
+    """Whether a node may write into an existing tensor: an in-place method or op (`add_`, a mutable
+    schema), `inplace=True`, `out=`."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return True
+    name = _name(node.target)
+    if (name.endswith("_") and not name.startswith("__") or name in ("setitem", "__setitem__")
+            or "out" in node.kwargs or node.kwargs.get("inplace") is True):
+        return True
+    position = _inplace_parameter(node.target) if node.op == "call_function" and callable(node.target) else None
+    return position is not None and len(node.args) > position and node.args[position] is True
+
+
+# Ops whose result may share memory with their first argument (views, and ops that can return `self`).
+_MAY_ALIAS = frozenset((
+    "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "expand", "expand_as", "narrow", "select",
+    "squeeze", "unsqueeze", "flatten", "unflatten", "t", "T", "mT", "as_strided", "split", "chunk", "unbind",
+    "movedim", "swapaxes", "swapdims", "diagonal", "detach", "alias", "contiguous", "to", "type", "type_as", "float",
+    "double", "half", "bfloat16", "int", "long", "bool", "cpu", "cuda", "real", "imag", "view_as_real",
+    "view_as_complex", "unfold", "getitem", "__getitem__", "tensor_split", "hsplit", "vsplit", "dsplit",
+    "identity", "clone_if_needed",
+))
+
+
+def _may_be_an_input(value: Any) -> bool:
+    """Whether a subgraph value may share memory with one of its inputs: reachable from a placeholder
+    through view-like ops only (syntactic and conservative: captured metadata does not record aliasing)."""
+    if not isinstance(value, fx.Node):
+        return False
+    if value.op == "placeholder" or value.op not in ("call_function", "call_method"):
+        return True
+    schema = getattr(value.target, "_schema", None)
+    viewish = (_name(value.target) in _MAY_ALIAS or getattr(value.target, "__module__", "") == "_operator"
+               or (schema is not None and any(r.alias_info is not None for r in schema.returns)))
+    return viewish and any(_may_be_an_input(a) for a in torch.utils._pytree.tree_leaves((value.args, value.kwargs)))
+
+
+def may_alias_an_input(sub: fx.GraphModule) -> bool:
+    """Whether an output of the subgraph may be (a view of) an input."""
+    return any(_may_be_an_input(out) for out in torch.utils._pytree.tree_leaves(sub.graph.output_node().args[0]))
+
+
+def writes_an_input(sub: fx.GraphModule) -> bool:
+    """Whether the subgraph may write into one of its inputs (writes into tensors it made are fine)."""
+    for node in sub.graph.nodes:
+        if writes_in_place(node):
+            written = [node.args[0]] if node.args else []
+            written += torch.utils._pytree.tree_leaves(node.kwargs.get("out", []))
+            if not written or any(_may_be_an_input(w) for w in written):
+                return True
+    return False
 
 
 def _static_tensor(value: Any) -> bool:
@@ -102,17 +159,14 @@ def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float = THIN_GLUE) -> 
     for call in calls:
         if call.in_autocast:
             return f"{call.node.name} runs inside an autocast section of the outer graph"
-        storages = set()
         for operand in call.operands:
             value = operand.meta.get("val") if isinstance(operand, fx.Node) else operand
             if not _static_tensor(value):
                 return f"{call.node.name} has an operand that is not a tensor of static shape"
-            storage = value.untyped_storage()._cdata
-            if storage in storages:
-                return f"{call.node.name} has operands that share memory"
-            storages.add(storage)
-        if _mutates_inputs(call.subgraph):
-            return f"{call.node.args[1]} may change its inputs in place"
+        # Compiled apart, a region's example inputs are fresh tensors: AOTAutograd would not know which of
+        # them alias, which matters only when an input is written in place.
+        if writes_an_input(call.subgraph):
+            return f"{call.node.args[1]} may write into its inputs"
     region_work = sum(_compute_nodes(call.subgraph) for call in calls)
     glue_work = _compute_nodes(gm) - len(calls)
     if glue_work > max_glue * region_work:
@@ -176,12 +230,6 @@ def _output_values(sub: fx.GraphModule) -> list[Any]:
             for n in torch.utils._pytree.tree_leaves(sub.graph.output_node().args[0])]
 
 
-def _aliases_an_input(sub: fx.GraphModule) -> bool:
-    inputs = {n.meta["val"].untyped_storage()._cdata for n in sub.graph.find_nodes(op="placeholder")
-              if isinstance(n.meta.get("val"), FakeTensor)}
-    return any(not isinstance(v, FakeTensor) or v.untyped_storage()._cdata in inputs for v in _output_values(sub))
-
-
 @dataclass
 class Plan:
     """How a region call is served: the call whose subgraph and operand layout are compiled, and the
@@ -194,16 +242,19 @@ class Plan:
 def plan(calls: list[RegionCall]) -> dict[fx.Node, Plan]:
     """One compile per (subgraph, operand metadata, grad mode) — and one for subgraphs that differ only in
     their operands' strides (same code, e.g. a first block fed a transposed activation): the layout most
-    calls use is compiled and the others' operands are copied into it, when no output aliases an input
+    calls use is compiled and the others' operands are copied into it, when no output may alias an input
     and the outputs' layouts agree."""
     def exact(call: RegionCall) -> tuple:
         return (id(call.subgraph), tuple(_metadata(o.meta["val"]) for o in call.operands), call.grad_enabled)
 
     def loose(call: RegionCall) -> tuple | None:
         code = _code(call.subgraph)
-        if code is None or _aliases_an_input(call.subgraph):
+        if code is None or may_alias_an_input(call.subgraph):
             return None
-        outputs = tuple((tuple(v.shape), v.stride(), v.dtype) for v in _output_values(call.subgraph))
+        values = _output_values(call.subgraph)
+        if not all(isinstance(v, FakeTensor) for v in values):
+            return None
+        outputs = tuple((tuple(v.shape), v.stride(), v.dtype) for v in values)
         operands = tuple(_metadata(o.meta["val"])[3:] + (tuple(o.meta["val"].shape),) for o in call.operands)
         return (code, operands, outputs, call.grad_enabled)
 
