@@ -29,7 +29,7 @@ from .guards import Guard, Kind, compile_guards, first_failure
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import describe_difference, fingerprint, requires_grad_pattern
-from .sources import MISSING, Absolute, Arg, Attr, CallContext, ClassAttr, ClassDictAttr, Item, Source
+from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
 from .structure import build, flatten_inputs
 from .torch_internals import dict_sentinel, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
@@ -70,10 +70,9 @@ def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
     memo: dict[Source, Any] = {}
 
     def on_class(source: Source) -> Source:
-        if isinstance(source, ClassAttr):
-            cls = type(source.parent.resolve(ctx, memo))
-            cls = cls.__dict__.get("_stampout_original", cls)
-            return ClassDictAttr(Absolute(cls, cls.__qualname__), source.attr)
+        if isinstance(source, TypeOf):
+            cls = source.resolve(ctx, memo)
+            return Absolute(cls, cls.__qualname__)
         parent = source.base()
         if parent is None:
             return source

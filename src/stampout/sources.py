@@ -230,9 +230,40 @@ class Attr(Source):
         return f"getattr({base_expr}, {self.attr!r}, _MISSING)"
 
 
+class TypeOf(Source):
+    """The class of the base value (its own class, not a watching shim stampout gave it)."""
+
+    __slots__ = ("parent",)
+
+    def __init__(self, parent: Source) -> None:
+        self.parent = parent
+
+    def key(self) -> tuple:
+        return ("type", self.parent.key())
+
+    def name(self) -> str:
+        return f"type({self.parent.name()})"
+
+    def base(self) -> Source:
+        return self.parent
+
+    def rebase(self, fn):
+        parent = self.parent.rebase(fn)
+        return None if parent is None else TypeOf(parent)
+
+    def with_parent(self, parent: Source) -> Source:
+        return TypeOf(parent)
+
+    def _step(self, ctx, memo):
+        return _type_of(self.parent.resolve(ctx, memo))
+
+    def expr(self, base_expr: str) -> str:
+        return f"_type_of({base_expr})"
+
+
 class ClassAttr(Source):
-    """Attribute `attr` as the base value's class defines it (found along the MRO, not bound): a method's
-    function, a property object, a class-level default."""
+    """Attribute `attr` as the class at `parent` defines it along its MRO, unbound: a method's function, a
+    property object, a class-level default (`ClassAttr(TypeOf(self), "forward")`)."""
 
     __slots__ = ("parent", "attr")
 
@@ -244,7 +275,7 @@ class ClassAttr(Source):
         return ("classattr", self.parent.key(), self.attr)
 
     def name(self) -> str:
-        return f"type({self.parent.name()}).{self.attr}"
+        return f"{self.parent.name()}.{self.attr}"
 
     def base(self) -> Source:
         return self.parent
@@ -255,38 +286,6 @@ class ClassAttr(Source):
 
     def with_parent(self, parent: Source) -> Source:
         return ClassAttr(parent, self.attr)
-
-    def _step(self, ctx, memo):
-        return _class_attr(self.parent.resolve(ctx, memo), self.attr)
-
-    def expr(self, base_expr: str) -> str:
-        return f"_class_attr({base_expr}, {self.attr!r})"
-
-
-class ClassDictAttr(Source):
-    """Attribute `attr` as the class at `parent` (a class object) defines it along its MRO, unbound."""
-
-    __slots__ = ("parent", "attr")
-
-    def __init__(self, parent: Source, attr: str) -> None:
-        self.parent = parent
-        self.attr = attr
-
-    def key(self) -> tuple:
-        return ("classdict", self.parent.key(), self.attr)
-
-    def name(self) -> str:
-        return f"{self.parent.name()}.{self.attr}"
-
-    def base(self) -> Source:
-        return self.parent
-
-    def rebase(self, fn):
-        parent = self.parent.rebase(fn)
-        return None if parent is None else ClassDictAttr(parent, self.attr)
-
-    def with_parent(self, parent: Source) -> Source:
-        return ClassDictAttr(parent, self.attr)
 
     def _step(self, ctx, memo):
         return mro_attr(self.parent.resolve(ctx, memo), self.attr)
@@ -336,11 +335,11 @@ def _item(container: Any, key: Any) -> Any:
         return MISSING
 
 
-def _class_attr(obj: Any, attr: str) -> Any:
+def _type_of(obj: Any) -> Any:
     if obj is MISSING:
         return MISSING
     cls = type(obj)
-    return mro_attr(cls.__dict__.get("_stampout_original", cls), attr)  # a watching shim stands in for it
+    return cls.__dict__.get("_stampout_original", cls)  # a watching shim stands in for the class
 
 
 def mro_attr(cls: Any, attr: str) -> Any:
@@ -376,5 +375,5 @@ def module_path(root: Source, qualified_name: str) -> Source:
     return source
 
 
-RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_class_attr": _class_attr,
+RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_type_of": _type_of,
                    "mro_attr": mro_attr, "_MISSING": MISSING}

@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
-from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source
+from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
 from ..tracking import Watch, original_class, shim_class
 from .cache import ArgInput, LiftedInput
 from .code import code_facts, is_user_file
@@ -374,16 +374,17 @@ class RegionFrame:
         elif name == "forward" or _is_user_class(obj, name):
             # A class attribute (method, property, default): the class's entry, and no instance override.
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
+            entry = ClassAttr(TypeOf(base), name)
             if isinstance(raw, property):
-                self.guard(ClassAttr(base, name), Kind.ID, raw, where)
-                for part in (raw.fget, raw.fset):
+                self.guard(entry, Kind.ID, raw, where)
+                for part, role in ((raw.fget, "fget"), (raw.fset, "fset")):
                     if isinstance(part, types.FunctionType) and is_user_file(part.__code__.co_filename):
-                        self.adopt_function(part, Attr(ClassAttr(base, name), "fget" if part is raw.fget else "fset"))
+                        self.adopt_function(part, Attr(entry, role))
             elif isinstance(raw, (staticmethod, classmethod)):
-                self.guard(ClassAttr(base, name), Kind.ID, raw, where)
-                self.adopt(raw.__func__, Attr(ClassAttr(base, name), "__func__"), where=where)
+                self.guard(entry, Kind.ID, raw, where)
+                self.adopt(raw.__func__, Attr(entry, "__func__"), where=where)
             else:
-                self.adopt(raw, ClassAttr(base, name), where=where)
+                self.adopt(raw, entry, where=where)
 
     def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
         base = self.sources.get(id(obj))
