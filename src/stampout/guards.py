@@ -92,16 +92,6 @@ def no_hooks(module: torch.nn.Module) -> bool:
                 or d.get("_backward_hooks"))
 
 
-def snapshot(obj: Any) -> Any:
-    """Constant key of an object's `__dict__`: fields compared by value, other values by identity."""
-    d = getattr(obj, "__dict__", MISSING)
-    if d is MISSING:
-        return MISSING
-    return tuple(
-        (k, const_key(v) if is_constant(v) else ("id", id(v))) for k, v in sorted(d.items(), key=lambda kv: kv[0])
-    )
-
-
 _MODULE_GETATTR = torch.nn.Module.__getattr__
 _OBJECT_GETATTRIBUTE = object.__getattribute__
 
@@ -156,7 +146,6 @@ class Kind(enum.Enum):
     ID = "object identity"
     HOOKS = "hooks"
     ABSENT = "attribute absent"
-    SNAPSHOT = "object fields"
     LEN = "length"
     KEYS = "dict keys"
     NO_OVERRIDE = "no per-instance override"  # absent, or one of stampout's transient auto-region marks
@@ -172,7 +161,6 @@ _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
     Kind.HOOKS: lambda v: hooks_key(v) if isinstance(v, torch.nn.Module) else MISSING,
     Kind.ABSENT: lambda v: v,
     Kind.NO_OVERRIDE: lambda v: v,
-    Kind.SNAPSHOT: snapshot,
     Kind.LEN: _length,
     Kind.KEYS: lambda v: tuple(v) if isinstance(v, dict) else MISSING,
 }
@@ -182,7 +170,6 @@ _HELPERS = {
     "_is_constant": is_constant,
     "_hooks_key": hooks_key,
     "_no_hooks": no_hooks,
-    "_snapshot": snapshot,
     "_length": _length,
     "_is_auto_mark": lambda v: is_auto_mark(v),
     "_object_dict": _object_dict,
@@ -267,8 +254,6 @@ class Guard:
             if self.expected == _NO_HOOKS:
                 return f"(isinstance({var}, _Module) and _no_hooks({var}))"
             return f"(isinstance({var}, _Module) and _hooks_key({var}) == {const})"
-        if k is Kind.SNAPSHOT:
-            return f"_snapshot({var}) == {const}"
         if k is Kind.KEYS:
             return f"(isinstance({var}, dict) and tuple({var}) == {const})"
         return f"_length({var}) == {const}"
@@ -345,4 +330,4 @@ def check_guards(check: Callable, ctx: CallContext) -> bool:
 
 
 __all__ = ["Guard", "Kind", "compile_guards", "first_failure", "check_guards", "const_key", "is_constant",
-           "tensor_meta", "hooks_key", "snapshot"]
+           "tensor_meta", "hooks_key"]

@@ -129,19 +129,18 @@ def node_target(func: Callable) -> tuple[str, Any]:
     return result
 
 
-_APPLIES: dict[type, Callable] = {}
-
-
 def _function_apply(cls: type) -> Callable:
-    """A stable graph target for `cls.apply` (a classmethod makes a new bound method on each access)."""
-    target = _APPLIES.get(cls)
+    """A stable graph target for `cls.apply` (a classmethod makes a new bound method on each access), kept
+    on the class itself so it lives exactly as long as the class."""
+    target = cls.__dict__.get("__stampout_apply__")
     if target is None:
         def apply(*args: Any, **kwargs: Any) -> Any:
             return cls.apply(*args, **kwargs)
 
         apply.__name__ = f"{cls.__name__}_apply"
         apply.__qualname__ = f"{cls.__qualname__}.apply"
-        target = _APPLIES[cls] = apply
+        target = apply
+        type.__setattr__(cls, "__stampout_apply__", apply)
     return target
 
 

@@ -77,12 +77,3 @@ def _analyse(code: types.CodeType) -> CodeFacts:
         chains.append(tuple(chain))
     nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
     return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores), nested)
-
-
-def global_names(code: types.CodeType) -> tuple[str, ...]:
-    """Names a code object (and the code nested in it) may load as globals."""
-    facts = code_facts(code)
-    found = list(facts.names)
-    for inner in facts.nested:
-        found.extend(global_names(inner))
-    return tuple(dict.fromkeys(found))
