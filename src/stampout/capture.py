@@ -11,6 +11,7 @@ import torch.fx as fx
 from .errors import StampoutError, message
 from .frames import user_location
 from .runner import as_call_modules
+from .shapes import has_symbols
 from .sources import MISSING, CallContext, Source
 from .structure import Template, aliases_of, build, flatten_inputs
 
@@ -65,6 +66,7 @@ class Capture:
     program: Any = None  # the RegionFrame of the whole program (compile only): its guards and side effects
     effects: Any = None  # effects.Plan (compile only): stores to replay after each call, from extra outputs
     fill_meta: Any = None  # fills deferred placeholder metadata on first use of `gm`
+    shapes: Any = None  # shapes.ShapeGuards of a capture with symbolic sizes: what it assumed about them
     _runner: fx.GraphModule | None = None
 
     @property
@@ -74,6 +76,10 @@ class Capture:
             self.fill_meta()
             self.fill_meta = None
         return self.graph_module
+
+    def fake_inputs(self) -> list[Any]:
+        """The capture's own fake values of `gm`'s placeholders (symbolic sizes where it captured them so)."""
+        return [n.meta["val"] for n in self.gm.graph.nodes if n.op == "placeholder"]
 
     def placeholders_for(self, args: tuple, kwargs: dict) -> list[torch.Tensor]:
         """The real tensors for `gm`'s placeholders: the call's tensors, then live parameters and buffers."""
@@ -120,6 +126,8 @@ class Capture:
             expected = node.meta.get("val")
             if expected is None or not isinstance(value, torch.Tensor):
                 continue
+            if has_symbols(expected):
+                continue  # checked below, against what the capture assumed about its sizes
             want = (tuple(expected.shape), expected.stride(), expected.dtype, expected.device)
             got = (tuple(value.shape), value.stride(), value.dtype, value.device)
             if want != got:
@@ -127,6 +135,16 @@ class Capture:
                     f"input {node.name} differs from the captured one: expected shape={list(want[0])}, "
                     f"stride={list(want[1])}, dtype={want[2]}, device={want[3]}; got shape={list(got[0])}, "
                     f"stride={list(got[1])}, dtype={got[2]}, device={got[3]}",
+                    user_location(), "capture again for these inputs (or use stampout.compile, which recaptures)",
+                ))
+        if self.shapes is not None:
+            by_leaf = dict(zip(self.input_tensor_leaves, values))
+            dynamic = [by_leaf[i] for i in self.shapes.leaves]
+            if not self.shapes.check(dynamic):
+                raise StampoutError(message(
+                    f"the inputs' sizes break what the capture assumed about them: {self.shapes.why_not(dynamic)} "
+                    f"is false for sizes {[list(t.shape) for t in dynamic]} (all assumptions: "
+                    f"{self.shapes.describe()})",
                     user_location(), "capture again for these inputs (or use stampout.compile, which recaptures)",
                 ))
 

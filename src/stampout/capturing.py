@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import torch_internals
 from .capture import Capture
@@ -26,6 +27,7 @@ from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
+from .shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
 from .sources import Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
@@ -93,16 +95,26 @@ def frame_function(fn: Callable) -> Callable:
 
 
 def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache | None = None,
-                    guard_program: bool = False) -> Capture:
+                    guard_program: bool = False, dynamic: bool | None = None,
+                    automatic: dict[int, set[int]] | None = None) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
-    guards on everything the whole program read, recorded in `Capture.program`."""
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    guards on everything the whole program read, recorded in `Capture.program`.
+
+    Input dims are symbolic where marked with `torch._dynamo.mark_dynamic`, all of them with `dynamic=True`,
+    and, per flat input leaf, the dims in `automatic` (see shapes.dynamic_dims)."""
     signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
     names = positional_names(signature_of)
     if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
         names = names[1:]  # bound: `self` is not among the call's arguments
     leaves, spec, labels = flatten_inputs(args, kwargs, names)
+    automatic = automatic or {}
+    dims = [dynamic_dims(leaf, dynamic, automatic.get(i, set())) if isinstance(leaf, torch.Tensor) else ()
+            for i, leaf in enumerate(leaves)]
+    symbolic = any(dims)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv() if symbolic else None)
     tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels))
+    if symbolic:
+        tracer.symbols = Symbols(fake_mode.shape_env)
     watch = Watch()
     handler = RegionCalls(tracer, cache if cache is not None else RegionCache(), watch)
     tracer.regions = handler
@@ -111,10 +123,15 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     tensor_leaves = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
-            fake = fake_mode.from_tensor(leaf, static_shapes=True)
+            if dims[i]:
+                fake = symbolic_fake(fake_mode, leaf, names[i], dims[i])
+            else:
+                fake = fake_mode.from_tensor(leaf, static_shapes=True)
             if id(fake) not in tracer.root.nodes:
-                tracer.root.placeholder(names[i], fake)
+                node = tracer.root.placeholder(names[i], fake)
                 tensor_leaves.append(i)
+                if has_symbols(fake):
+                    tracer.symbols.bind_input(i, fake, node)
             fake_leaves[i] = fake
     fake_args, fake_kwargs = rebuild_inputs(args, kwargs, fake_leaves)
 
@@ -130,7 +147,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 ctx.read, ctx.write = handler.on_read, handler.on_write
             out = fn(*fake_args, **fake_kwargs)
             slots: list[torch.Tensor] = []
-            template = to_template(out, slots)
+            template = to_template(out, slots, sizes=True)
             _check_no_hidden_tensors(template)
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 if program is not None:
@@ -165,6 +182,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         frame_fn=frame_function(fn),
         program=program,
         effects=plan,
+        shapes=ShapeGuards(tracer.symbols, [labels[i] for i, _ in tracer.symbols.inputs]) if symbolic else None,
     )
     if program is None and plan.extra:
         _make_real(cap, left, args, kwargs)

@@ -28,7 +28,13 @@ from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
-from .regions.fingerprint import describe_difference, fingerprint, requires_grad_pattern
+from .regions.fingerprint import (
+    describe_difference,
+    fingerprint,
+    requires_grad_pattern,
+    sizes_of,
+    without_sizes,
+)
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
 from .structure import build, flatten_inputs
 from .torch_internals import dict_sentinel, tensor_guards
@@ -154,6 +160,8 @@ class _Entry:
     def __init__(self, cap: Capture, compiled: Callable, key: tuple, ctx: CallContext, watch: WriteWatch):
         self.capture = cap
         self.compiled = compiled
+        self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
+        self.masked = frozenset(cap.shapes.leaves) if cap.shapes is not None else None
         self.key = key
         with torch._C.DisableTorchFunction():
             guards = self.guards = by_class(cap.program.guards, ctx)
@@ -212,6 +220,9 @@ class _Entry:
 
     def admits(self, ctx: CallContext) -> tuple | None:
         """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
+        shapes = self.shapes
+        if shapes is not None and not shapes.check([ctx.leaves[i + 1] for i in shapes.leaves]):
+            return None
         per_call = self.always(ctx.leaves, ctx.fn)
         if per_call is False:
             return None
@@ -233,6 +244,13 @@ class _Entry:
         return lifted
 
     def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
+        shapes = self.shapes
+        if shapes is not None:
+            key = (without_sizes(key[0], ctx.leaves[1:], self.masked), key[1])
+            if key == self.key:
+                values = [ctx.leaves[i + 1] for i in shapes.leaves]
+                if not shapes.check(values):
+                    return f"the symbolic capture assumed {shapes.why_not(values)}"
         if key != self.key:
             if key[0] != self.key[0]:
                 return "inputs: " + describe_difference(self.key[0], key[0], labels)
@@ -255,19 +273,29 @@ class _EagerEntry:
         self.key = key
         self.reason = reason
         self.capture = None
+        self.masked = None
 
 
 class CompiledFunction:
     """What `stampout.compile` returns: call it like the original function or module."""
 
     def __init__(self, fn: Callable, backend: Any = "inductor", max_entries: int = 8,
-                 regions: str | None = None) -> None:
+                 regions: str | None = None, dynamic: bool | None = None) -> None:
         if regions not in (None, "auto"):
             raise StampoutError(message(
                 f"regions must be None or 'auto', got {regions!r}", user_location(),
                 "pass regions='auto' to mark repeated children of ModuleLists and Sequentials as regions",
             ))
+        if dynamic not in (None, True, False):
+            raise StampoutError(message(
+                f"dynamic must be None, True or False, got {dynamic!r}", user_location(),
+                "None: static first, symbolic sizes for dims seen to change; True: symbolic from the start; "
+                "False: a capture per shape",
+            ))
         self.regions = regions
+        self.dynamic = dynamic
+        self._seen_sizes: dict[tuple, dict[int, tuple[int, ...]]] = {}  # per input structure: the last sizes
+        self._changed_dims: dict[tuple, dict[int, set[int]]] = {}  # per input structure: dims seen to change
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -295,10 +323,10 @@ class CompiledFunction:
         with torch._C.DisableTorchFunction():
             key = (fingerprint(spec, leaves), requires_grad_pattern(leaves))
         ctx = CallContext([self.fn, *leaves], self._frame_fn)
-        hit = self._lookup(key, ctx)
+        hit = self._lookup(key, ctx, leaves)
         if hit is None:
             with self._lock:
-                hit = self._lookup(key, ctx)  # another thread may have captured it meanwhile
+                hit = self._lookup(key, ctx, leaves)  # another thread may have captured it meanwhile
                 if hit is None:
                     entries = self._entries
                     if entries and log.isEnabledFor(logging.INFO):
@@ -322,9 +350,17 @@ class CompiledFunction:
             outputs = outputs[:n]
         return build(cap.output_template, outputs)
 
-    def _lookup(self, key: tuple, ctx: CallContext) -> tuple[Any, tuple] | None:
+    def _lookup(self, key: tuple, ctx: CallContext, leaves: list[Any]) -> tuple[Any, tuple] | None:
+        masked_keys: dict[frozenset[int], tuple] = {}
         for entry in self._entries:
-            if entry.key == key:
+            masked = entry.masked
+            if masked is None:
+                entry_key = key
+            else:  # a symbolic capture: the sizes of its dynamic inputs are for its shape guards
+                entry_key = masked_keys.get(masked)
+                if entry_key is None:
+                    entry_key = masked_keys[masked] = (without_sizes(key[0], leaves, masked), key[1])
+            if entry.key == entry_key:
                 if isinstance(entry, _EagerEntry):
                     return entry, ()
                 lifted = entry.admits(ctx)
@@ -337,8 +373,10 @@ class CompiledFunction:
         try:
             marking = (auto_regions(self.fn) if self.regions == "auto" and isinstance(self.fn, torch.nn.Module)
                        else contextlib.nullcontext())
+            automatic = self._automatic_dims(key, args, kwargs)
             with marking:
-                cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True)
+                cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
+                                      dynamic=self.dynamic, automatic=automatic)
         finally:
             self._rewatch()
         self.stats.captures += 1
@@ -355,7 +393,9 @@ class CompiledFunction:
             log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),
                         program.ineligible[0])
             return self._add(_EagerEntry(key, program.ineligible[0])), ()
-        example = cap.placeholders_for(args, kwargs)
+        # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
+        # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
+        example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
         try:
             compiled = self.backend(cap.gm, example)
         except StampoutError:
@@ -368,6 +408,11 @@ class CompiledFunction:
                 "try backend='eager' (or 'aot_eager') to see whether the graph or the backend is at fault, "
                 "and report it with STAMPOUT_LOGS=+regions output",
             )) from error
+        if cap.shapes is not None:
+            cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
+            leaves = ctx.leaves[1:]
+            key = (without_sizes(key[0], leaves, frozenset(cap.shapes.leaves)), key[1])
+            log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.describe())
         entry = _Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
         self._add(entry)
@@ -375,6 +420,28 @@ class CompiledFunction:
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
+
+    def _automatic_dims(self, key: tuple, args: tuple, kwargs: dict) -> dict[int, set[int]]:
+        """dynamic=None: the dims of each input that changed between calls with the same structure (sizes
+        left out) — torch.compile's automatic dynamic shapes. They stay symbolic in later captures."""
+        if self.dynamic is not None:
+            return {}
+        leaves, _, labels = flatten_inputs(args, kwargs)
+        structure = (without_sizes(key[0], leaves), key[1])
+        sizes = sizes_of(leaves)
+        dims = self._changed_dims.setdefault(structure, {})
+        before = self._seen_sizes.get(structure)
+        self._seen_sizes[structure] = sizes
+        for i, shape in sizes.items() if before is not None else ():
+            old = before.get(i)
+            if old is None or len(old) != len(shape):
+                continue
+            changed = {d for d, (a, b) in enumerate(zip(old, shape)) if a != b} - dims.get(i, set())
+            if changed:
+                dims.setdefault(i, set()).update(changed)
+                log.info("%s: %s changed size in dim %s (%s -> %s): capturing it with symbolic sizes",
+                         _name(self.fn), labels[i], sorted(changed), list(old), list(shape))
+        return dims
 
     def _add(self, entry: Any) -> Any:
         entries = list(self._entries)
@@ -406,7 +473,7 @@ def _name(fn: Any) -> str:
 
 
 def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # noqa: A001
-            regions: str | None = None) -> CompiledFunction:
+            regions: str | None = None, dynamic: bool | None = None) -> CompiledFunction:
     """Compile `fn` (a function or `nn.Module`) with stampout's capture and a torch.compile-style backend.
 
     Example::
@@ -420,6 +487,10 @@ def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # no
         backend: "eager", "aot_eager", "inductor", or any `callable(gm, example_inputs)`.
         max_entries: compiled variants kept (oldest dropped beyond this).
         regions: "auto" marks repeated children of ModuleLists and Sequentials as regions while capturing.
+        dynamic: as torch.compile's. None: static first; a call whose inputs differ only in sizes recaptures
+            with the dims that changed symbolic, so later sizes reuse it. True: every input dim symbolic from
+            the first call (sizes 0 and 1 stay static). False: a capture per shape. Dims marked with
+            `torch._dynamo.mark_dynamic` are symbolic in every mode, `mark_static` ones never.
 
     Returns:
         A `CompiledFunction` with `.stats` and `.last_capture`.
@@ -427,7 +498,7 @@ def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # no
     Raises:
         GuardError: the program has Python side effects a compiled call could not repeat.
     """
-    return CompiledFunction(fn, backend, max_entries, regions)
+    return CompiledFunction(fn, backend, max_entries, regions, dynamic)
 
 
 def reset_all() -> None:

@@ -101,6 +101,13 @@ class ConstantValues:
     def knows_all(self, args: tuple, kwargs: dict) -> bool:
         return all(id(t) in self._known for t in tensors_of((args, kwargs)))
 
+    def forget_if_mutated(self, func: Callable, args: tuple, kwargs: dict) -> None:
+        """An op whose result is not constant: if it writes into a known tensor, forget every known value."""
+        if not self._known or not mutating(func, kwargs, args):
+            return
+        if any(id(t) in self._known for t in tensors_of((args, kwargs))):
+            self._known.clear()
+
     def after(self, func: Callable, args: tuple, kwargs: dict, out: Any, tensors_in: bool) -> None:
         """Track the real value of `out` when every input is constant; forget all on a mixed mutation."""
         if tensors_in and not self._known:

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
+from .shapes import size_key, sizes_key
 from .sources import MISSING, RESOLVE_HELPERS, Absolute, Attr, CallContext, Source, mro_attr
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
@@ -72,7 +74,11 @@ def show_tensor_meta(meta: tuple) -> str:
 
 
 def tensor_meta(t: torch.Tensor) -> tuple:
-    """Everything about a tensor that a trace can depend on without reading its values."""
+    """Everything about a tensor that a trace can depend on without reading its values (symbolic sizes as
+    their expressions, see shapes.size_key)."""
+    if type(t) is FakeTensor and t._has_symbolic_sizes_strides:
+        return (type(t), sizes_key(t.shape), sizes_key(t.stride()), t.dtype, t.device, t.requires_grad, t.layout,
+                size_key(t.storage_offset()))
     return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.layout, t.storage_offset())
 
 

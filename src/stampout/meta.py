@@ -113,6 +113,8 @@ class MetaRunner:
     def _to_meta(self, value: Any, device: list[torch.device]) -> Any:
         if isinstance(value, torch.Tensor):
             if isinstance(value, FakeTensor):
+                if value._has_symbolic_sizes_strides:
+                    raise _Unsupported  # symbolic sizes: the fake mode's ShapeEnv must see every decision
                 fake_device = value.fake_device
             elif type(value) in (torch.Tensor, torch.nn.Parameter, torch.nn.Buffer) and value.device.type != "meta":
                 fake_device = value.device  # a real parameter or buffer: no need to make it a fake first

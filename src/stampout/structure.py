@@ -69,28 +69,32 @@ def aliases_of(leaves: list[Any]) -> tuple[int, ...]:
 Template = tuple
 
 
-def to_template(value: Any, slots: list[torch.Tensor]) -> Template:
-    """The template of `value`, appending each tensor it holds to `slots`."""
-    if isinstance(value, torch.Tensor):
+_SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def to_template(value: Any, slots: list[Any], sizes: bool = False) -> Template:
+    """The template of `value`, appending each tensor it holds (and with `sizes`, each symbolic size: the
+    graph computes it) to `slots`."""
+    if isinstance(value, torch.Tensor) or sizes and isinstance(value, _SIZES):
         slots.append(value)
         return ("slot", len(slots) - 1)
     t = type(value)
-    if t is tuple or t is list:
-        return ("seq", t, tuple(to_template(v, slots) for v in value))
+    if t is tuple or t is list or t is torch.Size:
+        return ("seq", t, tuple(to_template(v, slots, sizes) for v in value))
     if _is_namedtuple(value):
-        return ("namedtuple", t, tuple(to_template(v, slots) for v in value))
+        return ("namedtuple", t, tuple(to_template(v, slots, sizes) for v in value))
     if isinstance(value, tuple) and hasattr(t, "n_fields"):  # a structseq: torch.return_types.max
-        return ("structseq", t, tuple(to_template(v, slots) for v in value))
+        return ("structseq", t, tuple(to_template(v, slots, sizes) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if isinstance(value, dict):  # transformers' ModelOutput: a dict whose set keys are its fields
-            items = tuple((k, to_template(v, slots)) for k, v in value.items())
+            items = tuple((k, to_template(v, slots, sizes)) for k, v in value.items())
             return ("modeloutput", t, items)
         fields = tuple(
-            (f.name, to_template(getattr(value, f.name), slots)) for f in dataclasses.fields(value) if f.init
+            (f.name, to_template(getattr(value, f.name), slots, sizes)) for f in dataclasses.fields(value) if f.init
         )
         return ("dataclass", t, fields)
     if t is dict or t is collections.OrderedDict:
-        return ("dict", t, tuple((k, to_template(v, slots)) for k, v in value.items()))
+        return ("dict", t, tuple((k, to_template(v, slots, sizes)) for k, v in value.items()))
     return ("const", value)
 
 

@@ -31,6 +31,7 @@ from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
 from .meta import NOT_HANDLED, MetaRunner, meta_like
+from .shapes import SymbolicValues, Symbols, any_symbolic
 from .sources import Source
 
 log = logging.getLogger(__name__)
@@ -144,17 +145,22 @@ def _function_apply(cls: type) -> Callable:
     return target
 
 
-def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """`value` with every tensor inside tuples, lists and dicts replaced by `fn(tensor)`."""
-    if isinstance(value, torch.Tensor):
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any], syms: bool = False) -> Any:
+    """`value` with every tensor inside tuples, lists and dicts replaced by `fn(tensor)` (and with `syms`,
+    every symbolic size too)."""
+    if isinstance(value, torch.Tensor) or syms and isinstance(value, _SYM):
         return fn(value)
     t = type(value)
-    if t is tuple or t is list:
-        return t(map_tensors(v, fn) for v in value)
+    if t is tuple or t is list or t is torch.Size and syms:
+        return (tuple if t is torch.Size else t)(map_tensors(v, fn, syms) for v in value)
     if t is dict:
-        return {k: map_tensors(v, fn) for k, v in value.items()}
+        return {k: map_tensors(v, fn, syms) for k, v in value.items()}
     if t is slice:
-        return slice(map_tensors(value.start, fn), map_tensors(value.stop, fn), map_tensors(value.step, fn))
+        return slice(map_tensors(value.start, fn, syms), map_tensors(value.stop, fn, syms),
+                     map_tensors(value.step, fn, syms))
     return value
 
 
@@ -185,6 +191,7 @@ class Builder:
         self.submodules: dict[str, Any] = {}  # subgraphs and constant objects, by attribute name
         self._placeholder_names: set[str] = set()
         self._constants: dict[int, fx.Node] = {}
+        self._sizes: SymbolicValues | None = None  # size expressions as nodes (symbolic captures only)
 
     def constant(self, value: Any) -> fx.Node:
         """A get_attr node for an object the generated code cannot spell (a class, a local function)."""
@@ -225,17 +232,41 @@ class Builder:
             with ctx:
                 node = graph.placeholder(name)
         self._last_placeholder = node
-        if meta or isinstance(value, FakeTensor):
-            node.meta["val"] = value if isinstance(value, FakeTensor) else self.tracer.meta_fake(value)
+        if meta or isinstance(value, FakeTensor) or isinstance(value, _SYM):
+            node.meta["val"] = (value if isinstance(value, (FakeTensor, *_SYM)) else self.tracer.meta_fake(value))
         self.nodes[id(value)] = (value, node)
         return node
 
     def node_for(self, t: torch.Tensor) -> fx.Node:
-        """The node producing `t` in this graph, lifting it as a placeholder when it comes from outside."""
+        """The node producing `t` in this graph, lifting it as a placeholder when it comes from outside (a
+        symbolic size: the node computing it, or a constant where it is specialized)."""
         hit = self.nodes.get(id(t))
         if hit is not None:
             return hit[1]
+        if isinstance(t, _SYM):
+            return self.size_node(t)
         return self.tracer.lift(self, t)
+
+    def size_node(self, value: Any) -> Any:
+        sizes = self._sizes
+        if sizes is None:
+            symbols = self.tracer.symbols
+            if symbols is None:  # a SymInt from another capture's ShapeEnv: its value is all we can use
+                return int(value) if isinstance(value, torch.SymInt) else value.node.hint
+            if self.parent is None:
+                def bind(symbol: Any) -> fx.Node:
+                    return symbols.bind_root(self.graph, symbol)
+            else:
+                def bind(symbol: Any) -> fx.Node:
+                    return self.tracer.regions.lift_symbol(self, symbol)
+            sizes = self._sizes = SymbolicValues(symbols, self.graph, bind)
+        return sizes.node_for(value)
+
+    def symbol_placeholder(self, symbol: Any, value: Any) -> fx.Node:
+        """A placeholder for a bound symbol (a size passed into a region's subgraph as an int)."""
+        node = self.placeholder(identifier(str(symbol)), value)
+        del self.nodes[id(value)]
+        return node
 
     def bind(self, value: torch.Tensor, node: fx.Node) -> None:
         self.nodes[id(value)] = (value, node)
@@ -251,6 +282,8 @@ class RegionHooks(Protocol):
     def note_autograd_read(self) -> None: ...
 
     def note_value_decision(self, scope: frozenset[int]) -> None: ...
+
+    def lift_symbol(self, builder: Builder, symbol: Any) -> fx.Node: ...
 
     def frame_ids(self) -> frozenset[int]: ...
 
@@ -282,6 +315,7 @@ class Tracer:
         self.meta = MetaRunner(fake_mode)
         self.mode = CaptureMode(self)
         self.regions: RegionHooks | None = None  # the region handler (regions.call.RegionCalls)
+        self.symbols: Symbols | None = None  # a symbolic capture's symbols (see shapes.py)
 
     @property
     def builder(self) -> Builder:
@@ -393,6 +427,8 @@ class Tracer:
             return None
 
         tensors_in = has_tensor(args) or has_tensor(kwargs)
+        if self.symbols is not None and (any_symbolic(args) or any_symbolic(kwargs)):
+            return self._on_symbolic_call(func, args, kwargs, tensors_in)
         if (tensors_in and _is_property_get(func) and not isinstance(args[0], FakeTensor)
                 and func.__self__.__name__ not in _VIEW_PROPERTIES):
             value = func(args[0])  # `param.shape`, `buffer.dtype`: read the real tensor, record nothing
@@ -406,6 +442,23 @@ class Tracer:
         if func in _AUTOGRAD_GETTERS and self.regions is not None:
             self.regions.note_autograd_read()
         if not has_tensor(out) and not (out is None and tensors_in and not _is_property_get(func)):
+            return out
+        self.record(func, args, kwargs, out)
+        return out
+
+    def _on_symbolic_call(self, func: Callable, args: tuple, kwargs: dict, tensors_in: bool) -> Any:
+        """An op with a symbolic size among its arguments (`x.view(b, t, -1)`, `torch.arange(t)`): shape
+        propagation on fakes only, and no constant values (its result depends on the size)."""
+        if tensors_in:
+            fake_args, fake_kwargs = map_tensors(args, self.fake_of), map_tensors(kwargs, self.fake_of)
+        else:
+            fake_args, fake_kwargs = args, kwargs
+        try:
+            out = func(*fake_args, **fake_kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            self._raise_data_dependent(f"{getattr(func, '__name__', func)} (its result depends on tensor values)")
+        self.constants.forget_if_mutated(func, args, kwargs)
+        if not has_tensor(out) and not (out is None and tensors_in):
             return out
         self.record(func, args, kwargs, out)
         return out
@@ -458,8 +511,8 @@ class Tracer:
     def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:
         builder = self.builder
         op, target = node_target(func)
-        node_args = builder.literal(map_tensors(args, builder.node_for))
-        node_kwargs = builder.literal(map_tensors(kwargs, builder.node_for)) if kwargs else {}
+        node_args = builder.literal(map_tensors(args, builder.node_for, True))
+        node_kwargs = builder.literal(map_tensors(kwargs, builder.node_for, True)) if kwargs else {}
         if op == "call_function" and target is builtins.getattr:
             node_args = (node_args[0], func.__self__.__name__)
         if op == "call_method":

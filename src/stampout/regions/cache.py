@@ -6,9 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from ..guards import Guard, const_key, is_constant, tensor_meta
+from ..shapes import size_key
 from ..structure import Template
 
 
@@ -27,7 +29,14 @@ class SourceInput:
     source: Any
 
 
-LiftedInput = ArgInput | SourceInput
+@dataclass(frozen=True)
+class SymbolInput:
+    """A subgraph input that is a symbolic size of the capture (a bound symbol), passed as an int."""
+
+    symbol: Any
+
+
+LiftedInput = ArgInput | SourceInput | SymbolInput
 
 
 @dataclass(eq=False)
@@ -113,7 +122,10 @@ def structure_key(gm: fx.GraphModule) -> tuple:
         if node.op == "placeholder":
             val = node.meta.get("val")
             # requires_grad is left out: like reuse, dedup holds across which inputs require grad
-            meta = tensor_meta(val)[1:5] + tensor_meta(val)[6:] if val is not None else None
+            if isinstance(val, torch.Tensor):
+                meta = tensor_meta(val)[1:5] + tensor_meta(val)[6:]
+            elif val is not None:
+                meta = ("size", size_key(val))
         target = node.target if isinstance(node.target, str) else (id(node.target), str(node.target))
         if node.op == "get_attr" and not isinstance(getattr(gm, node.target, None), fx.GraphModule):
             target = ("constant", id(getattr(gm, node.target)))

@@ -23,7 +23,7 @@ from ..structure import aliases_of, build, flatten_inputs, template_constants, t
 from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier
 from ..tracking import Watch
-from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput
+from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
 from .code import is_user_code
 from .fingerprint import describe_difference, fingerprint, requires_grad_pattern
 from .frame import RegionFrame
@@ -125,10 +125,12 @@ class RegionCalls:
         with listeners(None, None):
             return check_guards(entry.check, ctx)
 
-    @staticmethod
-    def _operands(entry: ReuseEntry, leaves: list[Any], captured: Any) -> list[Any]:
+    def _operands(self, entry: ReuseEntry, leaves: list[Any], captured: Any) -> list[Any]:
         it = iter(captured)
-        return [leaves[spec.index] if isinstance(spec, ArgInput) else next(it) for spec in entry.lifted]
+        symbols = self.tracer.symbols
+        return [leaves[spec.index] if isinstance(spec, ArgInput)
+                else symbols.value_of(spec.symbol) if isinstance(spec, SymbolInput) else next(it)
+                for spec in entry.lifted]
 
     def _call_hashed(self, region, args, kwargs, leaves, labels, fp, rg, ctx, site) -> Any:
         key = region.reuse_hash_fn(*args, **kwargs)
@@ -329,7 +331,7 @@ class RegionCalls:
 
     def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[tuple]:
         """Output metadata of the entry's subgraph for inputs that differ only in requires_grad."""
-        inputs = [self.tracer.fake_of(v) for v in values]
+        inputs = [self.tracer.fake_of(v) if isinstance(v, torch.Tensor) else v for v in values]
         outs = fx.Interpreter(entry.gm).run(*inputs)
         return [_out_meta(t) for t in outs]
 
@@ -372,6 +374,14 @@ class RegionCalls:
             log.debug(text) if outcome == "reused" else log.info(text)
 
     # ---- lifting into a region's subgraph -------------------------------------------------------
+    def lift_symbol(self, builder: Builder, symbol: Any) -> fx.Node:
+        """A symbolic size the region's code uses: an int input of its subgraph (a bound symbol), passed by
+        the caller, so one subgraph serves every size."""
+        value = self.tracer.symbols.value_of(symbol)
+        builder.operands.append(builder.parent.size_node(value))
+        builder.frame.lifted.append(SymbolInput(symbol))
+        return builder.symbol_placeholder(symbol, value)
+
     def lift_into_subgraph(self, builder: Builder, t: torch.Tensor) -> fx.Node:
         frame: RegionFrame = builder.frame
         source = frame.sources.get(id(t))

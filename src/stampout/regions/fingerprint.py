@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ..guards import const_key, is_constant, tensor_meta
+from ..shapes import show_size, size_key
 from ..structure import aliases_of
 from ..torch_internals import FLAG_NAMES, global_flags
 from ..tracking import original_class
@@ -21,6 +22,8 @@ def leaf_key(leaf: Any) -> tuple:
         return ("tensor", meta[:5] + meta[6:])  # requires_grad is matched separately (see RegionCalls)
     if is_constant(leaf):
         return ("constant", const_key(leaf))
+    if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ("size", type(leaf), size_key(leaf))
     if isinstance(leaf, torch.nn.Module):
         return ("module", original_class(leaf))
     return ("object", original_class(leaf))
@@ -45,17 +48,37 @@ def fingerprint(spec: tuple, leaves: list[Any]) -> tuple:
     return (spec, tuple(leaf_key(leaf) for leaf in leaves), state_key(), aliases_of(leaves))
 
 
+def without_sizes(key: tuple, leaves: list[Any], masked: frozenset[int] | None = None) -> tuple:
+    """A fingerprint with the sizes, strides and storage offsets of tensor leaves in `masked` (all tensor
+    leaves when None) left out: what a capture with those inputs symbolic checks by its shape guards."""
+    keys = list(key[1])
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor) and (masked is None or i in masked):
+            cls, _, _, dtype, device, layout, _ = keys[i][1]
+            keys[i] = ("tensor", (cls, leaf.dim(), dtype, device, layout))
+    return (key[0], tuple(keys), *key[2:])
+
+
+def sizes_of(leaves: list[Any]) -> dict[int, tuple[int, ...]]:
+    return {i: tuple(leaf.shape) for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
+
+
 def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
     return tuple(leaf.requires_grad for leaf in leaves if isinstance(leaf, torch.Tensor))
 
 
 def _show(key: tuple) -> str:
-    kind, value = key
+    kind, value = key[0], key[1]
+    if kind == "tensor" and len(value) == 5:  # sizes left out (a symbolic capture checks them)
+        return f"tensor(ndim={value[1]}, dtype={value[2]}, device={value[3]})"
     if kind == "tensor":
         _, shape, stride, dtype, device, _, _ = value
-        return f"tensor(shape={list(shape)}, stride={list(stride)}, dtype={dtype}, device={device})"
+        return (f"tensor(shape=[{', '.join(map(show_size, shape))}], stride=[{', '.join(map(show_size, stride))}], "
+                f"dtype={dtype}, device={device})")
     if kind == "constant":
         return f"{value[1]!r} ({value[0].__name__})"
+    if kind == "size":
+        return f"symbolic size {show_size(key[2])}"
     return f"{kind} of class {value.__qualname__}"
 
 

@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
+from ..shapes import size_key, sizes_key
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
 from ..tracking import Watch, original_class, shim_class
 from .cache import ArgInput, LiftedInput
@@ -32,8 +33,18 @@ _BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.Module
                 types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
                 types.ClassMethodDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
                 torch._ops.HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
+_SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
 _SLOT = types.MemberDescriptorType
+
+
+def _raw_meta(t: torch.Tensor) -> tuple:
+    return (type(t), tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad, t.layout)
+
+
+def _meta_key(meta: tuple) -> tuple:
+    cls, shape, stride, offset, *rest = meta
+    return (cls, sizes_key(shape), sizes_key(stride), size_key(offset), *rest)
 
 
 def _contents(value: Any) -> Any:
@@ -120,7 +131,7 @@ class RegionFrame:
                 if not isinstance(leaf, torch.Tensor):
                     watch.arguments.add(id(leaf))
                 self.adopt(leaf, Arg(i, labels[i]), from_arg=True)
-        self._input_meta = [(i, tensor_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        self._input_meta = [(i, _raw_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
         self.adopt_function(fn, None)
 
     # ---- recording ------------------------------------------------------------------------------
@@ -155,6 +166,9 @@ class RegionFrame:
                 self.guard(source, Kind.CONST, const_key(value), where)
             if type(value) in (list, dict, set):  # mutable: changing it in the trace is a side effect
                 self.containers.append((value, source, _contents(value), _copy(value)))
+        elif isinstance(value, _SIZES):
+            if not from_arg:  # a size held by an object: nothing to guard it by (an argument's is in the fingerprint)
+                self.mark_ineligible(f"reads {source.name()}, a symbolic size held outside its arguments")
         elif isinstance(value, torch.nn.Module):
             self._adopt_module(value, source, from_arg, where)
         elif isinstance(value, types.FunctionType):
@@ -263,7 +277,8 @@ class RegionFrame:
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
         input whose shape, strides or requires_grad changed in place (a stamped call would not change them)."""
         for i, meta in self._input_meta:
-            if tensor_meta(self.leaves[i]) != meta:
+            # (compared as keys made now: a symbolic size may have been specialized meanwhile)
+            if _meta_key(_raw_meta(self.leaves[i])) != _meta_key(meta):
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
         for value, source, before, _ in self.containers:
             if _contents(value) != before:

@@ -1,0 +1,291 @@
+"""Symbolic sizes: which input dims are dynamic, fakes with symbols, SymInts as FX nodes, and shape guards.
+
+A dynamic capture gives its fake mode a `ShapeEnv`. Input tensors get a symbol for each dynamic dim
+(`torch._dynamo.mark_dynamic`, `compile(dynamic=True)`, or a dim a compiled function saw change); Python
+arithmetic on sizes builds sympy expressions in those symbols, and every decision the program takes on them
+(`if t > 64`, `t % 8 == 0`, a view that needs `t == 2*h`) becomes a guard in the ShapeEnv. Parameters and
+everything else stay static; constants such as `eps` are never made symbolic.
+
+In a graph, a size is an expression in the symbols: the outer graph binds each symbol with
+`aten.sym_size.int` (or `sym_stride`, `sym_storage_offset`) of the input that defines it, and a region's
+subgraph takes the symbols it uses as int inputs ("bound symbols", passed by the caller), so one subgraph
+serves every size. An expression we cannot spell in FX is specialized instead (a guard on its value).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+import torch.utils._sympy.functions as symfn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .errors import StampoutError, message
+from .frames import user_location
+
+_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def is_symbolic(value: Any) -> bool:
+    """A SymInt/SymFloat/SymBool that is not a known number."""
+    return isinstance(value, _SYM) and not value.node.expr.is_number
+
+
+def any_symbolic(value: Any) -> bool:
+    """Whether an op's arguments hold a symbolic size (inside tuples, lists, dicts and slices)."""
+    if isinstance(value, _SYM):
+        return True
+    t = type(value)
+    if t is tuple or t is list or t is torch.Size:
+        return any(any_symbolic(v) for v in value)
+    if t is dict:
+        return any(any_symbolic(v) for v in value.values())
+    if t is slice:
+        return any_symbolic((value.start, value.stop, value.step))
+    return False
+
+
+def has_symbols(t: torch.Tensor) -> bool:
+    return type(t) is FakeTensor and t._has_symbolic_sizes_strides
+
+
+# ---- which dims are dynamic ---------------------------------------------------------------------------
+def marked_dims(t: torch.Tensor) -> tuple[set[int], set[int]]:
+    """Dims marked with torch._dynamo.mark_dynamic / mark_static (dynamic, static)."""
+    dynamic = set(getattr(t, "_dynamo_dynamic_indices", ()) or ())
+    static = set(getattr(t, "_dynamo_static_indices", ()) or ())
+    return dynamic, static
+
+
+def dynamic_dims(t: torch.Tensor, dynamic: bool | None, automatic: set[int] = frozenset()) -> tuple[int, ...]:
+    """The dims of input `t` to capture symbolic: marked ones always; all with dynamic=True; with
+    dynamic=None the dims a compiled function saw change (`automatic`). mark_static wins."""
+    marked, static = marked_dims(t)
+    dims = set(marked) | set(automatic)
+    if dynamic is True:
+        dims |= set(range(t.dim()))
+    return tuple(sorted(d for d in dims - static if 0 <= d < t.dim()))
+
+
+def symbolic_fake(fake_mode: Any, t: torch.Tensor, name: str, dims: tuple[int, ...]) -> FakeTensor:
+    """A fake of input `t` whose `dims` are symbols (0/1 sizes stay static, as torch.compile does)."""
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    sizes = [DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(t.dim())]
+    context = StatelessSymbolicContext(dynamic_sizes=sizes)
+    return fake_mode.from_tensor(t, source=LocalSource(name), symbolic_context=context)
+
+
+# ---- keys ---------------------------------------------------------------------------------------------
+def size_key(value: Any) -> Any:
+    """An int as itself; a symbolic size as (its ShapeEnv, its expression): equal only within one capture."""
+    if type(value) is int:
+        return value
+    node = value.node
+    expr = node.expr
+    if expr.is_number:
+        return int(expr) if isinstance(value, torch.SymInt) else expr
+    return ("sym", node.shape_env, expr)
+
+
+def sizes_key(values: Any) -> tuple:
+    return tuple(v if type(v) is int else size_key(v) for v in values)
+
+
+def show_size(value: Any) -> str:
+    if isinstance(value, tuple) and value and value[0] == "sym":
+        return str(value[2])
+    return str(value)
+
+
+# ---- SymInts in graphs --------------------------------------------------------------------------------
+_BINARY: dict[type, Callable] = {
+    symfn.FloorDiv: operator.floordiv,
+    symfn.PythonMod: operator.mod,
+    symfn.Mod: operator.mod,
+    symfn.CleanDiv: operator.floordiv,
+}
+_BINDERS = {"size": torch.ops.aten.sym_size.int, "stride": torch.ops.aten.sym_stride.int}
+
+
+class Symbols:
+    """The symbols of one capture: where each is defined (an input placeholder's size, stride or offset)."""
+
+    def __init__(self, shape_env: Any) -> None:
+        self.shape_env = shape_env
+        self.origin: dict[sympy.Symbol, tuple[fx.Node, str, int]] = {}
+        self.values: dict[sympy.Symbol, torch.SymInt] = {}
+        self.inputs: list[tuple[int, FakeTensor]] = []  # (flat input leaf, symbolic fake)
+
+    def bind_input(self, leaf: int, fake: FakeTensor, node: fx.Node) -> None:
+        """Remember which symbols input `leaf` (placeholder `node`) defines."""
+        self.inputs.append((leaf, fake))
+        for kind, values in (("size", fake.shape), ("stride", fake.stride()), ("offset", (fake.storage_offset(),))):
+            for dim, value in enumerate(values):
+                if isinstance(value, torch.SymInt) and isinstance(value.node.expr, sympy.Symbol):
+                    symbol = value.node.expr
+                    if symbol not in self.origin:
+                        self.origin[symbol] = (node, kind, dim)
+                        self.values[symbol] = value
+
+    def value_of(self, expr: sympy.Expr) -> Any:
+        """A SymInt for `expr` (for node metadata)."""
+        if expr in self.values:
+            return self.values[expr]
+        env = self.shape_env
+        hint = expr.xreplace(env.var_to_val)
+        return env.create_symintnode(expr, hint=int(hint) if hint.is_number else None)
+
+    def bind_root(self, graph: fx.Graph, symbol: sympy.Symbol) -> fx.Node:
+        """The outer graph's node for `symbol`: sym_size / sym_stride / sym_storage_offset of its input."""
+        origin = self.origin.get(symbol)
+        if origin is None:
+            raise StampoutError(message(
+                f"the symbolic size {symbol} does not come from an input of the captured call",
+                user_location(), "report this as a stampout bug; capture with dynamic=False meanwhile",
+            ))
+        node, kind, dim = origin
+        if kind == "offset":
+            new = graph.call_function(torch.ops.aten.sym_storage_offset.default, (node,))
+        else:
+            new = graph.call_function(_BINDERS[kind], (node, dim))
+        new.meta["val"] = self.values[symbol]
+        return new
+
+
+class SymbolicValues:
+    """Per graph builder: the FX value of each size expression, built from the symbols on demand."""
+
+    def __init__(self, symbols: Symbols, graph: fx.Graph, symbol_node: Callable[[sympy.Symbol], fx.Node]) -> None:
+        self.symbols = symbols
+        self.graph = graph
+        self.symbol_node = symbol_node  # root: bind from an input; subgraph: a bound-symbol placeholder
+        self.nodes: dict[sympy.Expr, Any] = {}
+
+    def node_for(self, value: Any) -> Any:
+        """An FX argument (node or constant) with `value`'s run-time value."""
+        if isinstance(value, torch.SymBool):
+            return bool(value)  # a symbolic condition as an op argument: specialized (guarded)
+        node = value.node
+        expr = node.expr
+        if expr.is_number:
+            return int(expr) if isinstance(value, torch.SymInt) else float(expr)
+        if isinstance(value, torch.SymFloat):
+            return float(value)  # specialized: guards the float's value
+        if expr not in self.nodes and isinstance(value, torch.SymInt):
+            self.symbols.values.setdefault(expr, value)
+        out = self._expr(expr)
+        if out is None:  # an expression FX cannot spell: specialize it (a guard on its value)
+            return int(value)
+        return out
+
+    def _expr(self, expr: sympy.Expr) -> Any:
+        if expr.is_Integer:
+            return int(expr)
+        hit = self.nodes.get(expr)
+        if hit is not None:
+            return hit
+        graph = self.graph
+        if isinstance(expr, sympy.Symbol):
+            out = self.symbol_node(expr)
+        elif isinstance(expr, (sympy.Add, sympy.Mul)):
+            fold = operator.add if isinstance(expr, sympy.Add) else operator.mul
+            parts = [self._expr(a) for a in expr.args]
+            if any(p is None for p in parts):
+                return None
+            out = parts[0]
+            for part in parts[1:]:
+                out = graph.call_function(fold, (out, part))
+        elif type(expr) in _BINARY:
+            a, b = (self._expr(x) for x in expr.args)
+            if a is None or b is None:
+                return None
+            out = graph.call_function(_BINARY[type(expr)], (a, b))
+        elif isinstance(expr, (sympy.Pow, symfn.PowByNatural)) and expr.args[1].is_Integer and expr.args[1] > 0:
+            base = self._expr(expr.args[0])
+            if base is None:
+                return None
+            out = graph.call_function(operator.pow, (base, int(expr.args[1])))
+        elif isinstance(expr, (symfn.Max, symfn.Min)):
+            parts = [self._expr(a) for a in expr.args]
+            if any(p is None for p in parts):
+                return None
+            fn = torch.sym_max if isinstance(expr, symfn.Max) else torch.sym_min
+            out = parts[0]
+            for part in parts[1:]:
+                out = graph.call_function(fn, (out, part))
+        else:
+            return None
+        if isinstance(out, fx.Node) and "val" not in out.meta:
+            out.meta["val"] = self.symbols.value_of(expr)
+        self.nodes[expr] = out
+        return out
+
+
+# ---- shape guards -------------------------------------------------------------------------------------
+class ShapeGuards:
+    """What a symbolic capture assumed about its dynamic inputs' sizes (ranges, relations, specializations),
+    checked on real inputs; built after the backend ran (it may add assumptions of its own)."""
+
+    def __init__(self, symbols: Symbols, names: list[str]) -> None:
+        self.symbols = symbols
+        self.names = names  # per dynamic input, its label
+        self._check: Callable[[list[torch.Tensor]], bool] | None = None
+
+    @property
+    def leaves(self) -> list[int]:
+        return [leaf for leaf, _ in self.symbols.inputs]
+
+    def freeze(self) -> None:
+        """Generate the check from the guards the ShapeEnv holds now."""
+        env = self.symbols.shape_env
+        fakes = [fake for _, fake in self.symbols.inputs]
+        code = env.produce_guards_expression(fakes, ignore_static=False)
+        if code is None:
+            self._check = lambda values: True
+            return
+        self._code = code
+        self._check = lambda values: env.evaluate_guards_expression(code, values)
+
+    def check(self, values: list[torch.Tensor]) -> bool:
+        if self._check is None:
+            self.freeze()
+        return bool(self._check(values))
+
+    def describe(self) -> str:
+        """The assumptions, with the inputs named as the user knows them (`x.size()[1]`)."""
+        if self._check is None:
+            self.freeze()
+        text = getattr(self, "_code", "") or "none"
+        for i, name in enumerate(self.names):
+            text = text.replace(f"L['t{i}']", name)
+        return text
+
+    def why_not(self, values: list[torch.Tensor]) -> str:
+        """Which assumption `values` break."""
+        for clause in self.describe_clauses():
+            if not self._one(clause, values):
+                return self._named(clause)
+        return "no difference found"
+
+    def describe_clauses(self) -> list[str]:
+        if self._check is None:
+            self.freeze()
+        code = getattr(self, "_code", "")
+        return [c.strip() for c in code.split(" and ")] if code else []
+
+    def _one(self, clause: str, values: list[torch.Tensor]) -> bool:
+        try:
+            return bool(self.symbols.shape_env.evaluate_guards_expression(clause, values))
+        except Exception:  # noqa: BLE001 - a clause that does not stand alone: judged with the rest
+            return True
+
+    def _named(self, clause: str) -> str:
+        for i, name in enumerate(self.names):
+            clause = clause.replace(f"L['t{i}']", name)
+        return clause

@@ -1,0 +1,252 @@
+"""Symbolic sizes: mark_dynamic / mark_static, compile(dynamic=None|True|False), shape guards, reuse across
+the layers with symbolic inputs, and values and gradients equal to eager for every size."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from helpers import tree_assert_close
+from torch import nn
+
+import stampout
+from stampout.tools.models import make_input, make_model
+
+LENGTHS = (8, 12, 5, 16, 9, 24, 3, 31)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, d)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.fc(self.norm(x)).view(b, t, 2, d // 2).transpose(1, 2).reshape(b, 2, t * (d // 2))
+        return x + h.view(b, 2, t, d // 2).transpose(1, 2).reshape(b, t, d)
+
+
+class Stack(nn.Module):
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Block() for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Size, int]:
+        for layer in self.layers:
+            x = layer(x)
+        return x[:, : x.shape[1] // 2], x.shape, x.shape[1] * 2
+
+
+def dynamic_input(t: int, dim: int = 1, batch: int = 2) -> torch.Tensor:
+    x = torch.randn(batch, t, 16)
+    torch._dynamo.mark_dynamic(x, dim)
+    return x
+
+
+# ---- capture ---------------------------------------------------------------------------------------------
+def test_mark_dynamic_capture_serves_every_length():
+    model = Stack()
+    cap = stampout.capture(model, dynamic_input(8))
+    assert (cap.stats.traces, cap.stats.reuses, cap.stats.subgraphs) == (1, 3, 1)
+    for t in LENGTHS:
+        x = torch.randn(2, t, 16)
+        out, ref = cap(x), model(x)
+        tree_assert_close(out, ref)
+        assert out[1] == torch.Size([2, t, 16]) and out[2] == 2 * t  # sizes come from the graph, not baked
+    assert "sym_size" in cap.gm.code
+    cap.gm.graph.lint()
+
+
+def test_constants_stay_constants():
+    """LayerNorm's eps is a float constant in the subgraph (torch.compile's dynamic=True makes it a SymFloat)."""
+    cap = stampout.capture(Stack(2), dynamic_input(8))
+    code = cap.gm.subgraph_0.code
+    assert "eps = 1e-05" in code
+
+
+def test_symbolic_capture_refuses_sizes_outside_its_assumptions():
+    cap = stampout.capture(Stack(2), dynamic_input(8))
+    with pytest.raises(stampout.StampoutError) as error:
+        cap(torch.randn(3, 8, 16))  # the batch dim was captured static
+    text = str(error.value)
+    assert "x.size()[0] == 2" in text and "[3, 8, 16]" in text and "test_dynamic.py" in text
+    with pytest.raises(stampout.StampoutError, match=r"x.size\(\)\[1\]"):
+        cap(torch.randn(2, 1, 16))  # 0/1 are specialized: a length of 1 is outside the capture
+
+
+def test_static_capture_names_the_input_that_differs():
+    cap = stampout.capture(Stack(2), torch.randn(2, 8, 16))
+    with pytest.raises(stampout.StampoutError, match=r"input x differs.*shape=\[2, 8, 16\].*got shape=\[2, 5, 16\]"):
+        cap(torch.randn(2, 5, 16))
+
+
+def test_mark_static_wins_over_dynamic_true():
+    model = Stack(2)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=True)
+    for t in (6, 9):
+        x = torch.randn(2, t, 16)
+        torch._dynamo.mark_static(x, 1)
+        tree_assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 2
+
+
+class SizeArgument(nn.Module):
+    """A region that takes a symbolic size as an argument (PyTorch's SymInt-argument reuse test)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    @stampout.region
+    def step(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return self.fc(x).narrow(1, 0, n) * n
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        a = self.step(x, x.shape[1] // 2)
+        b = self.step(x, x.shape[1] // 2)  # same expression: reused
+        c = self.step(y, y.shape[1] // 2)  # another symbol: another trace
+        return a.sum(1) + b.sum(1) + c.sum(1)
+
+
+def test_region_fingerprint_by_symbol():
+    model = SizeArgument()
+    x, y = torch.randn(2, 8, 16), torch.randn(2, 6, 16)
+    torch._dynamo.mark_dynamic(x, 1)
+    torch._dynamo.mark_dynamic(y, 1)
+    cap = stampout.capture(model, x, y)
+    assert (cap.stats.traces, cap.stats.reuses) == (2, 1)
+    for tx, ty in ((8, 6), (10, 4), (5, 12)):
+        x, y = torch.randn(2, tx, 16), torch.randn(2, ty, 16)
+        tree_assert_close(cap(x, y), model(x, y))
+
+
+class Branchy(nn.Module):
+    """Python decides on a size inside the region: the decision is a shape guard, never baked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] > 10:
+            return self.fc(x)[:, :10]
+        return self.fc(x) * 2
+
+
+def test_size_decision_is_guarded():
+    model = Branchy()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=True)
+    for t in (4, 6, 12, 16, 8, 11, 10):
+        x = torch.randn(2, t, 16)
+        tree_assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 2  # one capture for t <= 10, one for t > 10
+
+
+def test_transposed_input_is_guarded_on_strides():
+    model = Stack(2)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=True)
+    x = torch.randn(2, 8, 16)
+    tree_assert_close(fn(x), reference(x))
+    xt = torch.randn(2, 16, 10).transpose(1, 2)  # same sizes pattern, other strides
+    tree_assert_close(fn(xt), reference(xt))
+    assert fn.stats.captures == 2
+
+
+# ---- compile: the three modes -------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dynamic_none_captures_twice_over_eight_lengths(backend):
+    model = make_model("llama", regions=True, layers=4)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    for i, t in enumerate(LENGTHS):
+        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+        tree_assert_close(fn(ids), reference(ids))
+        assert fn.last_capture.stats.traces == 1  # the repeated layer traced once per capture
+    assert fn.stats.captures == 2
+    for b in (3, 5):  # a second batch size: one more capture, symbolic in both dims
+        (ids,) = make_input("llama", batch=b, seq=7, model=model)
+        tree_assert_close(fn(ids), reference(ids))
+    assert fn.stats.captures == 3
+
+
+def test_dynamic_true_captures_once_and_trains():
+    model = make_model("llama", regions=True, layers=3)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="aot_eager", dynamic=True)
+    for i, t in enumerate(LENGTHS[:5]):
+        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+        out, ref = fn(ids), reference(ids)
+        tree_assert_close(out, ref)
+        out.square().mean().backward()
+        ref.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name, rtol=1e-4, atol=1e-5)
+    assert fn.stats.captures == 1 and fn.stats.traces == 1
+
+
+def test_dynamic_false_captures_per_shape():
+    model = Stack(2)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=False)
+    for t in (8, 12, 8, 5, 12):
+        x = torch.randn(2, t, 16)
+        tree_assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 3
+    assert fn.last_capture.shapes is None
+
+
+def test_mark_dynamic_captures_once():
+    model = Stack(3)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=False)
+    for t in (8, 12, 5, 20):
+        x = dynamic_input(t)
+        tree_assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 1
+
+
+def test_recapture_log_names_the_dim(caplog):
+    fn = stampout.compile(Stack(2), backend="eager")
+    fn(torch.randn(2, 8, 16))
+    with caplog.at_level(logging.INFO, logger="stampout.guards"):
+        fn(torch.randn(2, 12, 16))
+    assert "changed size in dim [1]" in caplog.text and "[2, 8, 16] -> [2, 12, 16]" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="stampout.guards"):
+        fn(torch.randn(2, 1, 16))  # outside the symbolic capture (1 is specialized)
+    assert "the symbolic capture assumed" in caplog.text
+
+
+def test_gradients_equal_eager_for_every_length():
+    model = Stack(3)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=True)
+    for t in (6, 9, 14):
+        x = torch.randn(2, t, 16, requires_grad=True)
+        xr = x.detach().clone().requires_grad_(True)
+        out, ref = fn(x)[0], reference(xr)[0]
+        tree_assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+    assert fn.stats.captures == 1
+
+
+@pytest.mark.inductor
+def test_inductor_compiles_once_for_all_lengths():
+    model = make_model("llama", regions=True, layers=2, hidden=32, intermediate=64)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="inductor", dynamic=True)
+    for i, t in enumerate((8, 13, 21)):
+        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+        tree_assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
+    assert fn.stats.captures == 1
