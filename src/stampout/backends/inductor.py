@@ -75,7 +75,8 @@ def _config_patches(gm: fx.GraphModule, example_inputs: list[Any]) -> dict[str, 
     if on_cpu and AVOID_HORIZONTAL_FUSION_BUG:
         patches["cpp.max_horizontal_fusion_size"] = 1
     if not has_region_calls(gm):
-        if CPP_WRAPPER and on_cpu:
+        # (torch 2.13's C++ wrapper fails on graphs with symbolic int inputs: "view() received ... NoneType")
+        if CPP_WRAPPER and on_cpu and not split.symbolic(example_inputs):
             patches["cpp_wrapper"] = True
     elif AVOID_REUSED_SUBGRAPH_BUFFER_BUG and needs_workaround(gm, example_inputs):
         log.info("inductor: training a graph with region calls inside; compiling it with allow_buffer_reuse=False "
@@ -167,7 +168,7 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: 
                 torch._functorch.config.patch(force_non_lazy_backward_lowering=trains(example_inputs)):
             compiled = compile_fx(_copy(gm, example_values=True), example_inputs,
                                   inner_compile=_timed_inner_compile(what), config_patches=patches or None,
-                                  ignore_shape_env=True)
+                                  ignore_shape_env=not split.symbolic(example_inputs))
     if rec and counters["aot_autograd"]["autograd_cache_hit"] > hits:
         rec.move("aot autograd", "cache load", rec.seconds.get("aot autograd", 0.0) - before)
     return compiled
@@ -183,8 +184,11 @@ def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., An
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-    examples = [split.example_like(v, fake_mode) for v in vals]
+    if split.symbolic(vals):  # compiled for every size: the capture's own fakes, symbols and all
+        examples = list(vals)
+    else:
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        examples = [split.example_like(v, fake_mode) if isinstance(v, torch.Tensor) else v for v in vals]
     name = call.node.args[1]
     started = time.perf_counter()
     compiled = _compile(call.subgraph, examples, f"region {name}", _config_patches(call.subgraph, examples))

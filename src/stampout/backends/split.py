@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ..shapes import has_symbols, size_key, sizes_key
 from ..torch_internals import INVOKE_SUBGRAPH
 
 _SET_GRAD = torch._C._set_grad_enabled
@@ -145,9 +146,13 @@ def writes_an_input(sub: fx.GraphModule) -> bool:
     return False
 
 
-def _static_tensor(value: Any) -> bool:
-    return isinstance(value, FakeTensor) and all(isinstance(s, int) for s in (*value.shape, *value.stride(),
-                                                                              value.storage_offset()))
+def _operand_ok(value: Any) -> bool:
+    """A tensor (sizes static, or symbols of the capture), or a size passed as an int (a bound symbol)."""
+    return isinstance(value, (FakeTensor, torch.SymInt, int)) and not isinstance(value, bool)
+
+
+def symbolic(values: list[Any]) -> bool:
+    return any(isinstance(v, torch.SymInt) or has_symbols(v) for v in values)
 
 
 def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float = THIN_GLUE) -> str | None:
@@ -161,8 +166,8 @@ def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float = THIN_GLUE) -> 
             return f"{call.node.name} runs inside an autocast section of the outer graph"
         for operand in call.operands:
             value = operand.meta.get("val") if isinstance(operand, fx.Node) else operand
-            if not _static_tensor(value):
-                return f"{call.node.name} has an operand that is not a tensor of static shape"
+            if not _operand_ok(value):
+                return f"{call.node.name} has an operand that is neither a tensor nor a size"
         # Compiled apart, a region's example inputs are fresh tensors: AOTAutograd would not know which of
         # them alias, which matters only when an input is written in place.
         if writes_an_input(call.subgraph):
@@ -174,9 +179,11 @@ def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float = THIN_GLUE) -> 
     return None
 
 
-def _metadata(value: FakeTensor) -> tuple:
-    return (tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
-            value.requires_grad, value.layout)
+def _metadata(value: Any) -> tuple:
+    if not isinstance(value, torch.Tensor):  # a bound symbol (or a size specialized to an int)
+        return ("size", size_key(value))
+    return (sizes_key(value.shape), sizes_key(value.stride()), size_key(value.storage_offset()), value.dtype,
+            value.device, value.requires_grad, value.layout)
 
 
 def example_like(value: FakeTensor, fake_mode: Any) -> torch.Tensor:
@@ -249,7 +256,7 @@ def plan(calls: list[RegionCall]) -> dict[fx.Node, Plan]:
 
     def loose(call: RegionCall) -> tuple | None:
         code = _code(call.subgraph)
-        if code is None or may_alias_an_input(call.subgraph):
+        if code is None or may_alias_an_input(call.subgraph) or symbolic([o.meta["val"] for o in call.operands]):
             return None
         values = _output_values(call.subgraph)
         if not all(isinstance(v, FakeTensor) for v in values):
