@@ -17,4 +17,6 @@ def explain_text(cap: Any) -> str:
         lines.append(line)
     if not cap.events:
         lines.append("  (no region calls: mark repeated blocks with @stampout.region)")
+    if getattr(cap, "shapes", None) is not None:
+        lines.append(f"symbolic sizes; the capture serves every input for which this holds: {cap.shapes.describe()}")
     return "\n".join(lines)

@@ -138,7 +138,7 @@ class Symbols:
         if expr in self.values:
             return self.values[expr]
         env = self.shape_env
-        hint = expr.xreplace(env.var_to_val)
+        hint = expr.xreplace(getattr(env, "backed_var_to_val", None) or env.var_to_val)
         return env.create_symintnode(expr, hint=int(hint) if hint.is_number else None)
 
     def bind_root(self, graph: fx.Graph, symbol: sympy.Symbol) -> fx.Node:

@@ -164,6 +164,15 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any], syms: bool = Fals
     return value
 
 
+def _specialize(value: Any) -> Any:
+    """A symbolic size's value, guarded; tensors as they are."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    return bool(value) if isinstance(value, torch.SymBool) else value
+
+
 def has_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -414,7 +423,9 @@ class Tracer:
             self.builder.graph.call_function(_EXIT_AUTOCAST, (self._autocast_nodes.pop(),))
             return None
         if func in _FUNCTORCH_STATE:
-            self.builder.graph.call_function(func, args, kwargs)
+            builder = self.builder
+            builder.graph.call_function(func, builder.literal(map_tensors(args, builder.node_for, True)),
+                                        builder.literal(map_tensors(kwargs, builder.node_for, True)))
             return func(*args, **kwargs)
         if func is _T.__iter__:  # record the unbind that iteration performs
             return iter(self._on_call(_T.unbind, (args[0], 0), {}))
@@ -457,6 +468,13 @@ class Tracer:
             out = func(*fake_args, **fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
             self._raise_data_dependent(f"{getattr(func, '__name__', func)} (its result depends on tensor values)")
+        except RuntimeError as error:
+            if "only concrete integers" not in str(error):
+                raise
+            # A kernel without symbolic support (constant_pad_nd's pad widths): the sizes it takes are
+            # specialized (guarded) and the op recorded with their values.
+            args, kwargs = map_tensors(args, _specialize, True), map_tensors(kwargs, _specialize, True)
+            out = func(*map_tensors(fake_args, _specialize, True), **map_tensors(fake_kwargs, _specialize, True))
         self.constants.forget_if_mutated(func, args, kwargs)
         if not has_tensor(out) and not (out is None and tensors_in):
             return out

@@ -41,7 +41,9 @@ def auto_regions(module: torch.nn.Module, min_repeats: int = 2) -> Iterator[list
                     if "forward" in child.__dict__:
                         continue  # its forward is already rebound (marked by hand, or by something else)
                     region(child)
-                    child.__dict__["forward"].__func__.__stampout_auto__ = True  # transient: see Kind.NO_OVERRIDE
+                    marker = child.__dict__["forward"].__func__
+                    marker.__stampout_auto__ = True  # transient: see Kind.NO_OVERRIDE
+                    marker.__stampout_region__.automatic = True
                     marked.append(child)
                     names.append(f"{prefix}.{key}" if prefix else key)
         yield names

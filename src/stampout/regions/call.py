@@ -183,13 +183,18 @@ class RegionCalls:
         return (f"guard failed: {guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
                 f"got {actual} (read at {guard.where})")
 
-    def _check_cap(self, region: Region, reason: str, site: str) -> None:
-        """One more entry than `max_reuse_entries` in this capture is an error; entries left by earlier
-        captures of a compiled function make room instead, oldest first."""
+    def _check_cap(self, region: Region, reason: str, site: str) -> bool:
+        """One more entry than `max_reuse_entries` in this capture is an error (for a region marked by
+        regions="auto": the call stays traced, without an entry); entries left by earlier captures of a
+        compiled function make room instead, oldest first. True when the entry may be added."""
         entries = self.cache.entries.get(region.code, [])
         count = sum(e.generation == self.cache.generation for e in entries)
         while len(entries) >= region.max_reuse_entries and count < len(entries):
             self.cache.evict(region.code, next(e for e in entries if e.generation != self.cache.generation))
+        if count >= region.max_reuse_entries and region.automatic:
+            log.info("region %s (marked by regions='auto') has %d entries; this call stays traced: %s",
+                     region.name, count, reason)
+            return False
         if count >= region.max_reuse_entries:
             raise RegionError(message(
                 f"region {region.name} needs a new trace but already has max_reuse_entries={region.max_reuse_entries}"
@@ -198,6 +203,7 @@ class RegionCalls:
                 "make the calls equivalent (pass differing values as tensors), raise max_reuse_entries, "
                 "or remove the region marker",
             ))
+        return True
 
     # ---- tracing ------------------------------------------------------------------------------
     def _trace(self, region, args, kwargs, leaves, labels, fp, rg, site, reason, hash_key=None) -> Any:
@@ -262,9 +268,7 @@ class RegionCalls:
         entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
                            out_meta, len(returned), rg if frame.reads_requires_grad else None,
                            tuple(range(len(frame.lifted))), (), site, self.cache.generation)
-        if not frame.ineligible:
-            if hash_key is None:
-                self._check_cap(region, reason, site)
+        if not frame.ineligible and (hash_key is not None or self._check_cap(region, reason, site)):
             entry.check = compile_guards(frame.guards, [s.source for s in frame.lifted if isinstance(s, SourceInput)])
             self.cache.add(region.code, entry)
             if hash_key is not None:

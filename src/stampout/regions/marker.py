@@ -31,6 +31,7 @@ class Region:
     fn: Callable
     max_reuse_entries: int = DEFAULT_MAX_REUSE_ENTRIES
     reuse_hash_fn: Callable | None = None
+    automatic: bool = False  # marked by regions="auto": past max_reuse_entries it traces inline, no error
     code: types.CodeType = field(init=False)
     name: str = field(init=False)
     arg_names: tuple[str, ...] = field(init=False)
