@@ -276,3 +276,36 @@ def test_hugging_face_variable_sequence_length(name):
         torch.testing.assert_close(out, ref)
         assert fn.last_capture.stats.traces == 1
     assert fn.stats.captures == 2
+
+
+class RemembersLength(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.length = None
+        self.history: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.length = x.shape[1]
+        self.history.append(x.shape[1] * 2)
+        self.shape = x.shape
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_sizes_stored_on_the_model_are_the_calls_ints(dynamic):
+    model = RemembersLength()
+    fn = stampout.compile(model, backend="eager", dynamic=dynamic)
+    for t in (3, 5, 7, 4):
+        fn(torch.randn(2, t, 16))
+        assert type(model.length) is int and model.length == t
+        assert type(model.shape) is torch.Size and model.shape == (2, t, 16)
+    assert model.history == [6, 10, 14, 8] and all(type(v) is int for v in model.history)
+
+
+def test_capture_leaves_no_symbolic_size_on_the_model():
+    model = RemembersLength()
+    stampout.capture(model, dynamic_input(6))
+    assert type(model.length) is int and model.length == 6
+    assert model.history == [12] and type(model.history[0]) is int
+    assert model.shape == (2, 6, 16) and all(type(s) is int for s in model.shape)

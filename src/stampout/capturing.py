@@ -27,7 +27,7 @@ from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
-from .shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
+from .shapes import ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
 from .sources import Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
@@ -202,6 +202,12 @@ def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tup
     nodes = tracer.root.nodes
 
     def note(obj: Any, key: Any, kind: str, value: Any) -> None:
+        if any_symbolic(value):  # a size of this capture's inputs (or a tuple of them): its value for them
+            if kind == "attr":
+                setattr(obj, key, concrete(value))
+            else:
+                obj[key] = concrete(value)
+            return
         if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
             seen.add((id(obj), key))
             found.append((obj, key, kind))

@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .classpatch import peek
 from .guards import is_constant
+from .shapes import any_symbolic
 from .sources import MISSING, CallContext, Source
 
 
@@ -34,6 +35,9 @@ class Value:
             return outputs[self.value]
         if self.kind == "source":
             return self.value.resolve(ctx, {})
+        if self.kind == "seq":  # a tuple or torch.Size holding sizes the graph computes
+            cls, items = self.value
+            return cls(item.get(ctx, outputs) for item in items)
         return MISSING
 
 
@@ -79,9 +83,12 @@ class Plan:
             return Value("missing")
         if is_constant(value) and type(value) not in (list, dict, set):
             return Value("const", value)
-        if isinstance(value, FakeTensor):
+        if isinstance(value, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)):  # computed by the graph
             self.extra.append(value)
             return Value("out", len(self.extra) - 1)
+        if type(value) in (tuple, torch.Size) and any_symbolic(value):
+            items = [self._value(v, where) for v in value]
+            return None if any(i is None for i in items) else Value("seq", (type(value), tuple(items)))
         if id(value) in sources:
             return Value("source", sources[id(value)])
         self.refused = self.refused or f"stores a {type(value).__name__} made during the call (at {where})"

@@ -53,6 +53,19 @@ def has_symbols(t: torch.Tensor) -> bool:
     return type(t) is FakeTensor and t._has_symbolic_sizes_strides
 
 
+def concrete(value: Any) -> Any:
+    """`value` with each symbolic size replaced by its value for the capture's own inputs (no guard added)."""
+    if isinstance(value, _SYM):
+        hint = value.node.hint
+        return hint if hint is not None else value.node.shape_env.size_hint(value.node.expr)
+    t = type(value)
+    if t is tuple or t is list or t is torch.Size:
+        return t(concrete(v) for v in value)
+    if t is dict:
+        return {k: concrete(v) for k, v in value.items()}
+    return value
+
+
 # ---- which dims are dynamic ---------------------------------------------------------------------------
 def marked_dims(t: torch.Tensor) -> tuple[set[int], set[int]]:
     """Dims marked with torch._dynamo.mark_dynamic / mark_static (dynamic, static)."""
