@@ -253,8 +253,12 @@ def test_reasons_to_compile_the_whole_graph():
     def scale_(x, w):
         return x.mul_(2) @ w
 
-    cap = stampout.capture(lambda x, w: scale_(x.clone(), w), torch.randn(4, 4), torch.randn(4, 4))
+    cap = stampout.capture(lambda x: scale_(x, x.t()), torch.randn(4, 4))  # operands share memory
     assert "write into its inputs" in split.reason_to_compile_whole(cap.gm, max_glue=float("inf"))
+    cap = stampout.capture(lambda x, w: scale_(x.clone(), w), torch.randn(4, 4), torch.randn(4, 4, requires_grad=True))
+    assert "require grad" in split.reason_to_compile_whole(cap.gm, max_glue=float("inf"))
+    cap = stampout.capture(lambda x, w: scale_(x.clone(), w), torch.randn(4, 4), torch.randn(4, 4))
+    assert split.reason_to_compile_whole(cap.gm, max_glue=float("inf")) is None  # separate, no grad: apart
 
     @stampout.region
     def interleave(x, w):  # writes only into a tensor it made (diffusers' Wan rotary embedding does this)
@@ -389,3 +393,47 @@ def test_a_restart_finds_everything_in_the_caches(tmp_path, glue):
     assert not warm.get("autograd_cache_miss") and not warm.get("fxgraph_cache_miss"), warm
     assert not warm.get("autograd_cache_bypass") and not warm.get("fxgraph_cache_bypass"), warm
     assert warm["isa"]["run"] == 0 and warm["isa"]["waited"] == 0 and warm["isa"]["remembered"] >= 1, warm
+
+
+class CacheLayer(nn.Module):
+    """A static KV cache's write: index_copy_ into buffers the region is handed, then attention over them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    @stampout.region
+    def forward(self, x, keys, pos):
+        keys.index_copy_(1, pos, self.proj(x))
+        return x + keys.sum(1, keepdim=True)
+
+
+class CacheStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(CacheLayer() for _ in range(3))
+
+    def forward(self, x, caches, pos):
+        for layer, keys in zip(self.layers, caches):
+            x = layer(x, keys, pos)
+        return x
+
+
+@pytest.mark.inductor
+def test_regions_writing_a_static_cache_compile_apart_and_update_it():
+    from stampout.backends import split
+
+    model = CacheStack()
+    caches, expected_caches = [torch.zeros(2, 6, 8) for _ in range(3)], [torch.zeros(2, 6, 8) for _ in range(3)]
+    fn = stampout.compile(model, backend="inductor")
+    for step in range(3):
+        x, pos = torch.randn(2, 1, 8), torch.tensor([step])
+        with torch.no_grad():
+            got, expected = fn(x, caches, pos), model(x, expected_caches, pos)
+        torch.testing.assert_close(got, expected)
+        for a, b in zip(caches, expected_caches):
+            torch.testing.assert_close(a, b)
+    assert fn.stats.captures == 1
+    with torch.no_grad():
+        assert split.reason_to_compile_whole(fn.last_capture.gm) is None  # the regions were compiled apart

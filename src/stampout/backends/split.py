@@ -146,6 +146,36 @@ def writes_an_input(sub: fx.GraphModule) -> bool:
     return False
 
 
+def _bases(value: Any) -> set[fx.Node]:
+    """The nodes whose memory `value` may share (itself, or what it is a view of, syntactically)."""
+    if not isinstance(value, fx.Node) or value.op not in ("call_function", "call_method"):
+        return {value} if isinstance(value, fx.Node) else set()
+    schema = getattr(value.target, "_schema", None)
+    viewish = (_name(value.target) in _MAY_ALIAS or getattr(value.target, "__module__", "") == "_operator"
+               or (schema is not None and any(r.alias_info is not None for r in schema.returns)))
+    if not viewish:
+        return {value}
+    return {base for a in torch.utils._pytree.tree_leaves((value.args, value.kwargs)) for base in _bases(a)}
+
+
+def _separate_and_constant(call: RegionCall) -> bool:
+    """No two tensor operands may share memory (by the graph's view ops, and by the capture's fakes of its
+    inputs), and none requires grad where grad is enabled."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    operands = [o for o in call.operands if isinstance(o, fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)]
+    tensors = [o.meta["val"] for o in operands]
+    if call.grad_enabled and any(t.requires_grad for t in tensors):
+        return False
+    seen: set[fx.Node] = set()
+    for operand in operands:
+        bases = _bases(operand)
+        if bases & seen:
+            return False
+        seen |= bases
+    return len({StorageWeakRef(t.untyped_storage()) for t in tensors}) == len(tensors)
+
+
 def _operand_ok(value: Any) -> bool:
     """A tensor (sizes static, or symbols of the capture), or a size passed as an int (a bound symbol)."""
     return isinstance(value, (FakeTensor, torch.SymInt, int)) and not isinstance(value, bool)
@@ -169,9 +199,10 @@ def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float = THIN_GLUE) -> 
             if not _operand_ok(value):
                 return f"{call.node.name} has an operand that is neither a tensor nor a size"
         # Compiled apart, a region's example inputs are fresh tensors: AOTAutograd would not know which of
-        # them alias, which matters only when an input is written in place.
-        if writes_an_input(call.subgraph):
-            return f"{call.node.args[1]} may write into its inputs"
+        # them alias, which matters only when an input is written in place (a static KV cache's index_copy_):
+        # fine when no two operands share memory and none requires grad.
+        if writes_an_input(call.subgraph) and not _separate_and_constant(call):
+            return f"{call.node.args[1]} may write into its inputs, which share memory or require grad"
     region_work = sum(_compute_nodes(call.subgraph) for call in calls)
     glue_work = _compute_nodes(gm) - len(calls)
     if glue_work > max_glue * region_work:
