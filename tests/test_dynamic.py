@@ -309,3 +309,59 @@ def test_capture_leaves_no_symbolic_size_on_the_model():
     assert type(model.length) is int and model.length == 6
     assert model.history == [12] and type(model.history[0]) is int
     assert model.shape == (2, 6, 16) and all(type(s) is int for s in model.shape)
+
+
+class Slot:
+    def __init__(self) -> None:
+        self.keys = torch.zeros(1, 2, 0, 8)
+
+
+class GrowingCache:
+    """A KV cache that grows by `torch.cat` and attribute assignment (as transformers' DynamicCache does)."""
+
+    def __init__(self, n: int) -> None:
+        self.layers = [Slot() for _ in range(n)]
+
+
+class CachedLayer(nn.Module):
+    def __init__(self, idx: int) -> None:
+        super().__init__()
+        self.idx = idx
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, cache: GrowingCache) -> torch.Tensor:
+        k = self.proj(x).view(1, 2, -1, 8)
+        slot = cache.layers[self.idx]
+        slot.keys = torch.cat([slot.keys, k], dim=2)
+        att = (k @ slot.keys.transpose(-1, -2)).softmax(-1) @ slot.keys
+        return x + att.reshape(x.shape)
+
+
+class CachedStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(CachedLayer(i) for i in range(3))
+
+    def forward(self, x: torch.Tensor, cache: GrowingCache) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, cache)
+        return x
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_growing_cache_held_by_an_input_object_is_captured_symbolic(backend):
+    """Prefill, then decode steps: the cache tensors the program reads through its input object grow by one
+    each call; the decode capture after the first size change serves every later length."""
+    model = CachedStack()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    cache, expected_cache = GrowingCache(3), GrowingCache(3)
+    for step in range(7):
+        x = torch.randn(1, 1 if step else 5, 16)
+        with torch.no_grad():
+            tree_assert_close(fn(x, cache), reference(x, expected_cache))
+        for a, b in zip(cache.layers, expected_cache.layers):
+            torch.testing.assert_close(a.keys, b.keys)
+    assert fn.stats.captures == 2  # prefill, then one symbolic decode capture for every cache length
+    assert fn.last_capture.shapes is not None and "cache.layers[0].keys" in fn.last_capture.shapes.describe()

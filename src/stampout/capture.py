@@ -139,7 +139,7 @@ class Capture:
                 ))
         if self.shapes is not None:
             by_leaf = dict(zip(self.input_tensor_leaves, values))
-            dynamic = [by_leaf[i] for i in self.shapes.leaves]
+            dynamic = self.shapes.values(by_leaf, values[len(self.input_tensor_leaves):])
             if not self.shapes.check(dynamic):
                 raise StampoutError(message(
                     f"the inputs' sizes break what the capture assumed about them: {self.shapes.why_not(dynamic)} "

@@ -96,12 +96,14 @@ def frame_function(fn: Callable) -> Callable:
 
 def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache | None = None,
                     guard_program: bool = False, dynamic: bool | None = None,
-                    automatic: dict[int, set[int]] | None = None) -> Capture:
+                    automatic: dict[int, set[int]] | None = None,
+                    dynamic_sources: dict[Source, set[int]] | None = None) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
     guards on everything the whole program read, recorded in `Capture.program`.
 
     Input dims are symbolic where marked with `torch._dynamo.mark_dynamic`, all of them with `dynamic=True`,
-    and, per flat input leaf, the dims in `automatic` (see shapes.dynamic_dims)."""
+    and, per flat input leaf, the dims in `automatic` (see shapes.dynamic_dims); `dynamic_sources` does the same
+    for tensors the program reads through its input objects (a KV cache's `layers[0].keys`)."""
     signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
     names = positional_names(signature_of)
     if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
@@ -110,9 +112,11 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     automatic = automatic or {}
     dims = [dynamic_dims(leaf, dynamic, automatic.get(i, set())) if isinstance(leaf, torch.Tensor) else ()
             for i, leaf in enumerate(leaves)]
-    symbolic = any(dims)
+    held = _held_dynamic(fn, leaves, dynamic_sources or {})
+    symbolic = any(dims) or bool(held)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv() if symbolic else None)
     tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels))
+    tracer.dynamic_tensors = held
     if symbolic:
         tracer.symbols = Symbols(fake_mode.shape_env)
     watch = Watch()
@@ -182,11 +186,38 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         frame_fn=frame_function(fn),
         program=program,
         effects=plan,
-        shapes=ShapeGuards(tracer.symbols, [labels[i] for i, _ in tracer.symbols.inputs]) if symbolic else None,
+        shapes=ShapeGuards(tracer.symbols, _symbolic_names(tracer, labels)) if symbolic else None,
     )
     if program is None and plan.extra:
         _make_real(cap, left, args, kwargs)
     return cap
+
+
+def _symbolic_names(tracer: Tracer, labels: list[str]) -> list[str]:
+    """How a user names each symbolic input: its label, or the path to a tensor held by an input object."""
+    names = []
+    for key, _ in tracer.symbols.inputs:
+        if type(key) is int:
+            names.append(labels[key])
+        else:
+            t = tracer.lifted[key[1]][1]
+            names.append(tracer.dynamic_tensors[id(t)][2])
+    return names
+
+
+def _held_dynamic(fn: Callable, leaves: list[Any], sources: dict[Source, set[int]]) -> dict:
+    """The tensors at `sources` (relative to the call) with the dims to capture symbolic."""
+    from .sources import CallContext
+
+    found: dict[int, tuple[torch.Tensor, tuple[int, ...], str]] = {}
+    ctx, memo = CallContext([fn, *leaves], frame_function(fn)), {}
+    with torch._C.DisableTorchFunction():
+        for source, dims in sources.items():
+            t = source.resolve(ctx, memo)
+            dims = tuple(sorted(d for d in dims if isinstance(t, torch.Tensor) and 0 <= d < t.dim()))
+            if dims and id(t) not in found:
+                found[id(t)] = (t, dims, source.name())
+    return found
 
 
 def _modules_of(fn: Callable) -> list[Any]:

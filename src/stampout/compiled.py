@@ -25,7 +25,7 @@ from .capturing import capture_program, frame_function
 from .effects import replay
 from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
-from .guards import Guard, Kind, compile_guards, first_failure
+from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
@@ -96,6 +96,29 @@ def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
     return out
 
 
+def _relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list[Guard]:
+    """A tensor the capture held with symbolic sizes is guarded on its kind only; its shape guards check the
+    sizes (the exact-metadata guard its reads left would defeat the symbolic capture)."""
+    if cap.shapes is None or not cap.shapes.lifted:
+        return guards
+    dynamic = {id(cap.lifted[i][0]) for i in cap.shapes.lifted}
+    memo: dict[Source, Any] = {}
+    out = []
+    for guard in guards:
+        if guard.kind is Kind.TENSOR:
+            value = guard.source.resolve(ctx, memo)
+            if id(value) in dynamic:
+                guard = Guard(guard.source, Kind.TENSOR_KIND, tensor_kind(value), guard.where)
+        out.append(guard)
+    return out
+
+
+def _from_inputs(source: Source) -> bool:
+    """Whether `source` is reached through one of the call's inputs (not the module or globals)."""
+    root = _path(source)[0]
+    return isinstance(root, Arg) and root.index > 0
+
+
 def _path(source: Source) -> list[Source]:
     out = [source]
     while (parent := out[-1].base()) is not None:
@@ -164,7 +187,7 @@ class _Entry:
         self.masked = frozenset(cap.shapes.leaves) if cap.shapes is not None else None
         self.key = key
         with torch._C.DisableTorchFunction():
-            guards = self.guards = by_class(cap.program.guards, ctx)
+            guards = self.guards = _relax_symbolic(by_class(cap.program.guards, ctx), cap, ctx)
         self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
         always: list[Guard] = []
         tensors: list[Guard] = []
@@ -220,9 +243,6 @@ class _Entry:
 
     def admits(self, ctx: CallContext) -> tuple | None:
         """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
-        shapes = self.shapes
-        if shapes is not None and not shapes.check([ctx.leaves[i + 1] for i in shapes.leaves]):
-            return None
         per_call = self.always(ctx.leaves, ctx.fn)
         if per_call is False:
             return None
@@ -236,11 +256,15 @@ class _Entry:
             state = self.refresh(ctx)
         if not state.tensor_guard.check(*state.tensors):
             return None
-        if not per_call:
-            return state.fixed
-        lifted = list(state.fixed)
-        for position, value in zip(self.per_call_positions, per_call):
-            lifted[position] = value
+        if per_call:
+            lifted = list(state.fixed)
+            for position, value in zip(self.per_call_positions, per_call):
+                lifted[position] = value
+        else:
+            lifted = state.fixed
+        shapes = self.shapes
+        if shapes is not None and not shapes.check(shapes.values(ctx.leaves[1:], lifted)):
+            return None
         return lifted
 
     def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
@@ -248,7 +272,8 @@ class _Entry:
         if shapes is not None:
             key = (without_sizes(key[0], ctx.leaves[1:], self.masked), key[1])
             if key == self.key:
-                values = [ctx.leaves[i + 1] for i in shapes.leaves]
+                lifted = self.capture.placeholders_for_lifted(ctx)
+                values = shapes.values(ctx.leaves[1:], lifted)
                 if not shapes.check(values):
                     return f"the symbolic capture assumed {shapes.why_not(values)}"
         if key != self.key:
@@ -296,6 +321,9 @@ class CompiledFunction:
         self.dynamic = dynamic
         self._seen_sizes: dict[tuple, dict[int, tuple[int, ...]]] = {}  # per input structure: the last sizes
         self._changed_dims: dict[tuple, dict[int, set[int]]] = {}  # per input structure: dims seen to change
+        # the same for tensors held by input objects (a KV cache's layers), by source
+        self._seen_held: dict[tuple, dict[Source, tuple[int, ...]]] = {}
+        self._changed_held: dict[tuple, dict[Source, set[int]]] = {}
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -374,9 +402,11 @@ class CompiledFunction:
             marking = (auto_regions(self.fn) if self.regions == "auto" and isinstance(self.fn, torch.nn.Module)
                        else contextlib.nullcontext())
             automatic = self._automatic_dims(key, args, kwargs)
+            held = self._automatic_held(key, ctx)
             with marking:
                 cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
-                                      dynamic=self.dynamic, automatic=automatic)
+                                      dynamic=self.dynamic, automatic=automatic, dynamic_sources=held)
+            self._remember_held(key, ctx, cap)
         finally:
             self._rewatch()
         self.stats.captures += 1
@@ -442,6 +472,31 @@ class CompiledFunction:
                 log.info("%s: %s changed size in dim %s (%s -> %s): capturing it with symbolic sizes",
                          _name(self.fn), labels[i], sorted(changed), list(old), list(shape))
         return dims
+
+    def _automatic_held(self, key: tuple, ctx: CallContext) -> dict[Source, set[int]]:
+        """dynamic=None: the dims that changed, since the last capture with this input structure, of the
+        tensors it read through the inputs' objects (a KV cache growing by a token per call)."""
+        if self.dynamic is not None:
+            return {}
+        structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
+        dims = self._changed_held.setdefault(structure, {})
+        memo: dict[Source, Any] = {}
+        with torch._C.DisableTorchFunction():
+            for source, old in self._seen_held.get(structure, {}).items():
+                value = source.resolve(ctx, memo)
+                if not isinstance(value, torch.Tensor) or value.dim() != len(old):
+                    continue
+                changed = {d for d, (a, b) in enumerate(zip(old, value.shape)) if a != b} - dims.get(source, set())
+                if changed:
+                    dims.setdefault(source, set()).update(changed)
+                    log.info("%s: %s changed size in dim %s (%s -> %s): capturing it with symbolic sizes",
+                             _name(self.fn), source.name(), sorted(changed), list(old), list(value.shape))
+        return dims
+
+    def _remember_held(self, key: tuple, ctx: CallContext, cap: Capture) -> None:
+        structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
+        self._seen_held[structure] = {source: tuple(t.shape) for t, source in cap.lifted
+                                      if source is not None and _from_inputs(source)}
 
     def _add(self, entry: Any) -> Any:
         entries = list(self._entries)

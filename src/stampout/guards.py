@@ -82,6 +82,11 @@ def tensor_meta(t: torch.Tensor) -> tuple:
     return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.layout, t.storage_offset())
 
 
+def tensor_kind(t: torch.Tensor) -> tuple:
+    """A tensor's metadata without its sizes, strides and offset (a symbolic capture's shape guards check those)."""
+    return (type(t), t.dim(), t.dtype, t.device, t.requires_grad, t.layout)
+
+
 def hooks_key(module: torch.nn.Module) -> tuple:
     """The hooks a module call would run (as identities)."""
     d = module.__dict__
@@ -147,6 +152,7 @@ def _length(value: Any) -> Any:
 
 class Kind(enum.Enum):
     TENSOR = "tensor metadata"
+    TENSOR_KIND = "tensor kind"  # class, dims, dtype, device, requires_grad, layout: sizes checked by shape guards
     CONST = "constant"
     TYPE = "class"
     ID = "object identity"
@@ -161,6 +167,7 @@ class Kind(enum.Enum):
 # How each kind reads its value, and the expression the generated predicate tests.
 _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
     Kind.TENSOR: lambda v: tensor_meta(v) if isinstance(v, torch.Tensor) else MISSING,
+    Kind.TENSOR_KIND: lambda v: tensor_kind(v) if isinstance(v, torch.Tensor) else MISSING,
     Kind.CONST: lambda v: const_key(v) if v is not MISSING and is_constant(v) else MISSING,
     Kind.TYPE: lambda v: type(v),
     Kind.ID: lambda v: v,
@@ -172,6 +179,7 @@ _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
 }
 _HELPERS = {
     "_tensor_meta": tensor_meta,
+    "_tensor_kind": lambda v: tensor_kind(v),
     "_const_key": const_key,
     "_is_constant": is_constant,
     "_hooks_key": hooks_key,
@@ -246,6 +254,8 @@ class Guard:
         k = self.kind
         if k is Kind.TENSOR:
             return f"(isinstance({var}, _Tensor) and _tensor_meta({var}) == {const})"
+        if k is Kind.TENSOR_KIND:
+            return f"(isinstance({var}, _Tensor) and _tensor_kind({var}) == {const})"
         if k is Kind.CONST:
             if self.expected[0] in (type(None), bool, int, float, str):  # a scalar: no container walk
                 return f"({var} is not _MISSING and _const_key({var}) == {const})"

@@ -133,9 +133,10 @@ class Symbols:
         self.shape_env = shape_env
         self.origin: dict[sympy.Symbol, tuple[fx.Node, str, int]] = {}
         self.values: dict[sympy.Symbol, torch.SymInt] = {}
-        self.inputs: list[tuple[int, FakeTensor]] = []  # (flat input leaf, symbolic fake)
+        # (which input, symbolic fake): a flat input leaf's index, or ("lifted", i) for the i-th lifted tensor
+        self.inputs: list[tuple[Any, FakeTensor]] = []
 
-    def bind_input(self, leaf: int, fake: FakeTensor, node: fx.Node) -> None:
+    def bind_input(self, leaf: Any, fake: FakeTensor, node: fx.Node) -> None:
         """Remember which symbols input `leaf` (placeholder `node`) defines."""
         self.inputs.append((leaf, fake))
         for kind, values in (("size", fake.shape), ("stride", fake.stride()), ("offset", (fake.storage_offset(),))):
@@ -252,7 +253,17 @@ class ShapeGuards:
 
     @property
     def leaves(self) -> list[int]:
-        return [leaf for leaf, _ in self.symbols.inputs]
+        """The flat input leaves captured symbolic."""
+        return [leaf for leaf, _ in self.symbols.inputs if type(leaf) is int]
+
+    @property
+    def lifted(self) -> list[int]:
+        """The lifted tensors (positions in `Capture.lifted`) captured symbolic."""
+        return [key[1] for key, _ in self.symbols.inputs if type(key) is tuple]
+
+    def values(self, leaves: list[Any], lifted: Any) -> list[torch.Tensor]:
+        """The call's tensors behind the symbolic inputs, in the guards' order."""
+        return [leaves[key] if type(key) is int else lifted[key[1]] for key, _ in self.symbols.inputs]
 
     def freeze(self) -> None:
         """Generate the check from the guards the ShapeEnv holds now."""

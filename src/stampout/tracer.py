@@ -31,8 +31,9 @@ from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
 from .meta import NOT_HANDLED, MetaRunner, meta_like
-from .shapes import SymbolicValues, Symbols, any_symbolic
+from .shapes import SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
+from .structure import tensors_of
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +326,9 @@ class Tracer:
         self.mode = CaptureMode(self)
         self.regions: RegionHooks | None = None  # the region handler (regions.call.RegionCalls)
         self.symbols: Symbols | None = None  # a symbolic capture's symbols (see shapes.py)
+        # Real tensors reached through input objects whose dims are captured symbolic (a growing KV cache):
+        # id -> (tensor, dims, name). Their fakes have symbols and they are lifted as soon as they are made.
+        self.dynamic_tensors: dict[int, tuple[torch.Tensor, tuple[int, ...], str]] = {}
 
     @property
     def builder(self) -> Builder:
@@ -340,9 +344,15 @@ class Tracer:
         hit = self._fakes.get(id(t))
         if hit is not None:
             return hit[1]
+        dynamic = self.dynamic_tensors.get(id(t))
         with torch._C.DisableTorchFunction():
-            fake = self.fake_mode.from_tensor(t, static_shapes=True)
+            if dynamic is None:
+                fake = self.fake_mode.from_tensor(t, static_shapes=True)
+            else:
+                fake = symbolic_fake(self.fake_mode, t, identifier(dynamic[2]), dynamic[1])
         self._fakes[id(t)] = (t, fake)
+        if dynamic is not None:
+            self.root.node_for(t)  # a placeholder of the outer graph now: it defines the symbols
         return fake
 
     def meta_fake(self, t: torch.Tensor) -> FakeTensor:
@@ -351,6 +361,8 @@ class Tracer:
         hit = self._fakes.get(id(t))
         if hit is not None:
             return hit[1]
+        if id(t) in self.dynamic_tensors:
+            return self.fake_of(t)
         with torch._C.DisableTorchFunction():
             return self.new_fake(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device,
                                  t.requires_grad)
@@ -381,7 +393,11 @@ class Tracer:
         # A stamped region lifts many parameters: their placeholders' meta['val'] is filled when `gm` is
         # first used (fill_meta), which keeps capture at a few FX nodes per stamped layer.
         node = builder.placeholder(identifier(name), t, meta=False)
+        position = len(self.lifted)
         self.lifted.append((node, t, found[1] if found is not None else None))
+        if id(t) in self.dynamic_tensors:
+            fake = node.meta["val"] = self.fake_of(t)
+            self.symbols.bind_input(("lifted", position), fake, node)
         return node
 
     def fill_meta(self) -> None:
@@ -438,7 +454,7 @@ class Tracer:
             return None
 
         tensors_in = has_tensor(args) or has_tensor(kwargs)
-        if self.symbols is not None and (any_symbolic(args) or any_symbolic(kwargs)):
+        if self.symbols is not None and (any_symbolic(args) or any_symbolic(kwargs) or self._dynamic_in(args, kwargs)):
             return self._on_symbolic_call(func, args, kwargs, tensors_in)
         if (tensors_in and _is_property_get(func) and not isinstance(args[0], FakeTensor)
                 and func.__self__.__name__ not in _VIEW_PROPERTIES):
@@ -456,6 +472,12 @@ class Tracer:
             return out
         self.record(func, args, kwargs, out)
         return out
+
+    def _dynamic_in(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a real tensor captured with symbolic dims is among the arguments (its metadata must come
+        from its fake, not from the real tensor)."""
+        dynamic = self.dynamic_tensors
+        return bool(dynamic) and any(id(t) in dynamic for t in tensors_of((args, kwargs)))
 
     def _on_symbolic_call(self, func: Callable, args: tuple, kwargs: dict, tensors_in: bool) -> Any:
         """An op with a symbolic size among its arguments (`x.view(b, t, -1)`, `torch.arange(t)`): shape

@@ -61,7 +61,7 @@ class RegionCalls:
                         captured = self._holds(entry, ctx)
                         if captured is not False:
                             values = self._operands(entry, leaves, captured)
-                            if aliases_of(values) == entry.operand_aliases:
+                            if aliases_of(values) == entry.operand_aliases and self._same_sizes_kind(entry, values):
                                 return self._stamp(region, entry, leaves, values, site, rg)
                 reason = self._miss_reason(region, fp, ctx, labels)
         if region.reuse_hash_fn is not None:
@@ -124,6 +124,12 @@ class RegionCalls:
         """False, or the values of the entry's captured sources (resolved while checking its guards)."""
         with listeners(None, None):
             return check_guards(entry.check, ctx)
+
+    def _same_sizes_kind(self, entry: ReuseEntry, values: list[Any]) -> bool:
+        """An entry traced by another capture saw static sizes: it may not be handed a tensor this capture
+        holds with symbolic sizes (its subgraph would have the other capture's sizes baked in)."""
+        dynamic = self.tracer.dynamic_tensors
+        return not dynamic or entry.generation == self.cache.generation or not any(id(v) in dynamic for v in values)
 
     def _operands(self, entry: ReuseEntry, leaves: list[Any], captured: Any) -> list[Any]:
         it = iter(captured)
