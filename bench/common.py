@@ -75,6 +75,22 @@ def run_json_worker(
         return None, {"error": err, "stderr_tail": tail[-20:]}
 
 
+def run_cold_cell(script: str, cell: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    """``script --worker <cell as JSON>`` in a fresh interpreter with a new, empty TORCHINDUCTOR_CACHE_DIR
+    (removed after): the worker's JSON result, or an error entry."""
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="stampout-bench-")
+    try:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": directory}
+        result, error = run_json_worker([sys.executable, os.path.abspath(script), "--worker", json.dumps(cell)],
+                                        timeout=timeout, env=env)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return result if result is not None else error
+
+
 def environment() -> dict[str, Any]:
     """Versions and machine facts recorded with every benchmark's raw numbers."""
     return {

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -27,7 +25,7 @@ _ROOT = os.path.dirname(_HERE)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from bench.common import console, environment, finish, fmt_ratio, run_json_worker  # noqa: E402
+from bench.common import console, environment, finish, fmt_ratio, run_cold_cell  # noqa: E402
 
 VARIANTS = ("stampout", "torch_nested", "torch_flat")
 LENGTHS = (8, 12, 16, 24, 32, 40, 48, 64)
@@ -83,12 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants:
         cell = {"variant": variant, "layers": args.layers, "hidden": args.hidden, "lengths": args.lengths,
                 "threads": args.threads}
-        cache = tempfile.mkdtemp(prefix="stampout-dyn-")
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
-        result, error = run_json_worker([sys.executable, os.path.abspath(__file__), "--worker", json.dumps(cell)],
-                                        timeout=1800, env=env)
-        shutil.rmtree(cache, ignore_errors=True)
-        rows[variant] = result or error
+        rows[variant] = run_cold_cell(__file__, cell)
         print(variant, json.dumps(rows[variant])[:300], flush=True)
     from rich.table import Table
 

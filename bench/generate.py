@@ -22,10 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -34,7 +32,7 @@ _ROOT = os.path.dirname(_HERE)
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from bench.common import console, environment, finish, fmt_ratio, run_json_worker  # noqa: E402
+from bench.common import console, environment, finish, fmt_ratio, run_cold_cell  # noqa: E402
 
 VARIANTS = ("stampout", "torch", "eager")
 
@@ -107,12 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             cell = {"variant": variant, "cache": cache, "layers": args.layers, "hidden": args.hidden,
                     "prompt": args.prompt, "new_tokens": args.new_tokens, "repeat": args.repeat,
                     "threads": args.threads}
-            directory = tempfile.mkdtemp(prefix="stampout-gen-")
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": directory}
-            result, error = run_json_worker([sys.executable, os.path.abspath(__file__), "--worker",
-                                             json.dumps(cell)], timeout=1800, env=env)
-            shutil.rmtree(directory, ignore_errors=True)
-            rows[f"{variant}/{cache}"] = result or error
+            rows[f"{variant}/{cache}"] = run_cold_cell(__file__, cell)
             print(variant, cache, json.dumps(rows[f"{variant}/{cache}"])[:300], flush=True)
     from rich.table import Table
 
