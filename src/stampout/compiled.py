@@ -320,7 +320,7 @@ class CompiledFunction:
             n = len(outputs) - len(effects.extra)
             replay(effects.effects, ctx, outputs[n:])
             outputs = outputs[:n]
-        return build(cap.output_template, outputs)
+        return build(cap.output_template, outputs, leaves)
 
     def _lookup(self, key: tuple, ctx: CallContext) -> tuple[Any, tuple] | None:
         for entry in self._entries:
