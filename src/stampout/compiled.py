@@ -26,6 +26,7 @@ from .effects import replay
 from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure
+from .names import root_module
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import describe_difference, fingerprint, requires_grad_pattern
@@ -335,7 +336,8 @@ class CompiledFunction:
     def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> tuple[Any, tuple]:
         self._watch.release()  # capture watches reads with its own shims
         try:
-            marking = (auto_regions(self.fn) if self.regions == "auto" and isinstance(self.fn, torch.nn.Module)
+            root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
+            marking = (auto_regions(root) if self.regions == "auto" and root is not None
                        else contextlib.nullcontext())
             with marking:
                 cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True)

@@ -362,7 +362,8 @@ class RegionFrame:
                 )
             return  # made during this capture (`type(self)(...)` of a watched object, a ModuleList slice)
         if (id(obj), name) in self._written:
-            self._name(value, Attr(base, name))  # the trace's own value, not one from outside
+            if not is_constant(value):  # (an int's identity means nothing: 8 is every 8)
+                self._name(value, Attr(base, name))  # the trace's own value, not one from outside
             return
         where = user_location(3)
         if value is MISSING:
