@@ -20,13 +20,13 @@ from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
 from .effects import Plan, Value, undo
 from .errors import CaptureError, message
 from .frames import user_location
+from .guards import is_constant
 from .names import TensorNames, root_module
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
-from .guards import is_constant
 from .sources import Arg, Attr, CallContext, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
@@ -216,7 +216,8 @@ def _input_stores(held: _Held, before: dict[int, dict], tracer: Tracer, plan: Pl
             elif value in held:
                 stores.append((source, key, kind, Value("source", held[value])))
             else:
-                unreplayable = unreplayable or f"stores a {type(value).__name__} made during the call on {source.name()}"
+                made = f"stores a {type(value).__name__} made during the call on {source.name()}"
+                unreplayable = unreplayable or made
     return stores, unreplayable
 
 
