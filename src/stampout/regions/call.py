@@ -108,6 +108,8 @@ class RegionCalls:
         previous = self._previous_trace
         local = previous(frame, event, arg) if previous is not None else None
         code = frame.f_code
+        if event == "call" and self.frames and self.frames[-1].slots is not None:
+            local = self.frames[-1].slots.on_call(frame) or local
         if event == "call" and is_user_code(code):
             g = frame.f_globals
             with torch._C.DisableTorchFunction(), listeners(None, None):
@@ -294,10 +296,22 @@ class RegionCalls:
                 found[id(t)] = t
         return list(found.values())
 
-    def on_read(self, obj: Any, name: str, value: Any) -> None:
+    def on_read(self, obj: Any, name: str, value: Any) -> Any:
+        """Every open frame records the read; an int attribute of a module read by the innermost region is
+        returned as a SlotIndex when that region can follow its uses (per-layer indices)."""
         with torch._C.DisableTorchFunction(), listeners(None, None):
-            for frame in self.frames:
-                frame.on_read(obj, name, value)
+            frames = self.frames
+            inner = frames[-1] if frames else None
+            slot = None
+            if inner is not None and not inner.program:
+                if type(value) is int and isinstance(obj, torch.nn.Module):
+                    slot = inner.slot_read(obj, name, value, sys._getframe(2))
+                elif type(value) in (list, tuple):
+                    inner.container_read(obj, name, value, sys._getframe(2))
+            for frame in frames:
+                if frame is not inner or slot is None:
+                    frame.on_read(obj, name, value)
+            return slot
 
     def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
         with torch._C.DisableTorchFunction(), listeners(None, None):
