@@ -34,7 +34,29 @@ def _assert_same_generation(got, expected) -> None:
 
 def _compiled_forward(model, backend: str = "eager"):
     model.forward = stampout.compile(model.forward, backend=backend, regions="auto")
+    captures: list = []
+    recapture = model.forward._recapture
+
+    def recorded(*args, **kwargs):
+        hit = recapture(*args, **kwargs)
+        captures.append(hit[0].capture)
+        return hit
+
+    model.forward._recapture = recorded
+    model.forward.captures = captures  # every Capture it made, for per-capture region counts
     return model.forward
+
+
+# Region traces of the decoder layer per capture: one for all layers (each layer finds its cache entry through
+# `cache.layers[self.self_attn.layer_idx]`, a per-call source); Gemma-2 alternates sliding and full layers.
+LAYER_TRACES = {"gemma2": 2}
+
+
+def _assert_one_trace_per_capture(fn, name: str, layers: int = 3) -> None:
+    for cap in fn.captures:
+        stats = cap.stats
+        assert stats.traces + stats.dedups <= LAYER_TRACES.get(name, 1), (name, stats)
+        assert stats.traces + stats.dedups + stats.reuses == layers
 
 
 # Prefill and decode: one capture each, reused by every later step and generate call. Gemma-2's sliding
@@ -52,6 +74,7 @@ def test_generate_static_cache_matches_eager(name):
     assert captures == STATIC_CAPTURES.get(name, 2)
     _assert_same_generation(_generate(model, "static"), expected)
     assert fn.stats.captures == captures  # the second generate call captures nothing
+    _assert_one_trace_per_capture(fn, name)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2"])
@@ -64,6 +87,7 @@ def test_generate_dynamic_cache_matches_eager(name):
     assert fn.stats.captures == NEW_TOKENS
     _assert_same_generation(_generate(model, "dynamic"), expected)
     assert fn.stats.captures == NEW_TOKENS
+    _assert_one_trace_per_capture(fn, name)
 
 
 @pytest.mark.inductor

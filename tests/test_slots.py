@@ -26,6 +26,11 @@ def _pick(bank, i):
     return bank.entries[i]
 
 
+def _type_scale(bank, i):
+    scale = 2.0 if type(i) is int else 3.0
+    return bank.entries[i] * scale
+
+
 def _take_plus_zero(entries, i):
     return entries[i + 0]
 
@@ -41,6 +46,9 @@ USES = {
     "torch_call": lambda self, x, bank: x * torch.full((4,), self.idx),
     "range": lambda self, x, bank: x * len(list(range(self.idx))),
     "literal_and_index": lambda self, x, bank: x * bank.entries[0] + bank.entries[self.idx],
+    # the program must see a plain int wherever its type could matter
+    "type_check": lambda self, x, bank: x * (2.0 if type(self.idx) is int else 3.0) * bank.entries[self.idx],
+    "type_in_helper": lambda self, x, bank: x * _type_scale(bank, self.idx),
 }
 # traces for 4 layers: 1 when the index only picks the layer's entry of a list read right there, else one per
 # layer (the list handed to a helper, or also indexed with a literal: stampout cannot tell which item is which)

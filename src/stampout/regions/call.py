@@ -18,7 +18,7 @@ from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
-from ..sources import Absolute, CallContext
+from ..sources import MISSING, Absolute, CallContext
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier
@@ -250,6 +250,9 @@ class RegionCalls:
             outputs.append(("out", len(returned)))
             returned.append(child.nodes[id(t)][1])
         slots.extend(escaped)
+        stores = self._replayable_stores(frame, child, slots)
+        if stores and hash_key is not None:  # calls sharing a hash key skip the guards a replay relies on
+            frame.mark_ineligible(f"writes {stores[0][0].name()}.{stores[0][1]} (a Python side effect)")
         returned, outputs = _views_of_one_base(returned, outputs, slots)
         child.graph.output(tuple(returned))
         gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
@@ -261,7 +264,7 @@ class RegionCalls:
         out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
         entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
                            out_meta, len(returned), rg if frame.reads_requires_grad else None,
-                           tuple(range(len(frame.lifted))), (), site, self.cache.generation)
+                           tuple(range(len(frame.lifted))), (), site, self.cache.generation, stores)
         if not frame.ineligible:
             if hash_key is None:
                 self._check_cap(region, reason, site)
@@ -283,6 +286,38 @@ class RegionCalls:
             self.stats.traces += 1
         self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
         return out
+
+    @staticmethod
+    def _replayable_stores(frame: RegionFrame, child: Builder, slots: list) -> tuple:
+        """The trace's attribute stores on objects it can name (`cache.layers[i].keys = zeros(...)`, a flag set
+        to True), as stores its stamped calls repeat: the last value per attribute, a constant, a tensor the
+        region returns (an escaped output) or one of its inputs. Anything else makes the trace ineligible."""
+        if frame.program or not frame.stores:
+            return ()
+        placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
+        slot_of = {id(t): k for k, t in enumerate(slots)}
+        last: dict[tuple[int, str], tuple] = {}
+        for obj, name, value, _, where in frame.stores:
+            last[(id(obj), name)] = (obj, name, value, where)
+        stores = []
+        for obj, name, value, where in last.values():
+            target = frame.sources.get(id(obj))
+            hit = child.nodes.get(id(value)) if isinstance(value, torch.Tensor) else None
+            if target is None:
+                return ()  # (already ineligible: see RegionFrame.on_write)
+            if value is MISSING:
+                how = ("missing", None)
+            elif is_constant(value) and type(value) not in (list, dict, set):
+                how = ("const", value)
+            elif hit is not None and hit[1] in placeholders:
+                how = ("operand", placeholders[hit[1]])
+            elif isinstance(value, torch.Tensor) and id(value) in slot_of:
+                how = ("slot", slot_of[id(value)])
+            else:
+                frame.mark_ineligible(f"stores a {type(value).__name__} on {target.name()}.{name} at {where}")
+                return ()
+            stores.append((target, name, how))
+        return tuple(stores)
 
     @staticmethod
     def _escaped(child: Builder, frame: RegionFrame, template: Any, returned: list[fx.Node]) -> list[torch.Tensor]:
@@ -337,9 +372,24 @@ class RegionCalls:
             else:
                 slots.append(fakes[i] if kind == "out" else values[i])
         self._emit(parent, entry, operands, slots, fakes)
+        if entry.stores:
+            self._repeat_stores(entry, CallContext(leaves, region.fn), slots, values)
         self.stats.reuses += 1
         self._record(region, site, "reused", "", entry.subgraph)
         return build(entry.template, slots)
+
+    @staticmethod
+    def _repeat_stores(entry: ReuseEntry, ctx: CallContext, slots: list, values: list) -> None:
+        """What the traced call stored, stored by this stamped call on its own objects (through their
+        `__setattr__`, so enclosing traces and the program see the writes)."""
+        memo: dict = {}
+        for target, name, (kind, value) in entry.stores:
+            obj = target.resolve(ctx, memo)
+            if kind == "missing":
+                if hasattr(obj, name):
+                    delattr(obj, name)
+                continue
+            setattr(obj, name, value if kind == "const" else slots[value] if kind == "slot" else values[value])
 
     def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[tuple]:
         """Output metadata of the entry's subgraph for inputs that differ only in requires_grad."""

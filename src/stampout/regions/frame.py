@@ -442,8 +442,10 @@ class RegionFrame:
         self.writes.append(f"{target} at {where}")
         self.stores.append((obj, name, value, old, where))
         self._written.add((id(obj), name))
-        if not self.program:
+        if not self.program and base is None:
             self.mark_ineligible(f"writes {target} (a Python side effect) at {where}")
+        # (stores on objects it can name are replayed by its stamped calls when their values allow it:
+        # RegionCalls decides when the trace ends)
 
     def leaves_contain(self, value: Any) -> bool:
         return any(leaf is value for leaf in self.leaves)

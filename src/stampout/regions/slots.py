@@ -23,7 +23,7 @@ from typing import Any
 
 from ..classpatch import peek
 from ..context import listeners
-from ..sources import MISSING, Item, SlotItem, Source, _item
+from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
 
 _LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"})
 _INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
@@ -158,51 +158,97 @@ class SlotTracker:
         if state is None:
             state = self.states[source] = SlotState(source, value)
             LIVE[0] += 1
-        slot = SlotIndex(value, state)
         first = i - 1  # the start of the expression that pushes the slot: `self.self_attn.layer_idx`
         while first >= 0 and instructions[first].opname == "LOAD_ATTR":
             first -= 1
-        self._consumer(user, instructions, i, slot, first if first >= 0 and
-                       instructions[first].opname == "LOAD_FAST" else -1)
+        first = first if first >= 0 and instructions[first].opname == "LOAD_FAST" else -1
+        slot = SlotIndex(value, state)
+        if not self._consumer(user, instructions, i, slot, first):
+            state.use(f"{instructions[i + 1].opname if i + 1 < len(instructions) else 'the end'} "
+                      f"at {user.f_code.co_filename}:{user.f_lineno}")
+            return None  # the program gets the plain int
         return slot
 
     def _consumer(self, frame: types.FrameType, instructions: list[dis.Instruction], i: int,
-                  slot: SlotIndex, first: int) -> None:
-        """What consumes the value instruction `i` pushes (the expression pushing it starts at `first`, -1
-        if unknown): an index into a list, an argument of a Python call, a local; anything else is a use."""
-        state = slot._state
+                  slot: SlotIndex, first: int) -> bool:
+        """Whether what consumes the value instruction `i` pushes (the expression pushing it starts at
+        `first`, -1 if unknown) treats a SlotIndex exactly as the int: the index of a list or tuple read right
+        there, a plain parameter of a Python function, or a local. Registers what follows from it."""
         nxt = instructions[i + 1] if i + 1 < len(instructions) else None
         if nxt is None:
-            state.use("the end of a function")
-            return
+            return False
         if nxt.opname == "BINARY_SUBSCR":
-            if first < 0:
-                state.use("indexing after an expression stampout cannot follow")
-            else:
-                self._index(frame, instructions, first, slot, nxt.offset)
-            return
+            return first >= 0 and self._index(frame, instructions, first, slot, nxt.offset)
         if nxt.opname == "STORE_FAST":
             if nxt.argval in frame.f_code.co_cellvars:
-                state.use("a closure")
-            else:
-                self._hold(frame)
-            return
+                return False
+            self._hold(frame)
+            return True
+        return first >= 0 and self._call(frame, instructions, i, first, slot)
+
+    def _call(self, frame: types.FrameType, instructions: list[dis.Instruction], i: int, first: int,
+              slot: SlotIndex) -> bool:
+        """`obj.method(a, b, <slot>, c, k=d)` with simple argument expressions, where `obj.method` is a Python
+        function of `obj`'s class and the slot binds to one of its named positional parameters."""
+        after = 0
         j = i + 1
-        while j < len(instructions) and (instructions[j].opname in _LOADS or (
-                instructions[j].opname == "LOAD_ATTR" and instructions[j - 1].opname in _LOADS | {"LOAD_ATTR"}
-                and j - 1 > i)):
+        while j < len(instructions) and instructions[j].opname in _LOADS | {"LOAD_ATTR"}:
+            after += instructions[j].opname != "LOAD_ATTR"
             j += 1
-        while j < len(instructions) and instructions[j].opname in ("KW_NAMES", "PRECALL"):
+        keywords = 0
+        if j < len(instructions) and instructions[j].opname == "KW_NAMES":
+            keywords = len(frame.f_code.co_consts[instructions[j].arg])
             j += 1
-        if j + 1 < len(instructions) and instructions[j].opname == "CALL":
-            # (while the callee runs, the caller's f_lasti is on the CALL's inline caches: before the next one)
-            self._expected[id(frame)] = (frame, instructions[j].offset, instructions[j + 1].offset, slot)
-            self._trace(frame)
-            return
-        state.use(f"{nxt.opname} at {frame.f_code.co_filename}:{frame.f_lineno}")
+        if j + 2 >= len(instructions) or instructions[j].opname != "PRECALL" or instructions[j + 1].opname != "CALL":
+            return False
+        call = instructions[j + 1]
+        position = call.arg - 1 - after  # among the call's arguments
+        if after < keywords or position < 0:
+            return False
+        k = first - 1
+        for _ in range(position):  # the arguments before the slot: simple loads
+            while k >= 0 and instructions[k].opname == "LOAD_ATTR":
+                k -= 1
+            if k < 0 or instructions[k].opname not in _LOADS:
+                return False
+            k -= 1
+        if k >= 0 and instructions[k].opname == "LOAD_GLOBAL" and instructions[k].arg & 1:  # f(...): NULL, f
+            name = instructions[k].argval
+            fn = frame.f_globals.get(name, MISSING)
+            if fn is MISSING:
+                fn = getattr(frame.f_builtins, "get", lambda *_: MISSING)(name, MISSING)
+            return self._receives(frame, fn, position, call, instructions[j + 2], slot)
+        if k < 1 or instructions[k].opname != "LOAD_METHOD":
+            return False
+        attrs = [instructions[k].argval]
+        k -= 1
+        while k >= 0 and instructions[k].opname == "LOAD_ATTR":
+            attrs.append(instructions[k].argval)
+            k -= 1
+        if k < 0 or instructions[k].opname != "LOAD_FAST":
+            return False
+        obj = frame.f_locals.get(instructions[k].argval, MISSING)
+        with listeners(None, None):
+            for attr in reversed(attrs[1:]):
+                obj = peek(obj, attr) if obj is not MISSING else MISSING
+        if obj is MISSING or peek(obj, attrs[0]) is not MISSING:
+            return False
+        return self._receives(frame, mro_attr(type(obj), attrs[0]), position + 1, call, instructions[j + 2], slot)
+
+    def _receives(self, frame: types.FrameType, fn: Any, parameter: int, call: dis.Instruction,
+                  after: dis.Instruction, slot: SlotIndex) -> bool:
+        """`fn` is a Python function whose named parameter `parameter` the slot binds to: await its frame."""
+        if not isinstance(fn, types.FunctionType):
+            return False
+        code = fn.__code__
+        if parameter >= code.co_argcount or code.co_varnames[parameter] in code.co_cellvars:
+            return False
+        self._expected[id(frame)] = (frame, call.offset, after.offset, slot)
+        self._trace(frame)
+        return True
 
     def _index(self, frame: types.FrameType, instructions: list[dis.Instruction], first: int,
-               slot: SlotIndex, subscript: int) -> None:
+               slot: SlotIndex, subscript: int) -> bool:
         """`container[slot]` with the container spelled `local.attr.attr` just before the slot's expression
         (which starts at `first`): the item's source becomes `SlotItem(container source, slot source)`."""
         state = slot._state
@@ -212,31 +258,28 @@ class SlotTracker:
             attrs.append(instructions[j].argval)
             j -= 1
         if j < 0 or instructions[j].opname != "LOAD_FAST":
-            state.use("indexing a container stampout cannot name")
-            return
+            return False
         container = frame.f_locals.get(instructions[j].argval, MISSING)
         with listeners(None, None):  # our own look at `local.attr`: what the object holds (no properties run)
             for attr in reversed(attrs):
                 container = peek(container, attr) if container is not MISSING else MISSING
         source = self.frame.sources.get(id(container))
         if type(container) not in (list, tuple) or source is None:
-            state.use("indexing something other than a list or tuple it can name")
-            return
+            return False
         entry = self._containers.get(id(container))
         if entry is None or (id(frame), subscript) not in entry[1]:
-            state.use("indexing a container it did not read as an attribute just before")
-            return
+            return False
         entry[1].discard((id(frame), subscript))
         self._indexed.setdefault(id(container), []).append(state)
         item = _item(container, _PLAIN(slot))
         if item is MISSING:
-            state.use("an index out of range")
-            return
+            return True  # (the subscript raises IndexError, as eager does)
         if self.frame.sources.get(id(item)) not in (None, Item(source, _PLAIN(slot))):
             state.use("an item reached another way too")
-            return
+            return True
         self._items[id(item)] = state
         self.frame.rename(item, SlotItem(source, state.source))
+        return True
 
     # ---- frames that hold a slot --------------------------------------------------------------------------
     def _trace(self, frame: types.FrameType) -> None:
@@ -285,10 +328,9 @@ class SlotTracker:
         if ins.opname in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"):
             value = frame.f_locals.get(ins.argval)
             if isinstance(value, SlotIndex) and not value._state.closed:
-                if ins.opname != "LOAD_FAST":
-                    value._state.use("a closure")
-                else:
-                    self._consumer(frame, instructions, i, value, i)
+                if ins.opname != "LOAD_FAST" or not self._consumer(frame, instructions, i, value, i):
+                    value._state.use(f"{instructions[i + 1].opname} at {frame.f_code.co_filename}:{frame.f_lineno}")
+                    frame.f_locals[ins.argval] = _PLAIN(value)  # from here on the program holds the plain int
         return self.on_event
 
     # ---- the end of the trace ---------------------------------------------------------------------------
