@@ -31,6 +31,11 @@ def _type_scale(bank, i):
     return bank.entries[i] * scale
 
 
+def _from_generator(bank, i):
+    yield type(i) is int
+    yield bank.entries[i]
+
+
 def _take_plus_zero(entries, i):
     return entries[i + 0]
 
@@ -49,6 +54,8 @@ USES = {
     # the program must see a plain int wherever its type could matter
     "type_check": lambda self, x, bank: x * (2.0 if type(self.idx) is int else 3.0) * bank.entries[self.idx],
     "type_in_helper": lambda self, x, bank: x * _type_scale(bank, self.idx),
+    "generator": lambda self, x, bank: (lambda g: x * (2.0 if next(g) else 3.0) * next(g))(
+        _from_generator(bank, self.idx)),
 }
 # traces for 4 layers: 1 when the index only picks the layer's entry of a list read right there, else one per
 # layer (the list handed to a helper, or also indexed with a literal: stampout cannot tell which item is which)

@@ -222,6 +222,10 @@ class RegionCalls:
         try:
             with listeners(self.on_read, self.on_write):
                 out = region.fn(*args, **kwargs)
+        except BaseException:
+            if frame.slots is not None:
+                frame.slots.close()  # stop following per-layer indices (the trace failed)
+            raise
         finally:
             self.pop()
             tracer.builders.pop()

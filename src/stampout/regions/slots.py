@@ -18,6 +18,7 @@ the analysis does not recognise counts as a use of the value.
 from __future__ import annotations
 
 import dis
+import inspect
 import types
 from typing import Any
 
@@ -112,7 +113,7 @@ class SlotTracker:
         # id(frame) -> (frame, CALL offset, next instruction's offset, slot): awaiting the Python callee
         self._expected: dict[int, tuple[types.FrameType, int, int, SlotIndex]] = {}
         self._holders: dict[int, types.FrameType] = {}  # frames that hold a slot in a local
-        self._traced: list[types.FrameType] = []
+        self._traced: list[tuple[types.FrameType, Any, bool]] = []  # (frame, its f_trace, f_trace_opcodes)
         # Lists and tuples read as attributes: id -> [object, reads awaiting a slot subscript {(frame id,
         # BINARY_SUBSCR offset)}, other use seen?]. An item a slot picks may only be reached through the slot.
         self._containers: dict[int, list] = {}
@@ -243,6 +244,8 @@ class SlotTracker:
         code = fn.__code__
         if parameter >= code.co_argcount or code.co_varnames[parameter] in code.co_cellvars:
             return False
+        if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+            return False  # its frame runs later, maybe after the trace
         self._expected[id(frame)] = (frame, call.offset, after.offset, slot)
         self._trace(frame)
         return True
@@ -284,9 +287,9 @@ class SlotTracker:
     # ---- frames that hold a slot --------------------------------------------------------------------------
     def _trace(self, frame: types.FrameType) -> None:
         if frame.f_trace is not self.on_event:
+            self._traced.append((frame, frame.f_trace, frame.f_trace_opcodes))
             frame.f_trace = self.on_event
             frame.f_trace_opcodes = True
-            self._traced.append(frame)
 
     def _hold(self, frame: types.FrameType) -> None:
         self._holders[id(frame)] = frame
@@ -339,8 +342,8 @@ class SlotTracker:
         for *_, slot in self._expected.values():
             slot._state.use("a call that did not return while traced")
         self._expected.clear()
-        for frame in self._traced:
-            frame.f_trace_opcodes = False
+        for frame, trace, opcodes in reversed(self._traced):
+            frame.f_trace, frame.f_trace_opcodes = trace, opcodes
         self._traced.clear()
         self._holders.clear()
         for key, states in self._indexed.items():
@@ -349,8 +352,9 @@ class SlotTracker:
                 for state in states:
                     state.use("a container that was also used another way")
         for state in self.states.values():
-            state.closed = True
-            LIVE[0] -= 1
+            if not state.closed:
+                state.closed = True
+                LIVE[0] -= 1
         return list(self.states.values())
 
 
