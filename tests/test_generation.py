@@ -107,19 +107,18 @@ def _cache(kind: str, config):
     return transformers.StaticCache(config=config, max_cache_len=16)
 
 
-def _layer_state(cache) -> list[tuple]:
-    return [(layer.is_initialized, getattr(layer, "keys", None), getattr(layer, "values", None),
-             getattr(layer, "cumulative_length", None)) for layer in cache.layers]
-
-
 def _assert_same_cache(got, expected) -> None:
-    for a, b in zip(_layer_state(got), _layer_state(expected), strict=True):
-        for x, y in zip(a, b):
+    """Every attribute of every cache layer as eager leaves it: tensors (real ones) and Python values."""
+    assert len(got.layers) == len(expected.layers)
+    for i, (a, b) in enumerate(zip(got.layers, expected.layers)):
+        assert type(a) is type(b) and sorted(vars(a)) == sorted(vars(b)), i
+        for key, y in vars(b).items():
+            x = vars(a)[key]
             if isinstance(y, torch.Tensor):
-                assert type(x) is torch.Tensor, f"the caller's cache holds a {type(x).__name__}"
+                assert type(x) is torch.Tensor, f"layers[{i}].{key} is a {type(x).__name__}"
                 torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
             else:
-                assert x == y
+                assert x == y, (i, key, x, y)
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static"])
