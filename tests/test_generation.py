@@ -164,6 +164,21 @@ def test_compile_with_cache_input_and_output(kind):
     assert fn.stats.captures == (2 if kind == "static" else len(steps))
 
 
+def test_cache_that_grows_its_layer_list_is_refused_not_wrong():
+    """`DynamicCache()` without a config appends its layers during the call: the capture leaves real tensors in
+    the capture's own cache, and calls that cannot repeat the change raise instead of returning a stale cache."""
+    model = build("llama")
+    with torch.no_grad():
+        cache = transformers.DynamicCache()
+        cap = stampout.capture(model, input_ids=PROMPT, past_key_values=cache, use_cache=True)
+        assert len(cache.layers) == 3 and all(type(layer.keys) is torch.Tensor for layer in cache.layers)
+        with pytest.raises(stampout.StampoutError, match="changes the items of past_key_values.layers"):
+            cap(input_ids=PROMPT, past_key_values=transformers.DynamicCache(), use_cache=True)
+        fn = stampout.compile(model, backend="eager")
+        with pytest.raises(stampout.GuardError, match="DynamicLayer made during the call"):
+            fn(input_ids=PROMPT, past_key_values=transformers.DynamicCache(), use_cache=True)
+
+
 def test_static_cache_of_another_size_recaptures():
     model = build("llama")
     fn = stampout.compile(model, backend="eager")

@@ -141,7 +141,7 @@ class Capture:
         outputs = self._runner(*values)
         leaves = flatten_inputs(args, kwargs)[0]
         n = len(outputs) - (len(self.effects.extra) if self.effects is not None else 0)
-        if self.stores:
+        if self.stores or self.unreplayable:
             self._store(list(outputs[n:]), leaves)
         return build(self.output_template, list(outputs[:n]), leaves)
 
@@ -150,7 +150,8 @@ class Capture:
         if self.unreplayable:
             raise StampoutError(message(
                 f"the captured program {self.unreplayable}; a call of the capture cannot repeat that",
-                user_location(), "use stampout.compile (which captures again), or keep such state out of the inputs",
+                user_location(), "pass input objects whose structure the call does not change (for Hugging Face, "
+                "DynamicCache(config=model.config)), or capture again for each call",
             ))
         ctx = CallContext([self.fn, *leaves], self.frame_fn)
         memo: dict[Source, Any] = {}

@@ -152,7 +152,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
         plan = Plan(None)
         stores, unreplayable = _input_stores(held, before, tracer, plan)
-        left = _left_over_fakes([h for h in [*holders, *_modules_of(fn)] if h not in held], tracer, plan)
+        made = [h for h in _held_by_inputs(leaves, labels) if h not in held]  # objects the call added to inputs
+        if made and not unreplayable:
+            unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
+        left = _left_over_fakes([h for h in [*made, *holders, *_modules_of(fn)] if h not in held], tracer, plan)
     nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
     graph = tracer.root.graph
     graph.output(tuple(nodes))
@@ -249,8 +252,14 @@ def _held_by_inputs(leaves: list[Any], labels: list[str], depth: int = 3) -> _He
     held = _Held()
 
     def walk(obj: Any, source: Source, level: int) -> None:
-        if (isinstance(obj, (torch.Tensor, torch.nn.Module, type)) or is_constant(obj) or callable(obj)
-                or id(obj) in held.keys() or level > depth):
+        if id(obj) in held.keys() or level > depth:
+            return
+        if type(obj) in (list, dict):  # (even empty: the call may fill it)
+            dict.__setitem__(held, id(obj), (obj, source))
+            for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                walk(v, Item(source, k), level + 1)
+            return
+        if isinstance(obj, (torch.Tensor, torch.nn.Module, type)) or is_constant(obj) or callable(obj):
             return
         if isinstance(obj, (list, dict)):
             dict.__setitem__(held, id(obj), (obj, source))
