@@ -77,6 +77,17 @@ def test_generate_static_cache_matches_eager(name):
     _assert_one_trace_per_capture(fn, name)
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_generate_static_cache_deeper_than_the_reuse_limit(name):
+    """12 layers, more than a region's max_reuse_entries (8): the per-layer index is not a constant, so every
+    layer stamps out the one trace instead of needing an entry of its own."""
+    model = build(name, layers=12)
+    expected = _generate(model, "static")
+    fn = _compiled_forward(model)
+    _assert_same_generation(_generate(model, "static"), expected)
+    _assert_one_trace_per_capture(fn, name, layers=12)
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2"])
 def test_generate_dynamic_cache_matches_eager(name):
     model = build(name)
