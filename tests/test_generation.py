@@ -59,8 +59,9 @@ def _assert_one_trace_per_capture(fn, name: str, layers: int = 3) -> None:
         assert stats.traces + stats.dedups + stats.reuses == layers
 
 
-# Prefill and decode: one capture each, reused by every later step and generate call. Gemma-2's sliding
-# window layers make the first decode steps differ from the later ones.
+# Prefill and decode: one capture each, reused by every later step and generate call. Gemma-2's sliding-window
+# layers keep their position as a Python int (`cumulative_length_int`): a capture per decode step until sizes
+# can be symbolic (the second generate call still captures nothing).
 STATIC_CAPTURES = {"gemma2": 4}
 
 

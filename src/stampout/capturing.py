@@ -353,7 +353,8 @@ def _check_no_hidden_tensors(template: Any) -> None:
                     f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
                     "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
                     user_location(),
-                    "return the tensors themselves (for Hugging Face models, call with use_cache=False)",
+                    "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
+                    "past_key_values=DynamicCache(config=model.config) or StaticCache(...), or call with use_cache=False)",
                 ))
 
 
