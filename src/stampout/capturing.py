@@ -354,7 +354,7 @@ def _check_no_hidden_tensors(template: Any) -> None:
                     "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
                     user_location(),
                     "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
-                    "past_key_values=DynamicCache(config=model.config) or StaticCache(...), or call with use_cache=False)",
+                    "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
                 ))
 
 
