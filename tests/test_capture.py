@@ -592,7 +592,8 @@ def test_live_parameter_grads_after_optimizer_step():
 # transformers 4.57 builds the causal mask with torch.vmap (masking_utils.sdpa_mask -> _vmap_for_bhqkv) whenever
 # it cannot skip it; with input_ids only and use_cache=False it cannot (position_ids make it check for packed
 # sequences), so the plain tests record torch.vmap; the `_broadcast_mask` variants replace the vmap'd mask
-# builder with an equivalent broadcast (eager and capture alike).
+# builder with an equivalent broadcast (eager and capture alike). transformers 5 broadcasts by default
+# (`use_vmap=False`); there the variants exercise its vmap path instead.
 
 def _hf_llama():
     transformers = pytest.importorskip("transformers")
@@ -641,6 +642,11 @@ def _broadcast_mask(monkeypatch):
 
         return build
 
+    if not hasattr(mu, "_vmap_for_bhqkv"):  # transformers 5: broadcasting is the default; force its vmap path
+        mapping = mu.AttentionMaskInterface._global_mapping
+        sdpa_mask = mapping["sdpa"]
+        monkeypatch.setitem(mapping, "sdpa", lambda *a, **k: sdpa_mask(*a, **{**k, "use_vmap": True}))
+        return
     monkeypatch.setattr(mu, "_vmap_for_bhqkv", broadcast_for_bhqkv)
 
 

@@ -67,6 +67,9 @@ class Capture:
     effects: Any = None  # effects.Plan (compile only): stores to replay after each call, from extra outputs
     fill_meta: Any = None  # fills deferred placeholder metadata on first use of `gm`
     shapes: Any = None  # shapes.ShapeGuards of a capture with symbolic sizes: what it assumed about them
+    stores: list = field(default_factory=list)  # (capture only) (holder source | None, key, "attr" | "item",
+    # effects.Value): what the program stored on its input objects (a KV cache), stored on each call's objects
+    unreplayable: str = ""  # (capture only) a change to the input objects that calls cannot repeat
     _runner: fx.GraphModule | None = None
 
     @property
@@ -154,9 +157,36 @@ class Capture:
         values = self.placeholders_for(args, kwargs)
         self.check_inputs(values)
         outputs = self._runner(*values)
-        if self.effects is not None and self.effects.extra:
-            outputs = outputs[: len(outputs) - len(self.effects.extra)]
-        return build(self.output_template, list(outputs))
+        leaves = flatten_inputs(args, kwargs)[0]
+        n = len(outputs) - (len(self.effects.extra) if self.effects is not None else 0)
+        if self.stores or self.unreplayable:
+            self._store(list(outputs[n:]), leaves)
+        return build(self.output_template, list(outputs[:n]), leaves)
+
+    def _store(self, extra: list[Any], leaves: list[Any]) -> None:
+        """What the program stored on the call's input objects (`cache.layers[0].keys = ...`), stored again."""
+        if self.unreplayable:
+            raise StampoutError(message(
+                f"the captured program {self.unreplayable}; a call of the capture cannot repeat that",
+                user_location(), "pass input objects whose structure the call does not change (for Hugging Face, "
+                "DynamicCache(config=model.config)), or capture again for each call",
+            ))
+        ctx = CallContext([self.fn, *leaves], self.frame_fn)
+        memo: dict[Source, Any] = {}
+        for source, key, kind, value in self.stores:
+            if source is None:
+                continue
+            value = value.get(ctx, extra)
+            holder = source.resolve(ctx, memo)
+            if holder is MISSING:
+                raise StampoutError(message(
+                    f"{source.name()} was there at capture and is missing now", user_location(),
+                    "pass inputs of the same structure as at capture, or capture again",
+                ))
+            if kind == "attr":
+                setattr(holder, key, value)
+            else:
+                holder[key] = value
 
     def explain(self) -> str:
         from .report import explain_text

@@ -18,9 +18,10 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from . import torch_internals
 from .capture import Capture
 from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
-from .effects import Plan, undo
+from .effects import Plan, Value, undo
 from .errors import CaptureError, message
 from .frames import user_location
+from .guards import is_constant
 from .names import TensorNames, root_module
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
@@ -28,7 +29,7 @@ from .regions.frame import RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
 from .shapes import ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
-from .sources import Source
+from .sources import Arg, Attr, CallContext, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
 from .tracking import Watch
@@ -63,6 +64,11 @@ def _autograd_function_apply(original: Callable) -> Callable:
     return apply
 
 
+def _capturing_here() -> bool:
+    """Whether this thread is running a capture's program (what `torch.compiler.is_compiling()` answers)."""
+    return current() is not None and torch._C._is_torch_function_mode_enabled()
+
+
 @contextlib.contextmanager
 def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[CaptureContext]:
     """Enter the capture context, the fake and torch-function modes, and patch what capture needs; restore
@@ -76,7 +82,8 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[C
     with CAPTURE_LOCK:
         ctx = CaptureContext(handler, tracer)
         try:
-            hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply)
+            hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
+                                                  _capturing_here)
             with hooks, entered(ctx), tracer.fake_mode, tracer.mode:
                 yield ctx
         finally:
@@ -112,11 +119,11 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     automatic = automatic or {}
     dims = [dynamic_dims(leaf, dynamic, automatic.get(i, set())) if isinstance(leaf, torch.Tensor) else ()
             for i, leaf in enumerate(leaves)]
-    held = _held_dynamic(fn, leaves, dynamic_sources or {})
-    symbolic = any(dims) or bool(held)
+    dynamic_held = _held_dynamic(fn, leaves, dynamic_sources or {})
+    symbolic = any(dims) or bool(dynamic_held)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv() if symbolic else None)
     tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels))
-    tracer.dynamic_tensors = held
+    tracer.dynamic_tensors = dynamic_held
     if symbolic:
         tracer.symbols = Symbols(fake_mode.shape_env)
     watch = Watch()
@@ -141,6 +148,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
 
     program = None
     plan = None
+    held = _held_by_inputs(leaves, labels) if not guard_program else _Held()
+    before = {id(obj): _fields(obj) for obj in held}
     try:
         with _capturing(tracer, handler, watch) as ctx:
             if guard_program:
@@ -151,7 +160,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 ctx.read, ctx.write = handler.on_read, handler.on_write
             out = fn(*fake_args, **fake_kwargs)
             slots: list[torch.Tensor] = []
-            template = to_template(out, slots, sizes=True)
+            template = to_template(out, slots, _input_objects(leaves), sizes=True)
             _check_no_hidden_tensors(template)
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 if program is not None:
@@ -163,7 +172,11 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             undo(program)
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
         plan = Plan(None)
-        left = _left_over_fakes([*holders, *_modules_of(fn)], tracer, plan)
+        stores, unreplayable = _input_stores(held, before, tracer, plan)
+        made = [h for h in _held_by_inputs(leaves, labels) if h not in held]  # objects the call added to inputs
+        if made and not unreplayable:
+            unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
+        left = _left_over_fakes([h for h in [*made, *holders, *_modules_of(fn)] if h not in held], tracer, plan)
     nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
     graph = tracer.root.graph
     graph.output(tuple(nodes))
@@ -188,8 +201,13 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         effects=plan,
         shapes=ShapeGuards(tracer.symbols, _symbolic_names(tracer, labels)) if symbolic else None,
     )
-    if program is None and plan.extra:
-        _make_real(cap, left, args, kwargs)
+    if program is None:
+        outs = sum(v.kind == "out" for *_, v in stores)
+        cap.stores = stores + [(None, key, kind, Value("out", outs + k)) for k, (_, key, kind) in enumerate(left)]
+        cap.unreplayable = unreplayable
+        if plan.extra or held:  # the caller's objects end up as one eager call leaves them
+            _make_real(cap, [(s.resolve(CallContext([fn, *leaves], None), {}), key, kind)
+                             for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
     return cap
 
 
@@ -207,8 +225,6 @@ def _symbolic_names(tracer: Tracer, labels: list[str]) -> list[str]:
 
 def _held_dynamic(fn: Callable, leaves: list[Any], sources: dict[Source, set[int]]) -> dict:
     """The tensors at `sources` (relative to the call) with the dims to capture symbolic."""
-    from .sources import CallContext
-
     found: dict[int, tuple[torch.Tensor, tuple[int, ...], str]] = {}
     ctx, memo = CallContext([fn, *leaves], frame_function(fn)), {}
     with torch._C.DisableTorchFunction():
@@ -218,6 +234,96 @@ def _held_dynamic(fn: Callable, leaves: list[Any], sources: dict[Source, set[int
             if dims and id(t) not in found:
                 found[id(t)] = (t, dims, source.name())
     return found
+
+
+def _fields(obj: Any) -> dict:
+    return dict(obj) if isinstance(obj, dict) else dict(enumerate(obj)) if isinstance(obj, list) else dict(vars(obj))
+
+
+def _input_stores(held: _Held, before: dict[int, dict], tracer: Tracer, plan: Plan) -> tuple[list, str]:
+    """What the program changed on its input objects (`cache.layers[0].keys = cat(...)`,
+    `layer.is_initialized = True`), as stores each call of the capture repeats on its own objects: (holder
+    source, key, "attr" | "item", Value). Tensors become extra outputs; a change that cannot be repeated (an
+    object made during the call, an item removed) is described in the second result."""
+    stores: list = []
+    unreplayable = ""
+    nodes = tracer.root.nodes
+    for obj in held:
+        old, new = before[id(obj)], _fields(obj)
+        kind = "attr" if not isinstance(obj, (list, dict)) else "item"
+        source = held[obj]
+        if any(k not in new for k in old) or (isinstance(obj, list) and len(new) != len(old)):
+            unreplayable = unreplayable or f"changes the items of {source.name()}"
+            continue
+        for key, value in new.items():
+            if key in old and old[key] is value:
+                continue
+            if type(value) is FakeTensor and id(value) in nodes or isinstance(value, (torch.SymInt, torch.SymFloat)):
+                plan.extra.append(value)  # (a symbolic size too: its value for each call comes from the graph)
+                stores.append((source, key, kind, Value("out", len(plan.extra) - 1)))
+            elif is_constant(value) and type(value) not in (list, dict, set):
+                stores.append((source, key, kind, Value("const", value)))
+            elif value in held:
+                stores.append((source, key, kind, Value("source", held[value])))
+            else:
+                made = f"stores a {type(value).__name__} made during the call on {source.name()}"
+                unreplayable = unreplayable or made
+    return stores, unreplayable
+
+
+def _input_objects(leaves: list[Any]) -> dict[int, int]:
+    """id -> leaf index of the inputs that are objects (a KV cache): returned as the call's own object."""
+    return {id(leaf): i for i, leaf in enumerate(leaves)
+            if not isinstance(leaf, torch.Tensor) and not is_constant(leaf) and not callable(leaf)}
+
+
+class _Held(dict):
+    """Objects reachable from a call's input objects (attributes, list and dict items), by identity, with their
+    sources relative to `[fn, *inputs]`."""
+
+    def __contains__(self, obj: object) -> bool:
+        return dict.__contains__(self, id(obj))
+
+    def get(self, obj: Any, default: Any = None) -> Any:
+        hit = dict.get(self, id(obj))
+        return default if hit is None else hit[1]
+
+    def __getitem__(self, obj: Any) -> Source:
+        return dict.__getitem__(self, id(obj))[1]
+
+    def __iter__(self):
+        return iter([obj for obj, _ in self.values()])
+
+
+def _held_by_inputs(leaves: list[Any], labels: list[str], depth: int = 3) -> _Held:
+    held = _Held()
+
+    def walk(obj: Any, source: Source, level: int) -> None:
+        if id(obj) in held.keys() or level > depth:
+            return
+        if type(obj) in (list, dict):  # (even empty: the call may fill it)
+            dict.__setitem__(held, id(obj), (obj, source))
+            for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                walk(v, Item(source, k), level + 1)
+            return
+        if isinstance(obj, (torch.Tensor, torch.nn.Module, type)) or is_constant(obj) or callable(obj):
+            return
+        if isinstance(obj, (list, dict)):
+            dict.__setitem__(held, id(obj), (obj, source))
+            for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                walk(v, Item(source, k), level + 1)
+            return
+        fields = getattr(obj, "__dict__", None)
+        if type(fields) is not dict:
+            return
+        dict.__setitem__(held, id(obj), (obj, source))
+        for key, value in list(fields.items()):
+            walk(value, Attr(source, key), level + 1)
+
+    for i, (leaf, label) in enumerate(zip(leaves, labels)):
+        if id(leaf) in _input_objects(leaves):
+            walk(leaf, Arg(i + 1, label), 0)
+    return held
 
 
 def _modules_of(fn: Callable) -> list[Any]:
@@ -266,8 +372,11 @@ _REGISTRIES = ("_parameters", "_buffers")
 
 def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict) -> None:
     """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are."""
+    leaves = flatten_inputs(args, kwargs)[0]
+    inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
+    # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
     with torch.no_grad():
-        outputs = as_call_modules(cap.gm)(*cap.placeholders_for(args, kwargs))
+        outputs = as_call_modules(cap.gm)(*inputs)
     for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
         if kind == "attr":
             setattr(obj, key, value)
@@ -297,7 +406,8 @@ def _check_no_hidden_tensors(template: Any) -> None:
                     f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
                     "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
                     user_location(),
-                    "return the tensors themselves (for Hugging Face models, call with use_cache=False)",
+                    "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
+                    "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
                 ))
 
 

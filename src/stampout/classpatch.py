@@ -117,7 +117,9 @@ def wrappers(cls: type) -> dict[str, Any]:
         ctx = state.ctx
         if ctx is not None and ctx.read is not None and id(self) in read_ids:
             if not quiet(name) or name == "__dict__" and from_user_code():
-                ctx.read(self, name, value)
+                instead = ctx.read(self, name, value)
+                if instead is not None:  # a per-layer index the trace follows (regions/slots.py)
+                    return instead
         return value
 
     def __getattr__(self, name):

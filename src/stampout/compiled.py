@@ -26,6 +26,7 @@ from .effects import replay
 from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
+from .names import root_module
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
@@ -376,7 +377,7 @@ class CompiledFunction:
             n = len(outputs) - len(effects.extra)
             replay(effects.effects, ctx, outputs[n:])
             outputs = outputs[:n]
-        return build(cap.output_template, outputs)
+        return build(cap.output_template, outputs, leaves)
 
     def _lookup(self, key: tuple, ctx: CallContext, leaves: list[Any]) -> tuple[Any, tuple] | None:
         masked_keys: dict[frozenset[int], tuple] = {}
@@ -399,7 +400,8 @@ class CompiledFunction:
     def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> tuple[Any, tuple]:
         self._watch.release()  # capture watches reads with its own shims
         try:
-            marking = (auto_regions(self.fn) if self.regions == "auto" and isinstance(self.fn, torch.nn.Module)
+            root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
+            marking = (auto_regions(root) if self.regions == "auto" and root is not None
                        else contextlib.nullcontext())
             automatic = self._automatic_dims(key, args, kwargs)
             held = self._automatic_held(key, ctx)

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-Reader = Callable[[Any, str, Any], None]
+Reader = Callable[[Any, str, Any], Any]  # may return a value the reader gets instead (or None)
 Writer = Callable[[Any, str, Any, Any], None]  # (object, name, new value, value before)
 
 

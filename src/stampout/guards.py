@@ -297,8 +297,9 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
         else:
             parent = source.base()
             base_expr = bind(parent) if parent is not None else ""
+            operands = [bind(s) for s in source.operands()]
             name = f"v{len(var_of)}"
-            expr = source.expr(base_expr)
+            expr = source.expr(base_expr, *operands)
             if isinstance(source, Attr) and parent in classes:
                 if source.attr == "__dict__":
                     expr = f"_object_dict({base_expr})"

@@ -85,18 +85,34 @@ class TensorNames:
                 self._walk(child, f"{prefix}{key}.", root, f"{path}{key}.")
 
     def _walk_object(self, obj: Any, label: str, root: Source, path: str, depth: int) -> None:
-        """Tensors held by an input object's attributes (a dataclass batch, a cache object)."""
+        """Tensors held by an input object's attributes, and the lists and dicts it holds (a dataclass batch,
+        a KV cache: `past_key_values.layers[0].keys`)."""
         if isinstance(obj, torch.nn.Module):
             self._walk(obj, f"{label}.", root, path)
             return
-        fields = getattr(obj, "__dict__", None)
-        if not isinstance(fields, dict) or depth >= _MAX_DEPTH:
+        if depth >= _MAX_DEPTH:
             return
-        for key, value in fields.items():
+        source = module_path(root, path.rstrip("."))
+        if isinstance(obj, (list, tuple, dict)):
+            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+            for key, value in items:
+                self._object_item(value, f"{label}[{key!r}]", Item(source, key), depth)
+            return
+        fields = getattr(obj, "__dict__", None)
+        if not isinstance(fields, dict):
+            return
+        for key, value in list(fields.items()):
             if isinstance(value, torch.Tensor):
                 self._add(value, f"{label}.{key}", root, path + key)
-            elif hasattr(value, "__dict__") and not isinstance(value, type):
+            elif isinstance(value, (list, tuple, dict)) or (hasattr(value, "__dict__") and not isinstance(value, type)):
                 self._walk_object(value, f"{label}.{key}", root, f"{path}{key}.", depth + 1)
+
+    def _object_item(self, value: Any, label: str, source: Source, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in self._found:
+                self._found[id(value)] = (label, source, None)
+        elif isinstance(value, (list, tuple, dict)) or (hasattr(value, "__dict__") and not isinstance(value, type)):
+            self._walk_object(value, label, source, "", depth + 1)
 
     def find(self, t: torch.Tensor) -> tuple[str, Source] | None:
         """(placeholder name, source relative to `[fn, *inputs]`) of a named tensor, or None."""
@@ -104,4 +120,4 @@ class TensorNames:
         if hit is None:
             return None
         name, root, path = hit
-        return name, module_path(root, path.rstrip("."))
+        return name, root if path is None else module_path(root, path.rstrip("."))

@@ -56,6 +56,10 @@ class Source:
     def _step(self, ctx: CallContext, memo: dict[Source, Any]) -> Any:
         raise NotImplementedError
 
+    def operands(self) -> tuple[Source, ...]:
+        """Other sources this step reads (their expressions follow the base's in `expr`)."""
+        return ()
+
     def expr(self, base_expr: str) -> str:
         """Python expression for this step, given the expression of its base (for generated guards)."""
         raise NotImplementedError
@@ -326,6 +330,41 @@ class Item(Source):
         return f"_item({base_expr}, {self.item!r})"
 
 
+class SlotItem(Source):
+    """Item `parent[index]` where the index is itself read from a source of the call (`self.attn.layer_idx`)."""
+
+    __slots__ = ("parent", "index")
+
+    def __init__(self, parent: Source, index: Source) -> None:
+        self.parent = parent
+        self.index = index
+
+    def key(self) -> tuple:
+        return ("slotitem", self.parent.key(), self.index.key())
+
+    def name(self) -> str:
+        return f"{self.parent.name()}[{self.index.name()}]"
+
+    def base(self) -> Source:
+        return self.parent
+
+    def rebase(self, fn):
+        parent, index = self.parent.rebase(fn), self.index.rebase(fn)
+        return None if parent is None or index is None else SlotItem(parent, index)
+
+    def with_parent(self, parent: Source) -> Source:
+        return SlotItem(parent, self.index)
+
+    def operands(self) -> tuple[Source, ...]:
+        return (self.index,)
+
+    def _step(self, ctx, memo):
+        return _slot_item(self.parent.resolve(ctx, memo), self.index.resolve(ctx, memo))
+
+    def expr(self, base_expr: str, index_expr: str = "") -> str:
+        return f"_slot_item({base_expr}, {index_expr})"
+
+
 def _item(container: Any, key: Any) -> Any:
     if container is MISSING:
         return MISSING
@@ -333,6 +372,10 @@ def _item(container: Any, key: Any) -> Any:
         return container[key]
     except (KeyError, IndexError, TypeError):
         return MISSING
+
+
+def _slot_item(container: Any, index: Any) -> Any:
+    return _item(container, index) if type(index) is int else MISSING
 
 
 def _type_of(obj: Any) -> Any:
@@ -375,5 +418,5 @@ def module_path(root: Source, qualified_name: str) -> Source:
     return source
 
 
-RESOLVE_HELPERS = {"_item": _item, "_cell": _cell, "_leaf": _leaf, "_type_of": _type_of,
+RESOLVE_HELPERS = {"_item": _item, "_slot_item": _slot_item, "_cell": _cell, "_leaf": _leaf, "_type_of": _type_of,
                    "mro_attr": mro_attr, "_MISSING": MISSING}

@@ -65,56 +65,67 @@ def aliases_of(leaves: list[Any]) -> tuple[int, ...]:
     return tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
 
 
-# Output templates: a tree of tuples; ("slot", i) marks the i-th tensor.
+# Output templates: a tree of tuples; ("slot", i) marks the i-th tensor, ("input", i) the call's i-th input leaf
+# (an object the call was given and returns, such as a KV cache: each call returns its own).
 Template = tuple
 
 
 _SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def to_template(value: Any, slots: list[Any], sizes: bool = False) -> Template:
+def to_template(value: Any, slots: list[Any], inputs: dict[int, int] | None = None, sizes: bool = False) -> Template:
     """The template of `value`, appending each tensor it holds (and with `sizes`, each symbolic size: the
-    graph computes it) to `slots`."""
+    graph computes it) to `slots`; `inputs` maps the id of each input object (not a tensor or constant) to
+    its leaf index."""
     if isinstance(value, torch.Tensor) or sizes and isinstance(value, _SIZES):
         slots.append(value)
         return ("slot", len(slots) - 1)
+    if inputs and id(value) in inputs:
+        return ("input", inputs[id(value)])
+    return _to_template(value, slots, lambda v: to_template(v, slots, inputs, sizes))
+
+
+def _to_template(value: Any, slots: list[Any], to_template: Any) -> Template:
     t = type(value)
     if t is tuple or t is list or t is torch.Size:
-        return ("seq", t, tuple(to_template(v, slots, sizes) for v in value))
+        return ("seq", t, tuple(to_template(v) for v in value))
     if _is_namedtuple(value):
-        return ("namedtuple", t, tuple(to_template(v, slots, sizes) for v in value))
+        return ("namedtuple", t, tuple(to_template(v) for v in value))
     if isinstance(value, tuple) and hasattr(t, "n_fields"):  # a structseq: torch.return_types.max
-        return ("structseq", t, tuple(to_template(v, slots, sizes) for v in value))
+        return ("structseq", t, tuple(to_template(v) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if isinstance(value, dict):  # transformers' ModelOutput: a dict whose set keys are its fields
-            items = tuple((k, to_template(v, slots, sizes)) for k, v in value.items())
+            items = tuple((k, to_template(v)) for k, v in value.items())
             return ("modeloutput", t, items)
         fields = tuple(
-            (f.name, to_template(getattr(value, f.name), slots, sizes)) for f in dataclasses.fields(value) if f.init
+            (f.name, to_template(getattr(value, f.name))) for f in dataclasses.fields(value) if f.init
         )
         return ("dataclass", t, fields)
     if t is dict or t is collections.OrderedDict:
-        return ("dict", t, tuple((k, to_template(v, slots, sizes)) for k, v in value.items()))
+        return ("dict", t, tuple((k, to_template(v)) for k, v in value.items()))
     return ("const", value)
 
 
-def build(template: Template, values: list[Any]) -> Any:
-    """Rebuild the structure of `template` with `values[i]` in slot i."""
+def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
+    """Rebuild the structure of `template` with `values[i]` in slot i and the call's input leaf `leaves[i]`
+    where the template returns input i."""
     kind = template[0]
     if kind == "slot":
         return values[template[1]]
     if kind == "const":
         return template[1]
+    if kind == "input":
+        return leaves[template[1]]
     t, children = template[1], template[2]
     if kind == "seq":
-        return t(build(c, values) for c in children)
+        return t(build(c, values, leaves) for c in children)
     if kind == "namedtuple":
-        return t(*(build(c, values) for c in children))
+        return t(*(build(c, values, leaves) for c in children))
     if kind == "structseq":
-        return t(tuple(build(c, values) for c in children))
+        return t(tuple(build(c, values, leaves) for c in children))
     if kind in ("modeloutput", "dataclass"):
-        return t(**{k: build(c, values) for k, c in children})
-    return t((k, build(c, values)) for k, c in children)
+        return t(**{k: build(c, values, leaves) for k, c in children})
+    return t((k, build(c, values, leaves)) for k, c in children)
 
 
 def tensors_within(value: Any, depth: int = 0) -> list[torch.Tensor]:
@@ -136,7 +147,7 @@ def tensors_within(value: Any, depth: int = 0) -> list[torch.Tensor]:
 def template_constants(template: Template) -> list[Any]:
     """Every non-slot leaf of a template."""
     kind = template[0]
-    if kind == "slot":
+    if kind == "slot" or kind == "input":
         return []
     if kind == "const":
         return [template[1]]

@@ -38,6 +38,9 @@ for _module, _name in _REQUIRED:
     _load(_module, _name)
 
 _INVOKE_MODULE = importlib.import_module("torch._higher_order_ops.invoke_subgraph")
+_COMPILER = importlib.import_module("torch.compiler")
+if not callable(getattr(_COMPILER, "is_compiling", None)):
+    raise ImportError("stampout needs torch.compiler.is_compiling; install torch==2.13.0")
 _EXPORT_UTILS = importlib.import_module("torch._export.utils")
 TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
@@ -107,20 +110,30 @@ def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:
 
 @contextlib.contextmanager
 def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], Callable],
-                  function_apply: Callable[[Callable], Callable]) -> Iterator[None]:
+                  function_apply: Callable[[Callable], Callable],
+                  capturing: Callable[[], bool]) -> Iterator[None]:
     """For the duration of a capture: `nested_compile_region` functions call `marked_call`, vmap finds
-    stampout's mode through `vmap_mode_finder(original finder)`, and `torch.autograd.Function.apply` is
-    `function_apply(original apply)`. The replacements act as the originals on threads that are not
-    capturing."""
+    stampout's mode through `vmap_mode_finder(original finder)`, `torch.autograd.Function.apply` is
+    `function_apply(original apply)`, and `torch.compiler.is_compiling()` is true while `capturing()` is
+    (libraries take their trace-friendly paths: transformers' MoE experts, masks). The replacements act as
+    the originals on threads that are not capturing."""
     saved_placeholder = _INVOKE_MODULE.invoke_subgraph_placeholder
     saved_finder = _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export
     saved_apply = _FUNCTION.__dict__["apply"]
+    saved_is_compiling = _COMPILER.is_compiling
+
+    @functools.wraps(saved_is_compiling)
+    def is_compiling() -> bool:
+        return capturing() or saved_is_compiling()
+
     _INVOKE_MODULE.invoke_subgraph_placeholder = marked_call
     _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = vmap_mode_finder(saved_finder)
     _FUNCTION.apply = classmethod(function_apply(saved_apply.__func__))
+    _COMPILER.is_compiling = is_compiling
     try:
         yield
     finally:
         _INVOKE_MODULE.invoke_subgraph_placeholder = saved_placeholder
         _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = saved_finder
         _FUNCTION.apply = saved_apply
+        _COMPILER.is_compiling = saved_is_compiling

@@ -31,6 +31,7 @@ from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
 from .meta import NOT_HANDLED, MetaRunner, meta_like
+from .regions import slots
 from .shapes import SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
 from .structure import tensors_of
@@ -420,6 +421,9 @@ class Tracer:
             sys.settrace(hook)
 
     def _on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        if slots.LIVE[0]:  # a per-layer index a region follows, passed to torch: used by value
+            slots.touch(args)
+            slots.touch(kwargs)
         what = _DATA_DEPENDENT.get(func)
         if what is not None:
             if self.constants.knows_all(args, kwargs):

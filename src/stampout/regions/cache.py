@@ -61,6 +61,8 @@ class ReuseEntry:
     value_guards: tuple = ()  # (leaf index, real value) of constant tensors whose values Python inspected
     call_site: str = ""
     generation: int = 0  # which capture made it (a compiled function's captures share one cache)
+    stores: tuple = ()  # attribute stores a stamped call repeats: (target source, name, (kind, value)) with
+    # kind "const" (the value), "slot" (output slot index), "operand" (subgraph input index) or "missing"
 
 
 @dataclass

@@ -18,7 +18,7 @@ from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
-from ..sources import Absolute, CallContext
+from ..sources import MISSING, Absolute, CallContext
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier
@@ -108,6 +108,8 @@ class RegionCalls:
         previous = self._previous_trace
         local = previous(frame, event, arg) if previous is not None else None
         code = frame.f_code
+        if event == "call" and self.frames and self.frames[-1].slots is not None:
+            local = self.frames[-1].slots.on_call(frame) or local
         if event == "call" and is_user_code(code):
             g = frame.f_globals
             with torch._C.DisableTorchFunction(), listeners(None, None):
@@ -234,6 +236,10 @@ class RegionCalls:
         try:
             with listeners(self.on_read, self.on_write):
                 out = region.fn(*args, **kwargs)
+        except BaseException:
+            if frame.slots is not None:
+                frame.slots.close()  # stop following per-layer indices (the trace failed)
+            raise
         finally:
             self.pop()
             tracer.builders.pop()
@@ -262,6 +268,9 @@ class RegionCalls:
             outputs.append(("out", len(returned)))
             returned.append(child.nodes[id(t)][1])
         slots.extend(escaped)
+        stores = self._replayable_stores(frame, child, slots)
+        if stores and hash_key is not None:  # calls sharing a hash key skip the guards a replay relies on
+            frame.mark_ineligible(f"writes {stores[0][0].name()}.{stores[0][1]} (a Python side effect)")
         returned, outputs = _views_of_one_base(returned, outputs, slots)
         child.graph.output(tuple(returned))
         gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
@@ -273,7 +282,7 @@ class RegionCalls:
         out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
         entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
                            out_meta, len(returned), rg if frame.reads_requires_grad else None,
-                           tuple(range(len(frame.lifted))), (), site, self.cache.generation)
+                           tuple(range(len(frame.lifted))), (), site, self.cache.generation, stores)
         if not frame.ineligible and (hash_key is not None or self._check_cap(region, reason, site)):
             entry.check = compile_guards(frame.guards, [s.source for s in frame.lifted if isinstance(s, SourceInput)])
             self.cache.add(region.code, entry)
@@ -295,6 +304,38 @@ class RegionCalls:
         return out
 
     @staticmethod
+    def _replayable_stores(frame: RegionFrame, child: Builder, slots: list) -> tuple:
+        """The trace's attribute stores on objects it can name (`cache.layers[i].keys = zeros(...)`, a flag set
+        to True), as stores its stamped calls repeat: the last value per attribute, a constant, a tensor the
+        region returns (an escaped output) or one of its inputs. Anything else makes the trace ineligible."""
+        if frame.program or not frame.stores:
+            return ()
+        placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
+        slot_of = {id(t): k for k, t in enumerate(slots)}
+        last: dict[tuple[int, str], tuple] = {}
+        for obj, name, value, _, where in frame.stores:
+            last[(id(obj), name)] = (obj, name, value, where)
+        stores = []
+        for obj, name, value, where in last.values():
+            target = frame.sources.get(id(obj))
+            hit = child.nodes.get(id(value)) if isinstance(value, torch.Tensor) else None
+            if target is None:
+                return ()  # (already ineligible: see RegionFrame.on_write)
+            if value is MISSING:
+                how = ("missing", None)
+            elif is_constant(value) and type(value) not in (list, dict, set):
+                how = ("const", value)
+            elif hit is not None and hit[1] in placeholders:
+                how = ("operand", placeholders[hit[1]])
+            elif isinstance(value, torch.Tensor) and id(value) in slot_of:
+                how = ("slot", slot_of[id(value)])
+            else:
+                frame.mark_ineligible(f"stores a {type(value).__name__} on {target.name()}.{name} at {where}")
+                return ()
+            stores.append((target, name, how))
+        return tuple(stores)
+
+    @staticmethod
     def _escaped(child: Builder, frame: RegionFrame, template: Any, returned: list[fx.Node]) -> list[torch.Tensor]:
         """Tensors computed in the region that leave it other than as outputs: inside a returned object,
         appended to a container it was given, stored on an object."""
@@ -306,10 +347,22 @@ class RegionCalls:
                 found[id(t)] = t
         return list(found.values())
 
-    def on_read(self, obj: Any, name: str, value: Any) -> None:
+    def on_read(self, obj: Any, name: str, value: Any) -> Any:
+        """Every open frame records the read; an int attribute of a module read by the innermost region is
+        returned as a SlotIndex when that region can follow its uses (per-layer indices)."""
         with torch._C.DisableTorchFunction(), listeners(None, None):
-            for frame in self.frames:
-                frame.on_read(obj, name, value)
+            frames = self.frames
+            inner = frames[-1] if frames else None
+            slot = None
+            if inner is not None and not inner.program:
+                if type(value) is int and isinstance(obj, torch.nn.Module):
+                    slot = inner.slot_read(obj, name, value, sys._getframe(2))
+                elif type(value) in (list, tuple):
+                    inner.container_read(obj, name, value, sys._getframe(2))
+            for frame in frames:
+                if frame is not inner or slot is None:
+                    frame.on_read(obj, name, value)
+            return slot
 
     def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
         with torch._C.DisableTorchFunction(), listeners(None, None):
@@ -335,9 +388,24 @@ class RegionCalls:
             else:
                 slots.append(fakes[i] if kind == "out" else values[i])
         self._emit(parent, entry, operands, slots, fakes)
+        if entry.stores:
+            self._repeat_stores(entry, CallContext(leaves, region.fn), slots, values)
         self.stats.reuses += 1
         self._record(region, site, "reused", "", entry.subgraph)
         return build(entry.template, slots)
+
+    @staticmethod
+    def _repeat_stores(entry: ReuseEntry, ctx: CallContext, slots: list, values: list) -> None:
+        """What the traced call stored, stored by this stamped call on its own objects (through their
+        `__setattr__`, so enclosing traces and the program see the writes)."""
+        memo: dict = {}
+        for target, name, (kind, value) in entry.stores:
+            obj = target.resolve(ctx, memo)
+            if kind == "missing":
+                if hasattr(obj, name):
+                    delattr(obj, name)
+                continue
+            setattr(obj, name, value if kind == "const" else slots[value] if kind == "slot" else values[value])
 
     def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[tuple]:
         """Output metadata of the entry's subgraph for inputs that differ only in requires_grad."""

@@ -24,6 +24,7 @@ from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, 
 from ..tracking import Watch, original_class, shim_class
 from .cache import ArgInput, LiftedInput
 from .code import code_facts, is_user_file
+from .slots import SlotTracker
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
@@ -126,6 +127,7 @@ class RegionFrame:
         self._written: set[tuple[int, str]] = set()  # attributes this trace wrote: later reads read its value
         self.containers: list[tuple[Any, Source, tuple]] = []
         self.lifted: list[LiftedInput] = []
+        self.slots: SlotTracker | None = None  # int attributes this region trace follows (created on first read)
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
                 if not isinstance(leaf, torch.Tensor):
@@ -150,6 +152,8 @@ class RegionFrame:
             return True
         if known != source:
             self.guard(source, Kind.SAME, known, where)
+            if self.slots is not None:
+                self.slots.second_name(obj)
         return False
 
     def adopt(self, value: Any, source: Source, from_arg: bool = False, where: str = "") -> None:
@@ -273,9 +277,51 @@ class RegionFrame:
             for k, item in value.items():
                 self.note_input_containers(item, f"{label}[{k!r}]")
 
+    # ---- per-layer indices -------------------------------------------------------------------------
+    def slot_read(self, obj: Any, name: str, value: int, user: types.FrameType) -> Any:
+        """`obj.name` is an int this trace may follow as a per-layer index: a SlotIndex, or None (read it as a
+        constant)."""
+        base = self.sources.get(id(obj))
+        if base is None or (id(obj), name) in self._written or self.program:
+            return None
+        d = getattr(obj, "__dict__", None)
+        if not isinstance(d, dict) or d.get(name, MISSING) is not value:
+            return None
+        if self.slots is None:
+            self.slots = SlotTracker(self)
+        return self.slots.read(Attr(base, name), value, name, user)
+
+    def container_read(self, obj: Any, name: str, value: Any, user: types.FrameType) -> None:
+        """A list or tuple attribute read: followed in case a per-layer index picks an item of it."""
+        if self.program or self.sources.get(id(obj)) is None:
+            return
+        if self.slots is None:
+            self.slots = SlotTracker(self)
+        self.slots.container_read(value, user)
+
+    def rename(self, obj: Any, source: Source) -> None:
+        """`obj` was reached as an item chosen by a per-layer index: what the trace reads through it is
+        read at `source` on each call (its class guarded there)."""
+        self.sources[id(obj)] = source
+        self._keep.append(obj)
+        self.guard(source, Kind.TYPE, _accepted_types(obj), user_location(4))
+        if isinstance(obj, torch.nn.Module):
+            self.guard(source, Kind.HOOKS, hooks_key(obj), user_location(4))
+
+    def _close_slots(self) -> None:
+        if self.slots is None:
+            return
+        for state in self.slots.close():
+            where = f"{state.source.name()} (used by {state.why})" if state.used else ""
+            if state.used:
+                self.guard(state.source, Kind.CONST, const_key(state.value), where)
+            else:
+                self.guard(state.source, Kind.TYPE, (int,), where)
+
     def close(self) -> None:
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
         input whose shape, strides or requires_grad changed in place (a stamped call would not change them)."""
+        self._close_slots()
         for i, meta in self._input_meta:
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)
             if _meta_key(_raw_meta(self.leaves[i])) != _meta_key(meta):
@@ -377,7 +423,8 @@ class RegionFrame:
                 )
             return  # made during this capture (`type(self)(...)` of a watched object, a ModuleList slice)
         if (id(obj), name) in self._written:
-            self._name(value, Attr(base, name))  # the trace's own value, not one from outside
+            if not is_constant(value):  # (an int's identity means nothing: 8 is every 8)
+                self._name(value, Attr(base, name))  # the trace's own value, not one from outside
             return
         where = user_location(3)
         if value is MISSING:
@@ -410,8 +457,10 @@ class RegionFrame:
         self.writes.append(f"{target} at {where}")
         self.stores.append((obj, name, value, old, where))
         self._written.add((id(obj), name))
-        if not self.program:
+        if not self.program and base is None:
             self.mark_ineligible(f"writes {target} (a Python side effect) at {where}")
+        # (stores on objects it can name are replayed by its stamped calls when their values allow it:
+        # RegionCalls decides when the trace ends)
 
     def leaves_contain(self, value: Any) -> bool:
         return any(leaf is value for leaf in self.leaves)
