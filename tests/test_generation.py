@@ -95,10 +95,12 @@ def test_generate_dynamic_cache_matches_eager(name):
     expected = _generate(model, "dynamic")
     fn = _compiled_forward(model)
     _assert_same_generation(_generate(model, "dynamic"), expected)
-    # a capture per sequence length until sizes are symbolic: prefill and one per decode step
-    assert fn.stats.captures == NEW_TOKENS
+    # prefill, the first decode step, then one capture with the cache's length symbolic for every later step
+    # (Gemma-2's sliding layers keep their length as a Python int, read as a constant: a capture per step)
+    captures = fn.stats.captures
+    assert captures == (NEW_TOKENS if name == "gemma2" else 3)
     _assert_same_generation(_generate(model, "dynamic"), expected)
-    assert fn.stats.captures == NEW_TOKENS
+    assert fn.stats.captures == captures  # the second generate call captures nothing
     _assert_one_trace_per_capture(fn, name)
 
 
@@ -173,7 +175,8 @@ def test_compile_with_cache_input_and_output(kind):
             assert got.past_key_values is compiled_cache
             torch.testing.assert_close(got.logits, expected.logits)
             _assert_same_cache(compiled_cache, eager_cache)
-    assert fn.stats.captures == (2 if kind == "static" else len(steps))
+    # dynamic: prefill, the first decode step, then one symbolic capture for the growing cache
+    assert fn.stats.captures == (2 if kind == "static" else 3)
 
 
 def test_cache_that_grows_its_layer_list_is_refused_not_wrong():
