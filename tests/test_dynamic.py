@@ -270,9 +270,11 @@ def test_hugging_face_variable_sequence_length(name):
     fn = stampout.compile(model, backend="eager", regions="auto")
     for i, t in enumerate((8, 12, 5, 16, 9)):
         ids = torch.randint(0, 128, (2, t), generator=torch.Generator().manual_seed(i))
+        mask = torch.ones(2, t, dtype=torch.long)
+        mask[0, : i % 3] = 0  # left padding in the first row
         with torch.no_grad():
-            out = fn(ids, use_cache=False).logits
-            ref = model(ids, use_cache=False).logits
+            out = fn(ids, attention_mask=mask, use_cache=False).logits
+            ref = model(ids, attention_mask=mask, use_cache=False).logits
         torch.testing.assert_close(out, ref)
         assert fn.last_capture.stats.traces == 1
     assert fn.stats.captures == 2

@@ -96,15 +96,12 @@ def symbolic_fake(fake_mode: Any, t: torch.Tensor, name: str, dims: tuple[int, .
 
 # ---- keys ---------------------------------------------------------------------------------------------
 def size_key(value: Any) -> Any:
-    """An int as itself; a symbolic size as (its ShapeEnv, its expression): equal only within one capture.
-    The expression is the one the size was made with, not its current simplification: a key must not change
-    when a later guard specializes a symbol (a tensor keeps its key, so calls with it keep matching)."""
+    """An int as itself; a symbolic size as (its ShapeEnv, its expression as the ShapeEnv simplifies it now):
+    equal only within one capture. A later guard may simplify it further (see RegionCache.rekey)."""
     if type(value) is int:
         return value
     node = value.node
-    expr = getattr(node, "_expr", None)
-    if expr is None:
-        expr = node.expr
+    expr = node.expr
     if expr.is_number:
         return int(expr) if isinstance(value, torch.SymInt) else expr
     return ("sym", node.shape_env, expr)

@@ -61,6 +61,7 @@ class ReuseEntry:
     value_guards: tuple = ()  # (leaf index, real value) of constant tensors whose values Python inspected
     call_site: str = ""
     generation: int = 0  # which capture made it (a compiled function's captures share one cache)
+    leaves: list | None = None  # the traced call's input leaves, in a symbolic capture (see RegionCache.rekey)
     stores: tuple = ()  # attribute stores a stamped call repeats: (target source, name, (kind, value)) with
     # kind "const" (the value), "slot" (output slot index), "operand" (subgraph input index) or "missing"
 
@@ -79,6 +80,20 @@ class RegionCache:
     def add(self, code: Any, entry: ReuseEntry) -> None:
         self.entries.setdefault(code, []).append(entry)
         self.by_fingerprint.setdefault((code, entry.fingerprint), []).append(entry)
+
+    def rekey(self, code: Any, key_of: Callable[[list], tuple]) -> None:
+        """Fingerprints of symbolic sizes are the ShapeEnv's simplification when they were made; a guard since
+        may have simplified them further (a symbol specialized, two found equal). Make the region's entries'
+        fingerprints again, so later calls with the same sizes find them."""
+        for entry in self.entries.get(code, ()):
+            if entry.leaves is None:
+                continue
+            fp = entry.fingerprint
+            new = (fp[0], key_of(entry.leaves), *fp[2:])
+            if new != fp:
+                self.by_fingerprint[(code, fp)].remove(entry)
+                entry.fingerprint = new
+                self.by_fingerprint.setdefault((code, new), []).append(entry)
 
     def evict(self, code: Any, entry: ReuseEntry) -> None:
         self.entries[code].remove(entry)

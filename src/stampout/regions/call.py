@@ -25,7 +25,7 @@ from ..tracer import Builder, Tracer, identifier
 from ..tracking import Watch
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
 from .code import is_user_code
-from .fingerprint import describe_difference, fingerprint, requires_grad_pattern
+from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
 
@@ -56,6 +56,8 @@ class RegionCalls:
             ctx = CallContext(leaves, region.fn)
             site = user_location(3)
             if region.reuse_hash_fn is None:
+                if self.tracer.symbols is not None and (region.code, fp) not in self.cache.by_fingerprint:
+                    self.cache.rekey(region.code, lambda leaves: tuple(leaf_key(leaf) for leaf in leaves))
                 for entry in self.cache.by_fingerprint.get((region.code, fp), ()):
                     if entry.rg_pattern is None or entry.rg_pattern == rg:
                         captured = self._holds(entry, ctx)
@@ -282,7 +284,8 @@ class RegionCalls:
         out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
         entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
                            out_meta, len(returned), rg if frame.reads_requires_grad else None,
-                           tuple(range(len(frame.lifted))), (), site, self.cache.generation, stores)
+                           tuple(range(len(frame.lifted))), (), site, self.cache.generation,
+                           frame.leaves if self.tracer.symbols is not None else None, stores)
         if not frame.ineligible and (hash_key is not None or self._check_cap(region, reason, site)):
             entry.check = compile_guards(frame.guards, [s.source for s in frame.lifted if isinstance(s, SourceInput)])
             self.cache.add(region.code, entry)
