@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch._guards import TracingContext, tracing
 from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
@@ -74,6 +75,10 @@ def _patch_compile_fx(module: Any) -> None:
         return
 
     def aot_export_module(mod: Any, *args: Any, **kwargs: Any) -> Any:
+        if _on_cpu(args[0] if args else kwargs.get("args", ())):
+            from .backends import toolchain
+
+            toolchain.warm_up()  # the ISA checks C++ code generation will need, in the background from here
         if TracingContext.try_get() is not None or _region_depth(mod) != 1:
             return original(mod, *args, **kwargs)
         with tracing(TracingContext(None)):  # turns on invoke_subgraph's cache: one trace per subgraph
@@ -81,6 +86,13 @@ def _patch_compile_fx(module: Any) -> None:
 
     aot_export_module._stampout_traced_once = True  # type: ignore[attr-defined]
     module.aot_export_module = aot_export_module
+
+
+def _on_cpu(example_inputs: Any) -> bool:
+    if not isinstance(example_inputs, (list, tuple)):
+        return False
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.device.type == "cpu" for t in tensors)
 
 
 def _region_depth(mod: Any) -> int:

@@ -30,6 +30,9 @@ from .errors import ExportError, StampoutError, message
 from .torch_internals import INVOKE_SUBGRAPH
 
 _CUSTOM_FUNCTION_CALL = torch.ops.higher_order.custom_function_call
+# False: every region call goes through torch's invoke_subgraph rule and every input through make_fx (the
+# reference the fast path is tested against; same graph, slower).
+STAMP_OUT = True
 
 
 def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: list[Any],
@@ -45,7 +48,7 @@ def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: lis
     # Inputs only handed to regions (a layer's weights) stay out of make_fx, which costs ~0.15 ms an input: their
     # placeholders are made directly and region calls that are stamped out take them as they are.
     captured = source.graph.find_nodes(op="placeholder")
-    operands_only = {feeds[i] for i, node in enumerate(captured) if _operand_only(node)}
+    operands_only = {feeds[i] for i, node in enumerate(captured) if STAMP_OUT and _operand_only(node)}
     traced = [k for k in tensors if k in feeds and k not in operands_only]
     lowering = _Lowering(fake_mode)
     added: dict[int, fx.Node] = {}
@@ -56,7 +59,7 @@ def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: lis
         graph = lowering.top.graph
         with torch._C.DisableTorchFunction():
             for k in sorted(operands_only):
-                node = added[k] = graph.placeholder(names[k])
+                node = added[k] = graph.placeholder(f"_input_{k}")  # named by _place_inputs
                 node.meta["val"] = by_position[k] = fakes[k]
                 node.meta["tensor_meta"] = _extract_tensor_metadata(fakes[k])  # as make_fx's placeholders have it
                 lowering.untracked[id(fakes[k])] = node
@@ -255,7 +258,7 @@ class _Lowering:
     def __init__(self, fake_mode: FakeTensorMode) -> None:
         self.fake_mode = fake_mode
         self.wrappers: dict[int, _Subgraph] = {}
-        self.stamps: dict[str, _Stamp] = {}
+        self.stamps: dict[str, _Stamp | None] = {}
         self.untracked: dict[int, fx.Node] = {}
         self.top: Any = None  # the tracer of the program, whose graph holds the untracked placeholders
 
@@ -266,6 +269,8 @@ class _Lowering:
         from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
         identifier, operands = args[1], args[2:]
+        if not STAMP_OUT:
+            return lower_call()
         cache = get_invoke_subgraph_cache()
         graph = cache.get_proxy_dispatch_entry(identifier) if cache is not None else None
         mode = get_proxy_mode()
@@ -278,8 +283,9 @@ class _Lowering:
             self._track(mode.tracer, operands)
         out = lower_call()
         with torch._C.DisableTorchFunction():
-            if identifier not in self.stamps and _stampable(key, operands, out):
-                self.stamps[identifier] = _Stamp(key, [(o.shape, o.stride(), o.dtype, o.device) for o in out])
+            if identifier not in self.stamps:  # judged on the first call: None keeps every call on torch's rule
+                self.stamps[identifier] = (_Stamp(key, [(o.shape, o.stride(), o.dtype, o.device) for o in out])
+                                           if _stampable(key, operands, out) else None)
         return out
 
     def _track(self, tracer: Any, operands: tuple) -> None:
