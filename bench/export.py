@@ -24,7 +24,9 @@ AOTInductor (time of ``torch._inductor.aoti_compile_and_package(ep)``; the expor
                        what stampout's toolchain change alone (ISA checks, see stampout/aoti.py) does to torch flat
 
 AOTInductor cells run ``--aoti-repeat`` rounds, each round every variant once in turn (so a busy spell on the
-shared machine hits all variants alike); the median of the rounds is reported, the minimum is in the JSON.
+shared machine hits all variants alike); the median of the rounds is reported, the minimum is in the JSON. Beside
+the wall time, "cpu" is the CPU time the package step used (the process's threads and the compiler processes
+it ran), which other work on the machine changes far less than the wall time.
 
 Every cell runs in a fresh interpreter with a fresh, private Inductor cache (``TORCHINDUCTOR_CACHE_DIR``,
 FX graph and AOTAutograd caches off); imports happen before the clock. Each result is checked against
@@ -40,6 +42,7 @@ import argparse
 import importlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -130,14 +133,23 @@ def run_aoti(variant: str, layers: int, package_dir: str) -> dict[str, Any]:
         return make_subgraph(self, *args, **kwargs)
 
     GraphLowering.make_subgraph = counting  # type: ignore[method-assign]
+    cpu0 = _cpu_s()
     t1 = time.perf_counter()
     path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(package_dir, "model.pt2"))
     package_s = time.perf_counter() - t1
+    cpu_s = _cpu_s() - cpu0
     runner = torch._inductor.aoti_load_package(path)
     with torch.no_grad():
         diff = (runner(ids) - model(ids)).abs().max().item()
-    return {"median_s": package_s, "export_s": export_s, "max_abs_diff": diff, "regions_lowered": len(lowered),
+    return {"median_s": package_s, "cpu_s": cpu_s, "export_s": export_s, "max_abs_diff": diff,
+            "regions_lowered": len(lowered),
             "package_bytes": os.path.getsize(path), **_shape(ep)}
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process (all threads) and of the compiler processes it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def worker(kind: str, variant: str, layers: int, repeat: int, threads: int) -> dict[str, Any]:
@@ -181,9 +193,10 @@ def _rounds(cells: list[dict[str, Any]]) -> dict[str, Any]:
     """One variant's AOTInductor rounds as one cell: the median time (None if any round failed), every time."""
     times = [c.get("median_s") for c in cells]
     out = dict(cells[0])
-    out["times_s"] = times
+    out["times_s"], out["cpu_times_s"] = times, [c.get("cpu_s") for c in cells]
     if all(t is not None for t in times):
         out["median_s"], out["min_s"] = statistics.median(times), min(times)
+        out["cpu_s"] = statistics.median(out["cpu_times_s"])
         out["max_abs_diff"] = max(c["max_abs_diff"] for c in cells)
     else:
         out["median_s"] = None
@@ -195,8 +208,8 @@ def _s(t: float | None) -> str:
     return "-" if t is None else f"{t:.3f}" if t < 10 else f"{t:.1f}"
 
 
-def _ratio(a: dict[str, Any], b: dict[str, Any]) -> str:
-    x, y = a.get("median_s"), b.get("median_s")
+def _ratio(a: dict[str, Any], b: dict[str, Any], key: str = "median_s") -> str:
+    x, y = a.get(key), b.get(key)
     return "-" if x is None or not y else f"{x / y:.2f}x"
 
 
@@ -205,6 +218,8 @@ def _cell_text(r: dict[str, Any]) -> str:
         return f"[red]{r['error'].split(':')[0][:24]}[/red]"
     text = f"{_s(r['median_s'])} ({r['region_calls']}/{r['subgraphs']}"
     text += f"/{r['regions_lowered']})" if "regions_lowered" in r else ")"
+    if r.get("cpu_s") is not None:
+        text += f" cpu {_s(r['cpu_s'])}"
     return text if r["max_abs_diff"] <= TOLERANCE else text + f" [red]WRONG {r['max_abs_diff']:.1e}[/red]"
 
 
@@ -234,7 +249,8 @@ def report(results: dict[str, Any]) -> None:
         table.add_column(f"{LABELS[v]} ratio", justify="right")
     for layers, row in results["aoti"].items():
         table.add_row(layers, *[_cell_text(row[v]) for v in AOTI_VARIANTS],
-                      *[_ratio(row[v], row["stampout"]) for v in AOTI_VARIANTS[1:]])
+                      *[f"{_ratio(row[v], row['stampout'])} (cpu {_ratio(row[v], row['stampout'], 'cpu_s')})"
+                        for v in AOTI_VARIANTS[1:]])
     con.print(table)
 
 
