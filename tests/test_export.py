@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import inspect
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -315,3 +316,124 @@ def test_aoti_package_compiles_each_region_once(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), model(x))
+
+
+# ------------------------------------------------------------------------------------ stamped-out lowering
+
+
+class PassThrough(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, torch.relu(self.lin(x)) * mask  # x passes through; mask reaches the graph only through regions
+
+
+class PassThroughNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(PassThrough() for _ in range(3))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, unused: torch.Tensor) -> torch.Tensor:
+        kept = []
+        for block in self.blocks:
+            residual, x = block(x, mask)
+            kept.append(residual)
+        return x + sum(kept)
+
+
+class ViewOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(8))
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.view(-1), x * self.scale  # the first output aliases the region's input
+
+
+def _view_out_net() -> nn.Module:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList(ViewOut() for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            flat = []
+            for block in self.blocks:
+                v, x = block(x)
+                flat.append(v.sum())
+            return x * sum(flat)
+
+    return Net()
+
+
+def _divergent_llama() -> LlamaLike:
+    model = llama(4)
+    model.layers[2].input_layernorm.eps = 1e-2
+    return model
+
+
+STAMP_CASES = {
+    "llama_two_regions": lambda: (_divergent_llama(), (ids(),)),
+    "nested_regions": lambda: (nn.Sequential(*[Outer() for _ in range(3)]), (torch.randn(2, 8),)),
+    "pass_through_and_region_only_input": lambda: (PassThroughNet(), (torch.randn(2, 8), torch.ones(2, 8),
+                                                                      torch.randn(3))),
+    "output_aliasing_the_input": lambda: (_view_out_net(), (torch.randn(2, 8),)),
+}
+
+
+def _graph_facts(ep: torch.export.ExportedProgram) -> list:
+    """Everything about the program's graphs a consumer reads: code, node names, targets, values' metadata."""
+    facts = []
+    for name, module in ep.graph_module.named_modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        facts.append((name, module.code))
+        for node in module.graph.nodes:
+            vals = node.meta.get("val")
+            metas = [(tuple(v.shape), v.stride(), v.dtype, v.requires_grad) if isinstance(v, torch.Tensor) else v
+                     for v in (vals if isinstance(vals, (tuple, list)) else [vals])]
+            facts.append((name, node.name, node.op, str(node.target), str(metas),
+                          node.meta.get("stack_trace"), str(node.meta.get("nn_module_stack"))))
+    return facts
+
+
+@pytest.mark.parametrize("case", list(STAMP_CASES))
+def test_stamped_lowering_matches_torchs_rule(case, monkeypatch):
+    lowering = sys.modules["stampout.lowering"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, args = STAMP_CASES[case]()
+    programs = []
+    for stamp_out in (True, False):  # one call site: node stack traces name it
+        monkeypatch.setattr(lowering, "STAMP_OUT", stamp_out)
+        programs.append(stampout.export(model, *args))
+    fast, reference = programs
+    assert _graph_facts(fast) == _graph_facts(reference)
+    assert fast.graph_signature == reference.graph_signature
+    torch.testing.assert_close(fast.module()(*args), model(*args), rtol=0, atol=0)
+
+
+def test_later_region_calls_are_stamped_out(monkeypatch):
+    lowering = sys.modules["stampout.lowering"]
+    stamped = []
+    stamp_out = lowering._Lowering._stamp_out
+    monkeypatch.setattr(lowering._Lowering, "_stamp_out", lambda self, *a: stamped.append(a[2]) or stamp_out(self, *a))
+    ep = stampout.export(_divergent_llama(), ids())
+    assert len(invokes(ep.graph_module)) == 4 and len(stamped) == 2  # layers 1 and 3; 0 and 2 are lowered by torch
+    stamped.clear()
+    stampout.export(_view_out_net(), torch.randn(2, 8))
+    assert stamped == []  # an output aliasing an input: every call goes through torch's rule
+
+
+def test_lowered_graphs_print_copy_and_pickle():
+    model, x = llama(2), ids()
+    ep = stampout.export(model, x)
+    assert "invoke_subgraph" in ep.graph_module.code and "rsqrt" in ep.graph_module.repeated_subgraph0.code
+    copied = copy.deepcopy(ep)
+    torch.testing.assert_close(copied.module()(x), model(x), rtol=0, atol=0)
+    region = ep.graph_module.repeated_subgraph0  # (torch cannot pickle a module that calls invoke_subgraph)
+    assert "rsqrt" in pickle.loads(pickle.dumps(region)).code

@@ -8,6 +8,11 @@ own and is lowered again. `enable_aoti_regions` closes both: the trace runs in a
 region), and the region's body is emitted once per enclosing graph as a C++ lambda that each call invokes.
 The fixes are applied when the Inductor modules load, so exporting pays no Inductor import, and only where
 torch still has the gap.
+
+Outside the regions, most of a small program's package time is fixed: Inductor's vector-ISA checks compile and
+load a test program per candidate ISA, one after another, before the first kernel (about 6 s cold on 2 CPUs).
+When an AOTInductor compile starts, stampout's toolchain (`backends/toolchain.py`, the same as its Inductor
+backend's) checks only the candidates that decide, in the background, with the same verdicts.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch._guards import TracingContext, tracing
 from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
@@ -74,6 +80,10 @@ def _patch_compile_fx(module: Any) -> None:
         return
 
     def aot_export_module(mod: Any, *args: Any, **kwargs: Any) -> Any:
+        if _on_cpu(args[0] if args else kwargs.get("args", ())):
+            from .backends import toolchain
+
+            toolchain.warm_up()  # the ISA checks C++ code generation will need, in the background from here
         if TracingContext.try_get() is not None or _region_depth(mod) != 1:
             return original(mod, *args, **kwargs)
         with tracing(TracingContext(None)):  # turns on invoke_subgraph's cache: one trace per subgraph
@@ -81,6 +91,13 @@ def _patch_compile_fx(module: Any) -> None:
 
     aot_export_module._stampout_traced_once = True  # type: ignore[attr-defined]
     module.aot_export_module = aot_export_module
+
+
+def _on_cpu(example_inputs: Any) -> bool:
+    if not isinstance(example_inputs, (list, tuple)):
+        return False
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.device.type == "cpu" for t in tensors)
 
 
 def _region_depth(mod: Any) -> int:
