@@ -367,3 +367,68 @@ def test_a_growing_cache_held_by_an_input_object_is_captured_symbolic(backend):
             torch.testing.assert_close(a.keys, b.keys)
     assert fn.stats.captures == 2  # prefill, then one symbolic decode capture for every cache length
     assert fn.last_capture.shapes is not None and "cache.layers[0].keys" in fn.last_capture.shapes.describe()
+
+
+class Holder:
+    pass
+
+
+HELD = Holder()
+
+
+def _stores_sizes_everywhere(x: torch.Tensor) -> torch.Tensor:
+    global STORED
+    t = x.shape[0]
+    HELD.n = t
+    HELD.sub.n = t - 1
+    HELD.items.append(t * 3)
+    HELD.table["k"] = t + 7
+    STORED = t + 1
+    return x * 2
+
+
+def test_capture_leaves_ints_wherever_the_program_stored_a_size():
+    HELD.sub, HELD.items, HELD.table = Holder(), [], {}
+    x = torch.randn(5, 3)
+    torch._dynamo.mark_dynamic(x, 0)
+    cap = stampout.capture(_stores_sizes_everywhere, x)
+    assert cap.shapes is not None
+    assert (HELD.n, HELD.sub.n, HELD.items, HELD.table, STORED) == (5, 4, [15], {"k": 12}, 6)
+    assert all(type(v) is int for v in (HELD.n, HELD.sub.n, HELD.items[0], HELD.table["k"], STORED))
+
+
+@stampout.region
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = x * 2
+    t = x.shape[0]
+    return h[: t // 2], h[t // 2 :]
+
+
+def test_views_of_one_region_output_with_symbolic_bounds():
+    def f(x):
+        a, b = _halves(x)
+        return a + 1, b + 1
+
+    fn = stampout.compile(f, backend="eager", dynamic=True)
+    for n in (6, 9, 4):
+        x = torch.randn(n, 3)
+        tree_assert_close(fn(x), f(x))
+    assert fn.stats.captures == 1
+
+
+def test_a_dict_holding_a_replaced_tensor_is_compiled():
+    def make():
+        cache = {"k": torch.zeros(4, 3)}
+
+        def f(x):
+            cache["k"] = torch.cat([cache["k"], x])[-4:]
+            return cache["k"].sum(0)
+
+        return f, cache
+
+    (f, cache), (g, expected) = make(), make()
+    fn = stampout.compile(f, backend="eager")
+    for i in range(4):
+        x = torch.randn(1, 3, generator=torch.Generator().manual_seed(i))
+        torch.testing.assert_close(fn(x), g(x))
+        torch.testing.assert_close(cache["k"], expected["k"])

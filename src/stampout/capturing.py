@@ -152,7 +152,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     before = {id(obj): _fields(obj) for obj in held}
     try:
         with _capturing(tracer, handler, watch) as ctx:
-            if guard_program:
+            if guard_program or symbolic:  # (a symbolic capture: to find every size the Python stored)
                 program = RegionFrame(frame_function(fn), [fn, *fake_leaves], ["self", *labels], watch,
                                       program=True)
                 handler.program = program
@@ -167,9 +167,17 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     program.close()
                     plan = Plan(program)
                 holders = watch.objects()
-    finally:
-        if program is not None:
+    except BaseException:
+        if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
+        raise
+    else:
+        if program is not None and guard_program:
+            undo(program)
+        elif program is not None:
+            _concrete_stores(program)
+    if not guard_program:
+        plan, program = None, None
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
         plan = Plan(None)
         stores, unreplayable = _input_stores(held, before, tracer, plan)
@@ -209,6 +217,24 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             _make_real(cap, [(s.resolve(CallContext([fn, *leaves], None), {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
     return cap
+
+
+def _concrete_stores(program: RegionFrame) -> None:
+    """What the captured Python stored (attributes, list and dict items, globals) holds no symbolic size
+    afterwards: each has its value for the capture's own inputs, as one eager call leaves it."""
+    with torch._C.DisableTorchFunction(), listeners(None, None):
+        for obj, name, _, _, _ in program.stores:
+            value = getattr(obj, name, None)
+            if any_symbolic(value):
+                object.__setattr__(obj, name, concrete(value))
+        for container, *_ in program.containers:
+            items = container.items() if isinstance(container, dict) else enumerate(container)
+            for key, value in list(items) if isinstance(container, (dict, list)) else ():
+                if any_symbolic(value):
+                    container[key] = concrete(value)
+        for g, name in program.global_stores:
+            if any_symbolic(g.get(name)):
+                g[name] = concrete(g[name])
 
 
 def _symbolic_names(tracer: Tracer, labels: list[str]) -> list[str]:

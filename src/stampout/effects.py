@@ -138,7 +138,8 @@ def undo(program: Any) -> None:
         obj.setstate(state)
     for container, _, _, before in reversed(program.containers):
         if isinstance(container, dict):
-            if dict(container) != before or list(container) != list(before):
+            # (compared by identity: values may be tensors, whose == compares elements)
+            if list(container) != list(before) or any(container[k] is not v for k, v in before.items()):
                 container.clear()
                 container.update(before)
         elif isinstance(container, list):

@@ -21,7 +21,7 @@ from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..sources import MISSING, Absolute, CallContext
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
-from ..tracer import Builder, Tracer, identifier
+from ..tracer import Builder, Tracer, identifier, map_tensors
 from ..tracking import Watch
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
 from .code import is_user_code
@@ -435,7 +435,7 @@ class RegionCalls:
             if kind == "out":
                 builder.bind(value, outs[i])
             elif kind == "view":
-                node = graph.call_function(torch.as_strided, (outs[i], *view))
+                node = graph.call_function(torch.as_strided, (outs[i], *map_tensors(view, builder.node_for, True)))
                 node.meta["val"] = value
                 builder.bind(value, node)
         for out, fake in zip(outs, out_fakes):

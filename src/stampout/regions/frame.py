@@ -126,6 +126,7 @@ class RegionFrame:
         self._adopted: dict[int, Callable] = {}  # functions whose cells and defaults are guarded
         self._written: set[tuple[int, str]] = set()  # attributes this trace wrote: later reads read its value
         self.containers: list[tuple[Any, Source, tuple]] = []
+        self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
         self.lifted: list[LiftedInput] = []
         self.slots: SlotTracker | None = None  # int attributes this region trace follows (created on first read)
         for i, leaf in enumerate(leaves):
@@ -392,6 +393,7 @@ class RegionFrame:
                 else:
                     self.adopt(value, source, where=where)
         for name in facts.stores:
+            self.global_stores.append((g, name))
             self.writes.append(f"global {name} (assigned by {code.co_qualname})")
             self.mark_ineligible(f"assigns the global {name} (a Python side effect stampout does not replay)")
 
