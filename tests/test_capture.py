@@ -674,3 +674,30 @@ def test_torch_vmap():
         return torch.vmap(lambda row: row * 2 + 1)(x)
 
     assert_matches_eager(fn, _randn(3, 4, requires_grad=True), grad=True, **F32)
+
+
+GLOBAL_EXAMPLE = torch.ones(2, 4)
+GLOBAL_MODEL = nn.Linear(4, 4)
+
+
+def test_arguments_are_read_from_the_call_even_when_a_global_holds_the_same_object():
+    """The example tensor (or module) passed in is also a module global: each call reads its own argument."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Batch:
+        ids: torch.Tensor
+
+    def total(b):
+        return b.ids.sum(1)
+
+    cap = stampout.capture(total, Batch(GLOBAL_EXAMPLE))
+    other = Batch(torch.full((2, 4), 2.0))
+    torch.testing.assert_close(cap(other), total(other))
+
+    def step(mod, inp):
+        return mod(inp)
+
+    cap = stampout.capture(step, GLOBAL_MODEL, GLOBAL_EXAMPLE)
+    another = nn.Linear(4, 4)
+    torch.testing.assert_close(cap(another, GLOBAL_EXAMPLE), step(another, GLOBAL_EXAMPLE))

@@ -37,11 +37,15 @@ class TensorNames:
         if root is not None:
             self._walk(root, "", Arg(0, "self"))
             fn = type(root).forward if fn is root else fn
+        # The call's own arguments before globals: a tensor (or module) reachable both ways is the argument's,
+        # read from each call's argument (a global that happens to hold the example is not the input).
+        for i, (leaf, label) in enumerate(zip(leaves, labels)):
+            if isinstance(leaf, torch.nn.Module):
+                self._walk(leaf, f"{label}.", Arg(i + 1, label))
+            elif not isinstance(leaf, torch.Tensor):
+                self._walk_object(leaf, label, Arg(i + 1, label), "", 0)
         self._functions: set[int] = set()
         self._walk_function(getattr(fn, "__func__", fn), 0)
-        for i, (leaf, label) in enumerate(zip(leaves, labels)):
-            if not isinstance(leaf, torch.Tensor):
-                self._walk_object(leaf, label, Arg(i + 1, label), "", 0)
 
     def _add(self, value: Any, name: str, root: Source, path: str) -> None:
         if isinstance(value, torch.Tensor) and id(value) not in self._found:
