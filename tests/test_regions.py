@@ -403,3 +403,73 @@ def test_functions_with_the_same_code_and_different_defaults():
     cap = assert_matches_eager(lambda x: triple(double(x)), torch.randn(3))
     assert cap.stats.traces == 2
     assert "fn.__defaults__" in cap.events[1].reason
+
+
+@stampout.region
+def _first_rows(x):
+    return x[:2]
+
+
+@stampout.region
+def _transposed_copy_and_base(x):
+    h = x * 2
+    return h.t().contiguous(), h  # a copy, not a view of h
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_region_output_that_views_its_input_stays_a_view(backend):
+    def sees_later_write(x):
+        x = x * 1
+        a = _first_rows(x)
+        x.add_(1)
+        return a * 1
+
+    def writes_through(x):
+        a = _first_rows(x)
+        a.mul_(10)
+        return x * 1
+
+    for program in (sees_later_write, writes_through):
+        x, expected_x = torch.ones(4, 2), torch.ones(4, 2)
+        torch.testing.assert_close(stampout.compile(program, backend=backend)(x), program(expected_x))
+        torch.testing.assert_close(x, expected_x)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_copy_is_not_mistaken_for_a_view(backend):
+    def f(x):
+        a, b = _transposed_copy_and_base(x)
+        return a + 0, b + 0
+
+    x = torch.randn(3, 4)
+    out, expected = stampout.compile(f, backend=backend)(x), f(x)
+    for a, b in zip(out, expected):
+        torch.testing.assert_close(a, b)
+
+
+def test_in_place_on_a_stamped_output_with_grad():
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        @stampout.region
+        def forward(self, x):
+            return self.lin(x)
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                y = layer(x)
+                y += x
+                x = y
+            return x
+
+    model, x = Stack(), torch.randn(4, 4)
+    cap = stampout.capture(model, x)
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 2)
+    torch.testing.assert_close(cap(x), model(x))

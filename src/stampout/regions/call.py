@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..capture import RegionEvent, RegionStats
@@ -385,9 +386,12 @@ class RegionCalls:
         fakes = [self._fake(meta) for meta in out_meta]
         slots = []
         for kind, i, *view in entry.outputs:
-            if kind == "view":  # a view of output i: its own metadata, the base's dtype and autograd state
-                _, _, _, dtype, device, requires_grad = out_meta[i]
-                slots.append(self.tracer.new_fake(*view, dtype, device, requires_grad))
+            if kind == "view":  # a view of output i
+                slots.append(torch.as_strided(fakes[i], *view))
+            elif kind == "inview":  # a view of operand i, at the same place relative to it
+                size, stride, relative = view
+                base = values[i] if isinstance(values[i], FakeTensor) else self.tracer.fake_of(values[i])
+                slots.append(torch.as_strided(base, size, stride, base.storage_offset() + relative))
             else:
                 slots.append(fakes[i] if kind == "out" else values[i])
         self._emit(parent, entry, operands, slots, fakes)
@@ -417,7 +421,10 @@ class RegionCalls:
         return [_out_meta(t) for t in outs]
 
     def _fake(self, meta: tuple) -> torch.Tensor:
-        return self.tracer.new_fake(*meta)
+        """An output of a stamped call: computed by it, so (like the traced call's) no autograd leaf when it
+        requires grad — in-place ops on it must work as they do on the traced call's outputs."""
+        fake = self.tracer.new_fake(*meta)
+        return fake.clone() if fake.requires_grad else fake
 
     def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], slots: list,
               out_fakes: list) -> None:
@@ -436,6 +443,12 @@ class RegionCalls:
                 builder.bind(value, outs[i])
             elif kind == "view":
                 node = graph.call_function(torch.as_strided, (outs[i], *map_tensors(view, builder.node_for, True)))
+                node.meta["val"] = value
+                builder.bind(value, node)
+            elif kind == "inview":
+                where = (view[0], view[1], value.storage_offset())
+                node = graph.call_function(torch.as_strided,
+                                           (operands[i], *map_tensors(where, builder.node_for, True)))
                 node.meta["val"] = value
                 builder.bind(value, node)
         for out, fake in zip(outs, out_fakes):
@@ -480,15 +493,14 @@ class RegionCalls:
         return builder.placeholder(identifier(label), t)
 
 
-# Ops whose result may share storage with their first argument.
+# Ops whose result is always a view of their first argument (never a copy: not reshape, flatten, contiguous,
+# to; not detach, whose view does not carry gradients).
 _VIEWS = frozenset({
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "transpose", "permute", "t", "T", "mT",
-    "narrow", "select", "getitem", "expand", "expand_as", "squeeze", "unsqueeze", "as_strided", "detach",
-    "diagonal", "movedim", "moveaxis", "swapaxes", "swapdims", "split", "chunk", "unbind", "tensor_split",
-    "split_with_sizes", "real", "imag", "alias", "contiguous", "unfold", "view_as_real", "view_as_complex",
+    "view", "view_as", "unflatten", "transpose", "permute", "t", "narrow", "select", "expand", "expand_as",
+    "squeeze", "unsqueeze", "as_strided", "diagonal", "movedim", "moveaxis", "swapaxes", "swapdims", "split",
+    "chunk", "unbind", "tensor_split", "split_with_sizes", "alias", "unfold", "view_as_real", "view_as_complex",
 })
-
-
+_VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 _SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})
 
 
@@ -498,15 +510,29 @@ def _op_name(node: fx.Node) -> str:
     return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
 
 
+def _basic_index(index: Any) -> bool:
+    """Indexing with ints, slices, None and ... only (a view); a tensor or list index makes a copy."""
+    items = index if isinstance(index, tuple) else (index,)
+    return all(i is None or i is Ellipsis or isinstance(i, (int, slice)) or
+               isinstance(i, fx.Node) and not isinstance(i.meta.get("val"), torch.Tensor) for i in items)
+
+
 def _view_root(node: fx.Node) -> fx.Node:
-    """The node whose storage `node` may be a view of (following view ops back through the graph)."""
+    """The node whose storage `node` is a view of (following ops that always make views back through the
+    graph); `node` itself when it is not a view."""
     while node.op in ("call_function", "call_method") and node.args and isinstance(node.args[0], fx.Node):
         name, source = _op_name(node), node.args[0]
-        if name == "getitem" and not isinstance(source.meta.get("val"), torch.Tensor):
+        if name in ("getitem", "__getitem__") and not isinstance(source.meta.get("val"), torch.Tensor):
             if _op_name(source) not in _SPLITS:  # an item of an op's tuple result (torch.max): its own tensor
                 break
             source = source.args[0]  # a piece of a split: a view of what was split
-        elif name not in _VIEWS and name != "getattr":
+        elif name in ("getitem", "__getitem__"):
+            if len(node.args) < 2 or not _basic_index(node.args[1]):
+                break
+        elif name == "getattr":
+            if len(node.args) < 2 or node.args[1] not in _VIEW_PROPERTIES:
+                break
+        elif name not in _VIEWS:
             break
         node = source
         if not isinstance(node, fx.Node):
@@ -515,20 +541,29 @@ def _view_root(node: fx.Node) -> fx.Node:
 
 
 def _views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: list) -> tuple[list, list]:
-    """Outputs that may be views of one tensor (`return h[:, :n], h[:, n:]`): the subgraph returns that
-    tensor once, and the caller's graph takes the views with `as_strided` (same sizes, strides, offsets).
-    Aliasing outputs of a reused subgraph get wrong values from torch 2.13's Inductor; this way there are
-    none, and the caller still sees views of one storage, as in eager."""
+    """Outputs that are views of one tensor (`return h[:, :n], h[:, n:]`): the subgraph returns that tensor
+    once, and the caller's graph takes the views with `as_strided` (same sizes, strides, offsets). Aliasing
+    outputs of a reused subgraph get wrong values from torch 2.13's Inductor; this way there are none, and the
+    caller still sees views of one storage, as in eager. Outputs that are views of an input (`return x[:2]`,
+    a buffer's slice) are taken from the caller's operand the same way ("inview": the placeholder, sizes,
+    strides, and the offset relative to the input's own), so writes through them reach the input."""
     groups: dict[fx.Node, list[int]] = {}
-    for k, (kind, j) in enumerate(outputs):
-        if kind == "out":
-            root = _view_root(returned[j])
-            if root.op != "placeholder":
-                groups.setdefault(root, []).append(k)
     new_outputs: list[tuple] = list(outputs)
+    for k, (kind, j) in enumerate(outputs):
+        if kind != "out":
+            continue
+        root = _view_root(returned[j])
+        if root.op == "placeholder":
+            base = root.meta["val"]
+            t = slots[k]
+            index = [n for n in root.graph.nodes if n.op == "placeholder"].index(root)
+            new_outputs[k] = ("inview", index, tuple(t.shape), tuple(t.stride()),
+                              t.storage_offset() - base.storage_offset())
+        else:
+            groups.setdefault(root, []).append(k)
     keep: list[fx.Node] = []
 
-    def index(node: fx.Node) -> int:
+    def index_of(node: fx.Node) -> int:
         if node not in keep:
             keep.append(node)
         return keep.index(node)
@@ -536,13 +571,13 @@ def _views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: lis
     for root, members in groups.items():
         if len({outputs[k][1] for k in members}) < 2:
             continue
-        r = index(root)
+        r = index_of(root)
         for k in members:
             t = slots[k]
             new_outputs[k] = ("view", r, tuple(t.shape), tuple(t.stride()), t.storage_offset())
     for k, (kind, *rest) in enumerate(new_outputs):
         if kind == "out":
-            new_outputs[k] = ("out", index(returned[rest[0]]))
+            new_outputs[k] = ("out", index_of(returned[rest[0]]))
     return keep, new_outputs
 
 
