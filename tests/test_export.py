@@ -204,9 +204,12 @@ def test_hugging_face_llama_vmap_masks_and_grad_sections():
     torch.testing.assert_close(got.logits, model(input_ids=x, use_cache=False).logits, rtol=0, atol=0)
 
 
-def test_save_and_load_in_a_fresh_process_without_stampout(tmp_path):
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dim_range"])
+def test_save_and_load_in_a_fresh_process_without_stampout(tmp_path, dynamic):
     model, x = llama(3), ids()
-    ep = stampout.export(model, x)
+    ep = stampout.export(model, x, dynamic_shapes={"input_ids": {1: Dim("t", max=32)}} if dynamic else None)
+    if dynamic:
+        x = ids(seq=13)  # another length than the example's
     torch.export.save(ep, tmp_path / "model.pt2")
     torch.save(x, tmp_path / "x.pt")
     script = textwrap.dedent(f"""
@@ -228,24 +231,56 @@ def test_save_and_load_in_a_fresh_process_without_stampout(tmp_path):
 # ---------------------------------------------------------------------------------------------- errors
 
 
-def test_dynamic_dims_are_refused_where_the_user_asked():
+def test_dim_ranges_are_exported_and_honoured(tmp_path):
+    model = llama(3)
+    x = ids()
+    ep = stampout.export(model, x, dynamic_shapes={"input_ids": {1: Dim("t", min=2, max=64)}})
+    assert len(invokes(ep.graph_module)) == 3 and subgraph_names(ep) == {"repeated_subgraph0"}
+    [(symbol, bounds)] = ep.range_constraints.items()
+    assert (int(bounds.lower), int(bounds.upper)) == (2, 64)
+    for length in (5, 8, 17, 64):
+        y = ids(seq=length)
+        torch.testing.assert_close(ep.module()(y), model(y), rtol=0, atol=0)
+    with pytest.raises(AssertionError, match="<= 64"):
+        ep.module()(ids(seq=65))
+    with pytest.raises(AssertionError, match=r"size\(\)\[0\] == 2"):  # the batch dim stayed static
+        ep.module()(ids(batch=3))
+    torch.export.save(ep, tmp_path / "model.pt2")
+    y = ids(seq=11)
+    loaded = torch.export.load(tmp_path / "model.pt2")
+    torch.testing.assert_close(loaded.module()(y), model(y), rtol=0, atol=0)
+
+
+def test_dim_dynamic_hint_and_mark_dynamic_export_symbolic():
     model, x = llama(2), ids()
-    for spec in ({"input_ids": {0: Dim("batch")}}, ({1: Dim.DYNAMIC},)):
-        with pytest.raises(ExportError, match="static programs only") as info:
-            where = here(); stampout.export(model, x, dynamic_shapes=spec)  # noqa: E702
-        assert where in str(info.value) and "input_ids" in str(info.value)
+    for spec in (({1: Dim.DYNAMIC},), None):
+        y = x.clone()
+        if spec is None:
+            torch._dynamo.mark_dynamic(y, 1)
+        ep = stampout.export(model, y, dynamic_shapes=spec)
+        assert len(ep.range_constraints) == 1 and subgraph_names(ep) == {"repeated_subgraph0"}
+        z = ids(seq=13)
+        torch.testing.assert_close(ep.module()(z), model(z), rtol=0, atol=0)
+
+
+def test_static_specs_and_errors():
+    model, x = llama(2), ids()
     with pytest.raises(ExportError, match="the size 3"):
         stampout.export(model, x, dynamic_shapes=((3, 8),))
+    with pytest.raises(ExportError, match=r"range \[10, 20\]"):
+        stampout.export(model, x, dynamic_shapes={"input_ids": {1: Dim("t", min=10, max=20)}})
     for fine in ({"input_ids": (Dim.AUTO, Dim.STATIC)}, ((2, None),), None):
         ep = stampout.export(model, x, dynamic_shapes=fine)
         assert ep.range_constraints == {}
 
 
-def test_mark_dynamic_is_refused():
-    model, x = llama(2), ids()
-    torch._dynamo.mark_dynamic(x, 0)
-    with pytest.raises(ExportError, match="mark_dynamic on dims \\[0\\]"):
-        stampout.export(model, x)
+def test_a_dim_the_program_specializes_is_refused():
+    def needs_eight(x: torch.Tensor) -> torch.Tensor:
+        return x.view(2, 8) * 2 if x.shape[1] == 8 else x
+
+    with pytest.raises(ExportError, match="specializes it to 8") as info:
+        where = here(); stampout.export(needs_eight, torch.randn(2, 8), dynamic_shapes=({1: Dim("t")},))  # noqa: E702
+    assert where in str(info.value)
 
 
 def test_unsupported_input_and_output_name_the_caller():

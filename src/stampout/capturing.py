@@ -104,7 +104,8 @@ def frame_function(fn: Callable) -> Callable:
 def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache | None = None,
                     guard_program: bool = False, dynamic: bool | None = None,
                     automatic: dict[int, set[int]] | None = None,
-                    dynamic_sources: dict[Source, set[int]] | None = None) -> Capture:
+                    dynamic_sources: dict[Source, set[int]] | None = None,
+                    ranges: dict[int, dict[int, tuple]] | None = None) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
     guards on everything the whole program read, recorded in `Capture.program`.
 
@@ -125,7 +126,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels))
     tracer.dynamic_tensors = dynamic_held
     if symbolic:
-        tracer.symbols = Symbols(fake_mode.shape_env)
+        tracer.symbols = Symbols(fake_mode.shape_env, fake_mode)
     watch = Watch()
     handler = RegionCalls(tracer, cache if cache is not None else RegionCache(), watch)
     tracer.regions = handler
@@ -136,6 +137,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if isinstance(leaf, torch.Tensor):
             if dims[i]:
                 fake = symbolic_fake(fake_mode, leaf, names[i], dims[i])
+                for dim, (low, high, _) in (ranges or {}).get(id(leaf), {}).items():  # bounds asked for (export)
+                    size = fake.shape[dim]
+                    if isinstance(size, torch.SymInt) and not size.node.expr.is_number:
+                        fake_mode.shape_env.constrain_symbol_range(size.node.expr, max(low, 2), high)
             else:
                 fake = fake_mode.from_tensor(leaf, static_shapes=True)
             if id(fake) not in tracer.root.nodes:

@@ -7,9 +7,11 @@ torch.export gives its own: placeholders in its order and naming (`p_layers_0_ml
 state-dict names as targets, a graph signature, lifted constants, input and output specs. The program saves,
 loads and runs without stampout; `aoti.py` lets AOTInductor compile each of its regions once.
 
-Shapes are static: the capture bakes sizes read in Python (views, aranges, `x.shape[1]` arithmetic) into
-the graph, so a symbolic `Dim` could silently be wrong and is refused; `None`, `Dim.STATIC`, `Dim.AUTO`
-(which allows specializing) and integers export the example's shapes.
+Dynamic shapes: `dynamic_shapes` as torch.export takes it (`Dim("t", min=, max=)`, `Dim.DYNAMIC`) and
+`torch._dynamo.mark_dynamic` make those input dims symbols of the capture (shapes.py); the program is lowered
+with them, each region still traced once, and `range_constraints` carry the ranges the capture allows, so
+`ep.module()` refuses sizes outside them. A dim the program specializes is refused, naming the assumption.
+`None`, `Dim.STATIC`, `Dim.AUTO` (which allows specializing) and integers export the example's size.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.export import Dim, ExportedProgram
+from torch.export import ExportedProgram
 from torch.export.dynamic_shapes import _DimHint, _DimHintType
 from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
 from torch.export.graph_signature import (
@@ -39,8 +41,8 @@ from torch.export.graph_signature import (
 )
 
 from .aoti import enable_aoti_regions
-from .api import capture
 from .capture import Capture
+from .capturing import capture_program
 from .errors import ExportError, message
 from .frames import user_location
 from .lowering import invokes, lower, mode_switches_as_hops
@@ -70,7 +72,7 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) 
         fn: an `nn.Module` (its parameters and buffers are exported under their state-dict names), a bound
             method of one, or a function (the tensors it reaches become constants of the program).
         *args, **kwargs: example inputs, as for `torch.export.export`.
-        dynamic_shapes: as for `torch.export.export`; only static specs are accepted (see the module doc).
+        dynamic_shapes: as for `torch.export.export` (`Dim` with ranges, `Dim.DYNAMIC`; see the module doc).
 
     Returns:
         An `ExportedProgram` in torch.export's pre-dispatch IR; each region call is an `invoke_subgraph` over
@@ -78,13 +80,18 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) 
         compiles each distinct region once (`stampout.aoti`).
 
     Raises:
-        ExportError: a dimension marked dynamic (`Dim("b")`, `Dim.DYNAMIC`, `mark_dynamic`), an input or
-            output that is neither a tensor nor a constant, or an operation that does not lower to ATen.
+        ExportError: a dim asked to be dynamic that the program specializes, an example outside its `Dim`'s
+            range, an input or output that is neither a tensor nor a constant, or an operation that does not
+            lower to ATen.
         CaptureError: the program cannot be captured (see `stampout.capture`).
     """
     where = user_location()
-    _check_static(fn, args, kwargs, dynamic_shapes, where)
-    cap = capture(fn, *args, **kwargs)
+    ranges = _dynamic_dims(fn, args, kwargs, dynamic_shapes, where)
+    leaves = flatten_inputs(args, kwargs)[0]
+    automatic = {i: set(ranges[id(leaf)]) for i, leaf in enumerate(leaves) if id(leaf) in ranges}
+    cap = capture_program(fn, args, kwargs, automatic=automatic, ranges=ranges)
+    if cap.shapes is not None:
+        _check_dims_stayed_dynamic(cap, leaves, ranges, where)
     enable_aoti_regions()
     return export_capture(cap, fn, args, kwargs, where)
 
@@ -92,34 +99,59 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) 
 # ----------------------------------------------------------------------------------------- dynamic shapes
 
 
-def _check_static(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any, where: str) -> None:
-    """Refuse every dimension the caller asked to be dynamic (see the module doc)."""
+def _dynamic_dims(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any,
+                  where: str) -> dict[int, dict[int, tuple[int, Any, str]]]:
+    """Per input tensor (by id), the dims to export symbolic, each with its (min, max, name): `Dim("t", min=,
+    max=)`, `Dim.DYNAMIC` and `torch._dynamo.mark_dynamic`. `None`, `Dim.STATIC`, `Dim.AUTO` (which allows
+    specializing) and ints keep the example's size."""
+    import torch.utils._sympy.numbers as numbers
+
+    out: dict[int, dict[int, tuple[int, Any, str]]] = {}
     for label, value in _labelled_leaves(fn, args, kwargs):
-        if isinstance(value, torch.Tensor) and getattr(value, "_dynamo_dynamic_indices", None):
-            dims = sorted(value._dynamo_dynamic_indices)
-            raise _dynamic_error(f"{label} is marked with torch._dynamo.mark_dynamic on dims {dims}", where)
+        if isinstance(value, torch.Tensor):
+            for dim in sorted(getattr(value, "_dynamo_dynamic_indices", None) or ()):
+                out.setdefault(id(value), {})[dim] = (0, numbers.int_oo, f"{label}.size({dim})")
     if hasattr(dynamic_shapes, "dynamic_shapes"):  # ShapesCollection, AdditionalInputs
         dynamic_shapes = dynamic_shapes.dynamic_shapes(fn, args, kwargs)
     for label, tensor, dim, spec in _dim_specs(fn, args, kwargs, dynamic_shapes, where):
         if spec is None or (isinstance(spec, _DimHint) and spec.type is not _DimHintType.DYNAMIC):
             continue
         size = tensor.shape[dim]
-        static = isinstance(spec, Dim) and getattr(spec, "min", None) == getattr(spec, "max", None) == size
-        if static or (type(spec) is int and spec == size):
-            continue
         if type(spec) is int:
-            raise ExportError(message(f"dynamic_shapes gives dim {dim} of {label} the size {spec}, the example "
-                                      f"has {size}", where, "make the example agree with dynamic_shapes"))
-        raise _dynamic_error(f"dynamic_shapes marks dim {dim} of {label} as {spec!r}", where)
+            if spec != size:
+                raise ExportError(message(f"dynamic_shapes gives dim {dim} of {label} the size {spec}, the example "
+                                          f"has {size}", where, "make the example agree with dynamic_shapes"))
+            continue
+        low, high = getattr(spec, "min", None), getattr(spec, "max", None)  # (a DimHint's may be None)
+        low, high = 0 if low is None else low, numbers.int_oo if high is None else high
+        if low == high == size:
+            continue
+        if not low <= size <= high:
+            raise ExportError(message(
+                f"dynamic_shapes gives dim {dim} of {label} the range [{low}, {high}]; the example's size is {size}",
+                where, "pass an example inside the range",
+            ))
+        name = getattr(spec, "__name__", f"{label}.size({dim})")
+        out.setdefault(id(tensor), {})[dim] = (low, high, name)
+    return out
 
 
-def _dynamic_error(what: str, where: str) -> ExportError:
-    return ExportError(message(
-        f"{what}, but stampout.export makes static programs only: the capture bakes sizes read in Python "
-        "(views, aranges, arithmetic on x.shape) into the graph, so a symbolic size could silently be wrong",
-        where,
-        "export with static shapes (None, Dim.STATIC or Dim.AUTO) once per shape, or use torch.export.export",
-    ))
+def _check_dims_stayed_dynamic(cap: Capture, leaves: list[Any], ranges: dict, where: str) -> None:
+    """A dim asked to be dynamic that the program specialized (its size decided a branch, a view needed that
+    size exactly) cannot be exported dynamic: say which, as torch.export does."""
+    by_leaf = dict(zip(cap.input_tensor_leaves, cap.fake_inputs()))
+    for i, leaf in enumerate(leaves):
+        for dim, (_, _, name) in ranges.get(id(leaf), {}).items():
+            fake = by_leaf.get(i)
+            size = fake.shape[dim] if fake is not None else None
+            if size is None:
+                continue
+            if not isinstance(size, torch.SymInt) or size.node.expr.is_number:
+                raise ExportError(message(
+                    f"{name} was asked to be dynamic, but the program specializes it to {int(size)}: it requires "
+                    f"that size ({cap.shapes.describe()})",
+                    where, "export that dim static (Dim.STATIC or Dim.AUTO), or remove what needs the exact size",
+                ))
 
 
 def _dim_specs(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any,
@@ -193,9 +225,16 @@ def export_capture(cap: Capture, fn: Callable, args: tuple, kwargs: dict, where:
     states = _state_inputs(cap, root, args, kwargs)
     users, in_spec = _user_inputs(cap, fn, args, kwargs, where)
     inputs = states + users
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-    fakes = [fake_mode.from_tensor(i.value, static_shapes=True) if isinstance(i.value, torch.Tensor) else i.value
-             for i in inputs]
+    captured = cap.fake_inputs()
+    if cap.shapes is not None:  # symbolic: the capture's own fakes and ShapeEnv, so the sizes stay symbols
+        fake_mode = cap.shapes.symbols.fake_mode
+        fakes = [captured[i.capture_index] if i.capture_index is not None
+                 else fake_mode.from_tensor(i.value, static_shapes=True) if isinstance(i.value, torch.Tensor)
+                 else i.value for i in inputs]
+    else:
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+        fakes = [fake_mode.from_tensor(i.value, static_shapes=True) if isinstance(i.value, torch.Tensor)
+                 else i.value for i in inputs]
     feeds = sorted((i.capture_index, k) for k, i in enumerate(inputs) if i.capture_index is not None)
     if [index for index, _ in feeds] != list(range(len(cap.gm.graph.find_nodes(op="placeholder")))):
         raise ExportError(message("the captured graph's inputs do not match the call's tensors", where,
@@ -217,13 +256,28 @@ def export_capture(cap: Capture, fn: Callable, args: tuple, kwargs: dict, where:
     call_graph = [ModuleCallEntry("", ModuleCallSignature([], [], in_spec, out_spec, forward_arg_names=names))]
     ep = ExportedProgram(
         root=gm, graph=gm.graph, graph_signature=signature,
-        state_dict=root.state_dict(keep_vars=True) if root is not None else {}, range_constraints={},
+        state_dict=root.state_dict(keep_vars=True) if root is not None else {},
+        range_constraints=_range_constraints(cap, fakes),
         module_call_graph=call_graph, example_inputs=(args, kwargs), constants=constants,
         verifiers=[TrainingIRVerifier],
     )
     log.info("exported %s: %d nodes, %d region calls over %d subgraphs", getattr(fn, "__qualname__", type(fn).__name__),
              len(gm.graph.nodes), len(invokes(gm)), len(dict(gm.named_children())))
     return ep
+
+
+def _range_constraints(cap: Capture, fakes: list[Any]) -> dict:
+    """Each symbol of the inputs' sizes with the range the capture allows (what `ep.module()` checks)."""
+    if cap.shapes is None:
+        return {}
+    env = cap.shapes.symbols.shape_env
+    symbols: set = set()
+    for fake in fakes:
+        if isinstance(fake, torch.Tensor):
+            for size in (*fake.shape, *fake.stride(), fake.storage_offset()):
+                if isinstance(size, torch.SymInt):
+                    symbols |= size.node.expr.free_symbols
+    return {s: env.var_to_range[s] for s in sorted(symbols, key=str) if s in env.var_to_range}
 
 
 def _state_inputs(cap: Capture, root: torch.nn.Module | None, args: tuple, kwargs: dict) -> list[_Input]:

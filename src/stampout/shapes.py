@@ -130,8 +130,9 @@ _BINDERS = {"size": torch.ops.aten.sym_size.int, "stride": torch.ops.aten.sym_st
 class Symbols:
     """The symbols of one capture: where each is defined (an input placeholder's size, stride or offset)."""
 
-    def __init__(self, shape_env: Any) -> None:
+    def __init__(self, shape_env: Any, fake_mode: Any = None) -> None:
         self.shape_env = shape_env
+        self.fake_mode = fake_mode
         self.origin: dict[sympy.Symbol, tuple[fx.Node, str, int]] = {}
         self.values: dict[sympy.Symbol, torch.SymInt] = {}
         # (which input, symbolic fake): a flat input leaf's index, or ("lifted", i) for the i-th lifted tensor
