@@ -27,6 +27,7 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from .errors import ExportError, StampoutError, message
+from .shapes import size_key, sizes_key
 from .torch_internals import INVOKE_SUBGRAPH
 
 _CUSTOM_FUNCTION_CALL = torch.ops.higher_order.custom_function_call
@@ -310,6 +311,10 @@ class _Lowering:
             tracer.root.register_module(qualname, graph)
         nodes: list[Any] = []
         for t in operands:
+            if isinstance(t, torch.SymInt):  # a bound symbol: the node make_fx computes it with
+                slot = get_proxy_slot(t, tracer, None)
+                nodes.append(slot.force().node if slot is not None else t)
+                continue
             if not isinstance(t, torch.Tensor):
                 nodes.append(t)
                 continue
@@ -344,9 +349,11 @@ def _stampable(key: tuple, operands: tuple, out: Any) -> bool:
 
 def _operand_key(value: Any) -> tuple | None:
     """An invoke_subgraph operand's metadata (None: one a stamp does not handle)."""
-    if type(value) is FakeTensor:
-        return (value.shape, value.stride(), value.storage_offset(), value.dtype, value.device, value.requires_grad,
-                value.layout)
+    if type(value) is FakeTensor:  # (symbolic sizes by expression: the same symbols, the same stamp)
+        return (sizes_key(value.shape), sizes_key(value.stride()), size_key(value.storage_offset()), value.dtype,
+                value.device, value.requires_grad, value.layout)
+    if isinstance(value, torch.SymInt):  # a bound symbol
+        return (torch.SymInt, size_key(value))
     if value is None or type(value) in (int, float, bool, str):
         return (type(value), value)
     return None
