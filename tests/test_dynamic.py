@@ -432,3 +432,26 @@ def test_a_dict_holding_a_replaced_tensor_is_compiled():
         x = torch.randn(1, 3, generator=torch.Generator().manual_seed(i))
         torch.testing.assert_close(fn(x), g(x))
         torch.testing.assert_close(cache["k"], expected["k"])
+
+
+class GrowsItsOwnCache(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.cache = torch.zeros(0, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.cache = torch.cat([self.cache, self.fc(x)])
+        return self.cache.sum(0)
+
+
+def test_a_cache_the_module_grows_is_captured_symbolic():
+    model = GrowsItsOwnCache()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    for i in range(8):
+        x = torch.randn(1, 4, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), reference(x))
+        torch.testing.assert_close(model.cache, reference.cache)
+    assert fn.stats.captures == 3  # lengths 0 and 1 are static (0/1 specialization), then one for all others

@@ -114,12 +114,6 @@ def _relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list
     return out
 
 
-def _from_inputs(source: Source) -> bool:
-    """Whether `source` is reached through one of the call's inputs (not the module or globals)."""
-    root = _path(source)[0]
-    return isinstance(root, Arg) and root.index > 0
-
-
 def _path(source: Source) -> list[Source]:
     out = [source]
     while (parent := out[-1].base()) is not None:
@@ -477,7 +471,7 @@ class CompiledFunction:
 
     def _automatic_held(self, key: tuple, ctx: CallContext) -> dict[Source, set[int]]:
         """dynamic=None: the dims that changed, since the last capture with this input structure, of the
-        tensors it read through the inputs' objects (a KV cache growing by a token per call)."""
+        tensors it read through the inputs' objects or the module (a KV cache growing by a token per call)."""
         if self.dynamic is not None:
             return {}
         structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
@@ -497,8 +491,7 @@ class CompiledFunction:
 
     def _remember_held(self, key: tuple, ctx: CallContext, cap: Capture) -> None:
         structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
-        self._seen_held[structure] = {source: tuple(t.shape) for t, source in cap.lifted
-                                      if source is not None and _from_inputs(source)}
+        self._seen_held[structure] = {source: tuple(t.shape) for t, source in cap.lifted if source is not None}
 
     def _add(self, entry: Any) -> Any:
         entries = list(self._entries)
