@@ -455,3 +455,50 @@ def test_a_cache_the_module_grows_is_captured_symbolic():
             torch.testing.assert_close(fn(x), reference(x))
         torch.testing.assert_close(model.cache, reference.cache)
     assert fn.stats.captures == 3  # lengths 0 and 1 are static (0/1 specialization), then one for all others
+
+
+class CountsCalls(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        y = self.fc(x) * 2
+        return y if self.calls < 5 else y + 1
+
+
+class Position:
+    def __init__(self) -> None:
+        self.pos = 0
+
+
+def _advance(x: torch.Tensor, p: Position) -> torch.Tensor:
+    out = x + p.pos
+    if p.pos >= 3:
+        out = out - 1
+    p.pos += x.shape[0]
+    return out
+
+
+def test_an_int_counter_becomes_a_symbolic_int():
+    """An int the program reads and advances (a call counter, a cache position): after it changes once it is an
+    input of the graph, read per call, and its branches are shape guards, instead of a capture per value."""
+    model = CountsCalls()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    for i in range(10):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), reference(x))
+        assert type(model.calls) is int and model.calls == reference.calls
+    assert fn.stats.captures <= 4  # 0 and 1 static, then one per side of `calls < 5`
+
+    fn = stampout.compile(_advance, backend="eager")
+    p, expected = Position(), Position()
+    for i in range(10):
+        x = torch.randn(1, 4, generator=torch.Generator().manual_seed(i))
+        torch.testing.assert_close(fn(x, p), _advance(x, expected))
+        assert type(p.pos) is int and p.pos == expected.pos
+    assert fn.stats.captures <= 4

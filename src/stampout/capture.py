@@ -113,6 +113,9 @@ class Capture:
                 values.append(tensor)
                 continue
             value = source.resolve(ctx, memo)
+            if type(value) is int and isinstance(tensor, torch.SymInt):
+                values.append(value)  # an int attribute captured as a symbol
+                continue
             if not isinstance(value, torch.Tensor):
                 got = "nothing" if value is MISSING else type(value).__name__
                 raise StampoutError(message(

@@ -105,13 +105,16 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     guard_program: bool = False, dynamic: bool | None = None,
                     automatic: dict[int, set[int]] | None = None,
                     dynamic_sources: dict[Source, set[int]] | None = None,
-                    ranges: dict[int, dict[int, tuple]] | None = None) -> Capture:
+                    ranges: dict[int, dict[int, tuple]] | None = None,
+                    dynamic_ints: set[Source] | None = None) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
     guards on everything the whole program read, recorded in `Capture.program`.
 
     Input dims are symbolic where marked with `torch._dynamo.mark_dynamic`, all of them with `dynamic=True`,
     and, per flat input leaf, the dims in `automatic` (see shapes.dynamic_dims); `dynamic_sources` does the same
-    for tensors the program reads through its input objects (a KV cache's `layers[0].keys`)."""
+    for tensors the program reads through its input objects (a KV cache's `layers[0].keys`). `ranges` bounds
+    symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
+    symbols during the capture (inputs of the graph, read per call)."""
     signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
     names = positional_names(signature_of)
     if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
@@ -121,7 +124,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     dims = [dynamic_dims(leaf, dynamic, automatic.get(i, set())) if isinstance(leaf, torch.Tensor) else ()
             for i, leaf in enumerate(leaves)]
     dynamic_held = _held_dynamic(fn, leaves, dynamic_sources or {})
-    symbolic = any(dims) or bool(dynamic_held)
+    symbolic = any(dims) or bool(dynamic_held) or bool(dynamic_ints)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv() if symbolic else None)
     tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels))
     tracer.dynamic_tensors = dynamic_held
@@ -150,6 +153,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     tracer.symbols.bind_input(i, fake, node)
             fake_leaves[i] = fake
     fake_args, fake_kwargs = rebuild_inputs(args, kwargs, fake_leaves)
+    planted = _plant_ints(fn, leaves, dynamic_ints or set(), tracer) if symbolic else []
 
     program = None
     plan = None
@@ -175,12 +179,14 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     except BaseException:
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
+        _unplant(planted)
         raise
     else:
         if program is not None and guard_program:
             undo(program)
         elif program is not None:
             _concrete_stores(program)
+        _unplant(planted)
     if not guard_program:
         plan, program = None, None
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
@@ -242,6 +248,45 @@ def _concrete_stores(program: RegionFrame) -> None:
                 g[name] = concrete(g[name])
 
 
+def _plant_ints(fn: Callable, leaves: list[Any], sources: set[Source], tracer: Tracer) -> list[tuple]:
+    """Make each int attribute at `sources` a symbol for the capture: the object holds a SymInt while the
+    program runs (reads see it, arithmetic on it stays symbolic), and the graph takes its value as an input
+    (a lifted placeholder read from the source per call). Returns what `_unplant` puts back."""
+    import sympy
+    from torch._dynamo.source import LocalSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    planted = []
+    env = tracer.symbols.shape_env
+    ctx, memo = CallContext([fn, *leaves], frame_function(fn)), {}
+    with torch._C.DisableTorchFunction():
+        for source in sorted(sources, key=lambda s: s.name()):
+            if not isinstance(source, Attr):
+                continue
+            holder = source.base().resolve(ctx, memo)
+            fields = getattr(holder, "__dict__", None)
+            value = fields.get(source.attr) if isinstance(fields, dict) else None
+            if type(value) is not int:
+                continue
+            name = identifier(source.name())
+            symbol = env.create_symbol(value, source=LocalSource(name), dynamic_dim=DimDynamic.DUCK)
+            if not isinstance(symbol, sympy.Symbol):
+                continue  # 0 and 1 stay constants, as sizes do
+            size = env.create_symintnode(symbol, hint=value, source=LocalSource(name))
+            size._stampout_symbolic_int = True
+            node = tracer.root.placeholder(name, size)
+            tracer.symbols.bind_int(("lifted", len(tracer.lifted)), size, node)
+            tracer.lifted.append((node, size, source))
+            fields[source.attr] = size
+            planted.append((fields, source.attr, value))
+    return planted
+
+
+def _unplant(planted: list[tuple]) -> None:
+    for fields, name, value in planted:
+        fields[name] = value
+
+
 def _symbolic_names(tracer: Tracer, labels: list[str]) -> list[str]:
     """How a user names each symbolic input: its label, or the path to a tensor held by an input object."""
     names = []
@@ -249,8 +294,9 @@ def _symbolic_names(tracer: Tracer, labels: list[str]) -> list[str]:
         if type(key) is int:
             names.append(labels[key])
         else:
-            t = tracer.lifted[key[1]][1]
-            names.append(tracer.dynamic_tensors[id(t)][2])
+            _, t, source = tracer.lifted[key[1]]
+            held = tracer.dynamic_tensors.get(id(t))
+            names.append(held[2] if held is not None else source.name())
     return names
 
 

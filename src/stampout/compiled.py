@@ -100,12 +100,14 @@ def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
 def _relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list[Guard]:
     """A tensor the capture held with symbolic sizes is guarded on its kind only; its shape guards check the
     sizes (the exact-metadata guard its reads left would defeat the symbolic capture)."""
-    if cap.shapes is None or not cap.shapes.lifted:
+    if cap.shapes is None:
         return guards
     dynamic = {id(cap.lifted[i][0]) for i in cap.shapes.lifted}
     memo: dict[Source, Any] = {}
     out = []
     for guard in guards:
+        if guard.kind is Kind.SIZE:
+            continue  # an int captured as a symbol: it is an input of the graph, checked by the shape guards
         if guard.kind is Kind.TENSOR:
             value = guard.source.resolve(ctx, memo)
             if id(value) in dynamic:
@@ -220,7 +222,7 @@ class _Entry:
         # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
         # the full check, after any write that could change it.
         names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
-        unique = list({id(t): t for t in [*tensors, *fixed] if t is not None}.values())
+        unique = list({id(t): t for t in [*tensors, *fixed] if isinstance(t, torch.Tensor)}.values())
         modules: dict[int, torch.nn.Module] = {}
         with torch._C.DisableTorchFunction():
             for source, absent in self.protected_sources:
@@ -319,6 +321,9 @@ class CompiledFunction:
         # the same for tensors held by input objects (a KV cache's layers), by source
         self._seen_held: dict[tuple, dict[Source, tuple[int, ...]]] = {}
         self._changed_held: dict[tuple, dict[Source, set[int]]] = {}
+        # and int attributes the capture read as constants (a cache layer's position), by source
+        self._seen_ints: dict[tuple, dict[Source, int]] = {}
+        self._changed_ints: dict[tuple, set[Source]] = {}
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -399,9 +404,11 @@ class CompiledFunction:
                        else contextlib.nullcontext())
             automatic = self._automatic_dims(key, args, kwargs)
             held = self._automatic_held(key, ctx)
+            ints = self._automatic_ints(key, ctx)
             with marking:
                 cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
-                                      dynamic=self.dynamic, automatic=automatic, dynamic_sources=held)
+                                      dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
+                                      dynamic_ints=ints)
             self._remember_held(key, ctx, cap)
         finally:
             self._rewatch()
@@ -489,9 +496,30 @@ class CompiledFunction:
                              _name(self.fn), source.name(), sorted(changed), list(old), list(value.shape))
         return dims
 
+    def _automatic_ints(self, key: tuple, ctx: CallContext) -> set[Source]:
+        """dynamic=None: int attributes of objects (not modules' own settings: an object the call reaches) whose
+        value the last capture with this input structure read and that changed since (a cache layer's position
+        counter): captured as symbols from now on."""
+        if self.dynamic is not None:
+            return set()
+        structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
+        changed = self._changed_ints.setdefault(structure, set())
+        memo: dict[Source, Any] = {}
+        with torch._C.DisableTorchFunction():
+            for source, old in self._seen_ints.get(structure, {}).items():
+                value = source.resolve(ctx, memo)
+                if type(value) is int and value != old and source not in changed:
+                    changed.add(source)
+                    log.info("%s: %s changed (%d -> %d): capturing it as a symbolic int", _name(self.fn),
+                             source.name(), old, value)
+        return changed
+
     def _remember_held(self, key: tuple, ctx: CallContext, cap: Capture) -> None:
         structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
-        self._seen_held[structure] = {source: tuple(t.shape) for t, source in cap.lifted if source is not None}
+        self._seen_held[structure] = {source: tuple(t.shape) for t, source in cap.lifted
+                                      if source is not None and isinstance(t, torch.Tensor)}
+        self._seen_ints[structure] = {g.source: g.expected[1] for g in cap.program.guards
+                                      if g.kind is Kind.CONST and g.expected[0] is int and isinstance(g.source, Attr)}
 
     def _add(self, entry: Any) -> Any:
         entries = list(self._entries)

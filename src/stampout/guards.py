@@ -153,6 +153,7 @@ def _length(value: Any) -> Any:
 class Kind(enum.Enum):
     TENSOR = "tensor metadata"
     TENSOR_KIND = "tensor kind"  # class, dims, dtype, device, requires_grad, layout: sizes checked by shape guards
+    SIZE = "symbolic int"  # an int attribute a symbolic capture made a symbol of: the same expression
     CONST = "constant"
     TYPE = "class"
     ID = "object identity"
@@ -168,6 +169,7 @@ class Kind(enum.Enum):
 _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
     Kind.TENSOR: lambda v: tensor_meta(v) if isinstance(v, torch.Tensor) else MISSING,
     Kind.TENSOR_KIND: lambda v: tensor_kind(v) if isinstance(v, torch.Tensor) else MISSING,
+    Kind.SIZE: lambda v: size_key(v) if isinstance(v, torch.SymInt) else MISSING,
     Kind.CONST: lambda v: const_key(v) if v is not MISSING and is_constant(v) else MISSING,
     Kind.TYPE: lambda v: type(v),
     Kind.ID: lambda v: v,
@@ -180,6 +182,7 @@ _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
 _HELPERS = {
     "_tensor_meta": tensor_meta,
     "_tensor_kind": lambda v: tensor_kind(v),
+    "_size_key": lambda v: size_key(v) if isinstance(v, torch.SymInt) else MISSING,
     "_const_key": const_key,
     "_is_constant": is_constant,
     "_hooks_key": hooks_key,
@@ -256,6 +259,8 @@ class Guard:
             return f"(isinstance({var}, _Tensor) and _tensor_meta({var}) == {const})"
         if k is Kind.TENSOR_KIND:
             return f"(isinstance({var}, _Tensor) and _tensor_kind({var}) == {const})"
+        if k is Kind.SIZE:
+            return f"_size_key({var}) == {const}"
         if k is Kind.CONST:
             if self.expected[0] in (type(None), bool, int, float, str):  # a scalar: no container walk
                 return f"({var} is not _MISSING and _const_key({var}) == {const})"

@@ -149,6 +149,14 @@ class Symbols:
                         self.origin[symbol] = (node, kind, dim)
                         self.values[symbol] = value
 
+    def bind_int(self, key: Any, size: torch.SymInt, node: fx.Node) -> None:
+        """An int input of the graph (an attribute captured as a symbol) that defines its symbol."""
+        self.inputs.append((key, size))
+        symbol = size.node.expr
+        if symbol not in self.origin:
+            self.origin[symbol] = (node, "int", 0)
+            self.values[symbol] = size
+
     def value_of(self, expr: sympy.Expr) -> Any:
         """A SymInt for `expr` (for node metadata)."""
         if expr in self.values:
@@ -166,6 +174,8 @@ class Symbols:
                 user_location(), "report this as a stampout bug; capture with dynamic=False meanwhile",
             ))
         node, kind, dim = origin
+        if kind == "int":
+            return node
         if kind == "offset":
             new = graph.call_function(torch.ops.aten.sym_storage_offset.default, (node,))
         else:

@@ -172,7 +172,11 @@ class RegionFrame:
             if type(value) in (list, dict, set):  # mutable: changing it in the trace is a side effect
                 self.containers.append((value, source, _contents(value), _copy(value)))
         elif isinstance(value, _SIZES):
-            if not from_arg:  # a size held by an object: nothing to guard it by (an argument's is in the fingerprint)
+            if from_arg:
+                pass  # (an argument's expression is in the fingerprint)
+            elif getattr(value, "_stampout_symbolic_int", False):  # an int attribute the capture made a symbol
+                self.guard(source, Kind.SIZE, size_key(value), where)
+            else:  # a size held by an object: nothing to guard it by
                 self.mark_ineligible(f"reads {source.name()}, a symbolic size held outside its arguments")
         elif isinstance(value, torch.nn.Module):
             self._adopt_module(value, source, from_arg, where)
