@@ -139,3 +139,55 @@ def test_layer_index_used_as_a_dict_key_is_a_constant():
     cap = stampout.capture(program, x, table)
     torch.testing.assert_close(cap(x, table), program(x, table))
     assert cap.stats.traces + cap.stats.dedups == 3
+
+
+class Holder:
+    def __init__(self, entries) -> None:
+        self.entries = entries
+
+
+def _scale(v):
+    return lambda x: x * v
+
+
+# (name, entries, region body): items a slot must not rename blindly — their parts or metadata were read at the
+# traced layer's literal index (red-team findings); each must equal eager whatever the trace count.
+PICKS = {
+    "shapes_differ": ([torch.full((4,), 2.0), torch.ones(2, 4), torch.ones(2, 4)],
+                      lambda self, x, h: x * h.entries[self.idx] if h.entries[self.idx].dim() == 1
+                      else x + h.entries[self.idx].sum(0)),
+    "tuple_items": ([(torch.randn(4), torch.randn(4)) for _ in range(3)],
+                    lambda self, x, h: x * h.entries[self.idx][0] + h.entries[self.idx][1]),
+    "function_items": ([_scale(1.0), _scale(2.0), _scale(3.0)], lambda self, x, h: h.entries[self.idx](x) + 1),
+    "literal_then_slot_at_one_site": ([torch.randn(4) for _ in range(3)],
+                                      lambda self, x, h: x * [h.entries[0 if k == 0 else self.idx]
+                                                              for k in range(2)][0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PICKS))
+def test_slot_picks_that_must_not_be_stamped_with_the_traced_entry(name):
+    entries, body = PICKS[name]
+
+    class Layer(nn.Module):
+        def __init__(self, idx: int) -> None:
+            super().__init__()
+            self.idx = idx
+
+        @stampout.region
+        def forward(self, x, h):
+            return body(self, x, h)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Layer(i) for i in range(3))
+
+        def forward(self, x, h):
+            for layer in self.layers:
+                x = layer(x, h)
+            return x
+
+    model, x, holder = Model(), torch.randn(4), Holder(entries)
+    cap = stampout.capture(model, x, holder)
+    torch.testing.assert_close(cap(x, holder), model(x, holder))

@@ -18,12 +18,16 @@ the analysis does not recognise counts as a use of the value.
 from __future__ import annotations
 
 import dis
+import functools
 import inspect
 import types
 from typing import Any
 
+import torch
+
 from ..classpatch import peek
 from ..context import listeners
+from ..guards import is_constant
 from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
 
 _LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"})
@@ -132,9 +136,10 @@ class SlotTracker:
         j = i + 2 if ok else 0
         while ok and j < len(instructions) and instructions[j].opname == "LOAD_ATTR":
             j += 1
-        if ok and j < len(instructions) and instructions[j].opname == "BINARY_SUBSCR":
-            entry[1].add((id(user), instructions[j].offset))
-        else:
+        key = (id(user), instructions[j].offset) if ok and j < len(instructions) else None
+        if key is not None and instructions[j].opname == "BINARY_SUBSCR" and key not in entry[1]:
+            entry[1].add(key)
+        else:  # (a read at a site whose last read no slot consumed: subscripted by something else there)
             entry[2] = True
 
     def second_name(self, obj: Any) -> None:
@@ -280,8 +285,16 @@ class SlotTracker:
         if self.frame.sources.get(id(item)) not in (None, Item(source, _PLAIN(slot))):
             state.use("an item reached another way too")
             return True
+        if not _renameable(item):
+            # A container, a function or a constant is guarded (and its parts named) as soon as the list is read,
+            # at the literal index: only what is read through later can be renamed.
+            state.use(f"picks a {type(item).__name__}")
+            return True
         self._items[id(item)] = state
-        self.frame.rename(item, SlotItem(source, state.source))
+        picked = SlotItem(source, state.source)
+        self.frame.rename(item, picked)
+        if isinstance(item, torch.Tensor):  # its metadata, at the layer's own entry (the list read guarded each
+            self.frame.adopt(item, picked)  # entry at its literal index; the trace's decisions were on this one)
         return True
 
     # ---- frames that hold a slot --------------------------------------------------------------------------
@@ -358,3 +371,13 @@ class SlotTracker:
         return list(self.states.values())
 
 
+
+
+def _renameable(item: Any) -> bool:
+    """An item a slot may pick: a tensor, a module (not a container of modules) or a plain object — not what
+    the list's eager adoption named the parts of (containers), nor functions and constants."""
+    if isinstance(item, torch.nn.Module):
+        return not isinstance(item, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict))
+    return not (isinstance(item, (list, tuple, dict, set, frozenset, type, types.FunctionType,
+                                  types.MethodType, types.BuiltinFunctionType, functools.partial))
+                or is_constant(item) or item is None)
