@@ -502,3 +502,31 @@ def test_an_int_counter_becomes_a_symbolic_int():
         torch.testing.assert_close(fn(x, p), _advance(x, expected))
         assert type(p.pos) is int and p.pos == expected.pos
     assert fn.stats.captures <= 4
+
+
+class _Row:
+    def __init__(self) -> None:
+        self.k = torch.zeros(0, 4)
+
+
+@stampout.region
+def _append_and_mean(x: torch.Tensor, row: _Row) -> torch.Tensor:
+    row.k = torch.cat([row.k, x])
+    return x + row.k.sum(0) / row.k.shape[0]
+
+
+def _rows_program(x: torch.Tensor, rows: list) -> torch.Tensor:
+    for row in rows:
+        x = _append_and_mean(x, row)
+    return x
+
+
+def test_held_tensors_whose_lengths_part_ways_are_not_stamped_with_one_symbol():
+    fn = stampout.compile(_rows_program, backend="eager")
+    rows, expected = [_Row(), _Row()], [_Row(), _Row()]
+    for i in range(6):
+        if i == 3:  # the second row grows by two more: the two lengths differ from now on
+            for r in (rows, expected):
+                r[1].k = torch.cat([r[1].k, torch.ones(2, 4)])
+        x = torch.randn(1, 4, generator=torch.Generator().manual_seed(i))
+        torch.testing.assert_close(fn(x, rows), _rows_program(x, expected))

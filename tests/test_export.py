@@ -476,3 +476,20 @@ def test_lowered_graphs_print_copy_and_pickle():
     torch.testing.assert_close(copied.module()(x), model(x), rtol=0, atol=0)
     region = ep.graph_module.repeated_subgraph0  # (torch cannot pickle a module that calls invoke_subgraph)
     assert "rsqrt" in pickle.loads(pickle.dumps(region)).code
+
+
+def test_a_dim_on_an_input_only_handed_to_regions():
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.mlp = nn.LayerNorm(16), nn.Linear(16, 16)
+
+        @stampout.region
+        def forward(self, x):
+            return x + self.mlp(self.norm(x))
+
+    model = nn.Sequential(*[Block() for _ in range(3)])
+    ep = stampout.export(model, torch.randn(8, 16), dynamic_shapes=({0: Dim("b", min=2, max=32)},))
+    assert len(invokes(ep.graph_module)) == 3
+    y = torch.randn(5, 16)
+    torch.testing.assert_close(ep.module()(y), model(y))

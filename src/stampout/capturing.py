@@ -139,7 +139,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
             if dims[i]:
-                fake = symbolic_fake(fake_mode, leaf, names[i], dims[i])
+                fake = symbolic_fake(fake_mode, leaf, names[i], dims[i], duck=ranges is None)
                 for dim, (low, high, _) in (ranges or {}).get(id(leaf), {}).items():  # bounds asked for (export)
                     size = fake.shape[dim]
                     if isinstance(size, torch.SymInt) and not size.node.expr.is_number:

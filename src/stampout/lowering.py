@@ -27,7 +27,7 @@ from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from .errors import ExportError, StampoutError, message
-from .shapes import size_key, sizes_key
+from .shapes import has_symbols, size_key, sizes_key
 from .torch_internals import INVOKE_SUBGRAPH
 
 _CUSTOM_FUNCTION_CALL = torch.ops.higher_order.custom_function_call
@@ -49,7 +49,9 @@ def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: lis
     # Inputs only handed to regions (a layer's weights) stay out of make_fx, which costs ~0.15 ms an input: their
     # placeholders are made directly and region calls that are stamped out take them as they are.
     captured = source.graph.find_nodes(op="placeholder")
-    operands_only = {feeds[i] for i, node in enumerate(captured) if STAMP_OUT and _operand_only(node)}
+    # (a symbolic input stays with make_fx, which must see the symbols its sizes define)
+    operands_only = {feeds[i] for i, node in enumerate(captured)
+                     if STAMP_OUT and _operand_only(node) and not has_symbols(fakes[feeds[i]])}
     traced = [k for k in tensors if k in feeds and k not in operands_only]
     lowering = _Lowering(fake_mode)
     added: dict[int, fx.Node] = {}

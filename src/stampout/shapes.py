@@ -84,12 +84,15 @@ def dynamic_dims(t: torch.Tensor, dynamic: bool | None, automatic: set[int] = fr
     return tuple(sorted(d for d in dims - static if 0 <= d < t.dim()))
 
 
-def symbolic_fake(fake_mode: Any, t: torch.Tensor, name: str, dims: tuple[int, ...]) -> FakeTensor:
-    """A fake of input `t` whose `dims` are symbols (0/1 sizes stay static, as torch.compile does)."""
+def symbolic_fake(fake_mode: Any, t: torch.Tensor, name: str, dims: tuple[int, ...], duck: bool = True) -> FakeTensor:
+    """A fake of input `t` whose `dims` are symbols (0/1 sizes stay static, as torch.compile does). With
+    `duck`, dims of equal size share a symbol (and a guard that they stay equal), as torch.compile's automatic
+    dynamic shapes do; without, each dim is its own symbol (export's Dims)."""
     from torch._dynamo.source import LocalSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
-    sizes = [DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(t.dim())]
+    kind = DimDynamic.DUCK if duck else DimDynamic.DYNAMIC
+    sizes = [kind if i in dims else DimDynamic.STATIC for i in range(t.dim())]
     context = StatelessSymbolicContext(dynamic_sizes=sizes)
     return fake_mode.from_tensor(t, source=LocalSource(name), symbolic_context=context)
 

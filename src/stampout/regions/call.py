@@ -132,7 +132,9 @@ class RegionCalls:
 
     def _same_sizes_kind(self, entry: ReuseEntry, values: list[Any]) -> bool:
         """An entry traced by another capture saw static sizes: it may not be handed a tensor this capture
-        holds with symbolic sizes (its subgraph would have the other capture's sizes baked in)."""
+        holds with symbolic sizes (its subgraph would have the other capture's sizes baked in). (In this
+        capture, held tensors of equal sizes share their symbols (duck sizing), and the entry's guards compared
+        the concrete sizes: a stamped call gets the symbols its trace saw.)"""
         dynamic = self.tracer.dynamic_tensors
         return not dynamic or entry.generation == self.cache.generation or not any(id(v) in dynamic for v in values)
 
