@@ -197,6 +197,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
         left = _left_over_fakes([h for h in [*made, *holders, *_modules_of(fn)] if h not in held], tracer, plan)
     nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
+    if not guard_program:
+        _warn_unnamed(tracer, program)
     graph = tracer.root.graph
     graph.output(tuple(nodes))
     graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
@@ -459,6 +461,26 @@ def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwar
             setattr(obj, key, value)
         else:
             obj[key] = value
+
+
+def _warn_unnamed(tracer: Tracer, program: RegionFrame | None) -> None:
+    """A Capture reads every tensor from its source on each call: a tensor the capture could not name (held
+    too deep in an object, by an object in a global) stays the capture's own — say so."""
+    for node, t, found in tracer.lifted:
+        if isinstance(t, torch.Tensor) and _lifted_source(t, found, program) is None:
+            log.warning(message(
+                f"the program reads a tensor of shape {tuple(t.shape)} (placeholder {node.name}) that stampout "
+                "cannot name from the module, the call's arguments, closures or globals: the Capture keeps the "
+                "tensor it saw, and later calls do not read it again",
+                _read_at(node), "pass it as an argument, or hold it on the module (a buffer or attribute), "
+                "or use stampout.compile (which reads such tensors per call or runs the program eagerly)",
+            ))
+
+
+def _read_at(node: Any) -> str:
+    users = list(node.users)
+    trace = users[0].meta.get("stack_trace", "") if users else ""
+    return trace.strip().replace('File "', "").replace('", line ', ":") if trace else user_location()
 
 
 def _lifted_source(t: torch.Tensor, found: Source | None, program: RegionFrame | None) -> Source | None:
