@@ -530,3 +530,17 @@ def test_held_tensors_whose_lengths_part_ways_are_not_stamped_with_one_symbol():
                 r[1].k = torch.cat([r[1].k, torch.ones(2, 4)])
         x = torch.randn(1, 4, generator=torch.Generator().manual_seed(i))
         torch.testing.assert_close(fn(x, rows), _rows_program(x, expected))
+
+
+def test_dynamic_true_makes_a_growing_held_cache_symbolic_at_its_first_change():
+    model = CachedStack()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=True)
+    cache, expected_cache = GrowingCache(3), GrowingCache(3)
+    for step in range(6):
+        x = torch.randn(1, 1 if step else 5, 16)
+        with torch.no_grad():
+            tree_assert_close(fn(x, cache), reference(x, expected_cache))
+        for a, b in zip(cache.layers, expected_cache.layers):
+            torch.testing.assert_close(a.keys, b.keys)
+    assert fn.stats.captures == 2

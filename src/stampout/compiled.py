@@ -478,8 +478,9 @@ class CompiledFunction:
 
     def _automatic_held(self, key: tuple, ctx: CallContext) -> dict[Source, set[int]]:
         """dynamic=None: the dims that changed, since the last capture with this input structure, of the
-        tensors it read through the inputs' objects or the module (a KV cache growing by a token per call)."""
-        if self.dynamic is not None:
+        tensors it read through the inputs' objects or the module (a KV cache growing by a token per call).
+        dynamic=True too: such tensors are found by a capture, so they become symbolic at the first change."""
+        if self.dynamic is False:
             return {}
         structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
         dims = self._changed_held.setdefault(structure, {})
@@ -499,8 +500,8 @@ class CompiledFunction:
     def _automatic_ints(self, key: tuple, ctx: CallContext) -> set[Source]:
         """dynamic=None: int attributes of objects (not modules' own settings: an object the call reaches) whose
         value the last capture with this input structure read and that changed since (a cache layer's position
-        counter): captured as symbols from now on."""
-        if self.dynamic is not None:
+        counter): captured as symbols from now on (dynamic=None and True)."""
+        if self.dynamic is False:
             return set()
         structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
         changed = self._changed_ints.setdefault(structure, set())
