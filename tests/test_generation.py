@@ -88,7 +88,7 @@ def test_generate_static_cache_deeper_than_the_reuse_limit(name):
     _assert_one_trace_per_capture(fn, name, layers=12)
 
 
-@pytest.mark.parametrize("name", ["llama", "gpt2", "gemma2"])
+@pytest.mark.parametrize("name", MODELS)
 def test_generate_dynamic_cache_matches_eager(name):
     model = build(name)
     expected = _generate(model, "dynamic")
@@ -96,7 +96,7 @@ def test_generate_dynamic_cache_matches_eager(name):
     _assert_same_generation(_generate(model, "dynamic"), expected)
     # prefill, the first decode step, then one capture with the cache's length symbolic for every later step
     captures = fn.stats.captures
-    assert captures <= 3
+    assert captures == 3
     _assert_same_generation(_generate(model, "dynamic"), expected)
     assert fn.stats.captures == captures  # the second generate call captures nothing
     _assert_one_trace_per_capture(fn, name)
