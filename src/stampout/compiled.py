@@ -33,7 +33,6 @@ from .regions.fingerprint import (
     describe_difference,
     fingerprint,
     requires_grad_pattern,
-    sizes_of,
     without_sizes,
 )
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
@@ -182,7 +181,7 @@ class _Entry:
         self.compiled = compiled
         self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
         self.masked = frozenset(cap.shapes.leaves) if cap.shapes is not None else None
-        self.key = key
+        self.key = self.key_for(key, ctx.leaves[1:])
         with torch._C.DisableTorchFunction():
             guards = self.guards = _relax_symbolic(by_class(cap.program.guards, ctx), cap, ctx)
         self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
@@ -264,10 +263,14 @@ class _Entry:
             return None
         return lifted
 
+    def key_for(self, key: tuple, leaves: list[Any]) -> tuple:
+        """A call's key as this entry compares it: without the sizes its shape guards check."""
+        return key if self.masked is None else (without_sizes(key[0], leaves, self.masked), key[1])
+
     def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
         shapes = self.shapes
         if shapes is not None:
-            key = (without_sizes(key[0], ctx.leaves[1:], self.masked), key[1])
+            key = self.key_for(key, ctx.leaves[1:])
             if key == self.key:
                 lifted = self.capture.placeholders_for_lifted(ctx)
                 values = shapes.values(ctx.leaves[1:], lifted)
@@ -316,12 +319,11 @@ class CompiledFunction:
             ))
         self.regions = regions
         self.dynamic = dynamic
-        self._seen_sizes: dict[tuple, dict[int, tuple[int, ...]]] = {}  # per input structure: the last sizes
-        self._changed_dims: dict[tuple, dict[int, set[int]]] = {}  # per input structure: dims seen to change
-        # the same for tensors held by input objects (a KV cache's layers), by source
-        self._seen_held: dict[tuple, dict[Source, tuple[int, ...]]] = {}
-        self._changed_held: dict[tuple, dict[Source, set[int]]] = {}
-        # and int attributes the capture read as constants (a cache layer's position), by source
+        # Per input structure (the fingerprint without sizes), what the last capture saw, for automatic dynamic
+        # shapes: the sizes of the call's tensors and of those it lifted (a KV cache's layers), by source, and
+        # the int attributes it read as constants (a cache layer's position); and what was seen to change.
+        self._seen_sizes: dict[tuple, dict[Source, tuple[int, ...]]] = {}
+        self._changed_dims: dict[tuple, dict[Source, set[int]]] = {}
         self._seen_ints: dict[tuple, dict[Source, int]] = {}
         self._changed_ints: dict[tuple, set[Source]] = {}
         self.fn = fn
@@ -387,7 +389,7 @@ class CompiledFunction:
             else:  # a symbolic capture: the sizes of its dynamic inputs are for its shape guards
                 entry_key = masked_keys.get(masked)
                 if entry_key is None:
-                    entry_key = masked_keys[masked] = (without_sizes(key[0], leaves, masked), key[1])
+                    entry_key = masked_keys[masked] = entry.key_for(key, leaves)
             if entry.key == entry_key:
                 if isinstance(entry, _EagerEntry):
                     return entry, ()
@@ -402,14 +404,16 @@ class CompiledFunction:
             root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
             marking = (auto_regions(root) if self.regions == "auto" and root is not None
                        else contextlib.nullcontext())
-            automatic = self._automatic_dims(key, args, kwargs)
-            held = self._automatic_held(key, ctx)
-            ints = self._automatic_ints(key, ctx)
+            structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
+            changed = self._automatic_dims(structure, ctx)
+            automatic = {s.index - 1: dims for s, dims in changed.items() if isinstance(s, Arg)}
+            held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
+            ints = self._automatic_ints(structure, ctx)
             with marking:
                 cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
                                       dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
                                       dynamic_ints=ints)
-            self._remember_held(key, ctx, cap)
+            self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
         self.stats.captures += 1
@@ -443,8 +447,6 @@ class CompiledFunction:
             )) from error
         if cap.shapes is not None:
             cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
-            leaves = ctx.leaves[1:]
-            key = (without_sizes(key[0], leaves, frozenset(cap.shapes.leaves)), key[1])
             log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.describe())
         entry = _Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
@@ -454,39 +456,17 @@ class CompiledFunction:
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
 
-    def _automatic_dims(self, key: tuple, args: tuple, kwargs: dict) -> dict[int, set[int]]:
-        """dynamic=None: the dims of each input that changed between calls with the same structure (sizes
-        left out) — torch.compile's automatic dynamic shapes. They stay symbolic in later captures."""
-        if self.dynamic is not None:
-            return {}
-        leaves, _, labels = flatten_inputs(args, kwargs)
-        structure = (without_sizes(key[0], leaves), key[1])
-        sizes = sizes_of(leaves)
-        dims = self._changed_dims.setdefault(structure, {})
-        before = self._seen_sizes.get(structure)
-        self._seen_sizes[structure] = sizes
-        for i, shape in sizes.items() if before is not None else ():
-            old = before.get(i)
-            if old is None or len(old) != len(shape):
-                continue
-            changed = {d for d, (a, b) in enumerate(zip(old, shape)) if a != b} - dims.get(i, set())
-            if changed:
-                dims.setdefault(i, set()).update(changed)
-                log.info("%s: %s changed size in dim %s (%s -> %s): capturing it with symbolic sizes",
-                         _name(self.fn), labels[i], sorted(changed), list(old), list(shape))
-        return dims
-
-    def _automatic_held(self, key: tuple, ctx: CallContext) -> dict[Source, set[int]]:
-        """dynamic=None: the dims that changed, since the last capture with this input structure, of the
-        tensors it read through the inputs' objects or the module (a KV cache growing by a token per call).
-        dynamic=True too: such tensors are found by a capture, so they become symbolic at the first change."""
+    def _automatic_dims(self, structure: tuple, ctx: CallContext) -> dict[Source, set[int]]:
+        """The dims that changed since the last capture with this input structure, of the call's tensors
+        (`Arg` sources) and of the tensors it read through the inputs' objects or the module (a KV cache growing
+        by a token per call) — torch.compile's automatic dynamic shapes. They stay symbolic in later captures.
+        (With dynamic=True held tensors are found by a capture, so they too become symbolic at a first change.)"""
         if self.dynamic is False:
             return {}
-        structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
-        dims = self._changed_held.setdefault(structure, {})
+        dims = self._changed_dims.setdefault(structure, {})
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
-            for source, old in self._seen_held.get(structure, {}).items():
+            for source, old in self._seen_sizes.get(structure, {}).items():
                 value = source.resolve(ctx, memo)
                 if not isinstance(value, torch.Tensor) or value.dim() != len(old):
                     continue
@@ -497,13 +477,11 @@ class CompiledFunction:
                              _name(self.fn), source.name(), sorted(changed), list(old), list(value.shape))
         return dims
 
-    def _automatic_ints(self, key: tuple, ctx: CallContext) -> set[Source]:
-        """dynamic=None: int attributes of objects (not modules' own settings: an object the call reaches) whose
-        value the last capture with this input structure read and that changed since (a cache layer's position
-        counter): captured as symbols from now on (dynamic=None and True)."""
+    def _automatic_ints(self, structure: tuple, ctx: CallContext) -> set[Source]:
+        """Int attributes whose value the last capture with this input structure read and that changed since
+        (a call counter, a cache layer's position): captured as symbols from now on."""
         if self.dynamic is False:
             return set()
-        structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
         changed = self._changed_ints.setdefault(structure, set())
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
@@ -515,10 +493,14 @@ class CompiledFunction:
                              source.name(), old, value)
         return changed
 
-    def _remember_held(self, key: tuple, ctx: CallContext, cap: Capture) -> None:
-        structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
-        self._seen_held[structure] = {source: tuple(t.shape) for t, source in cap.lifted
-                                      if source is not None and isinstance(t, torch.Tensor)}
+    def _remember(self, structure: tuple, args: tuple, kwargs: dict, cap: Capture) -> None:
+        """What this capture saw, for the next capture with the same input structure to compare with."""
+        leaves, _, labels = flatten_inputs(args, kwargs)
+        sizes: dict[Source, tuple[int, ...]] = {Arg(i + 1, labels[i]): tuple(leaf.shape)
+                                                for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
+        sizes.update({source: tuple(t.shape) for t, source in cap.lifted
+                      if source is not None and isinstance(t, torch.Tensor)})
+        self._seen_sizes[structure] = sizes
         self._seen_ints[structure] = {g.source: g.expected[1] for g in cap.program.guards
                                       if g.kind is Kind.CONST and g.expected[0] is int and isinstance(g.source, Attr)}
 

@@ -27,17 +27,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .errors import StampoutError, message
 from .frames import user_location
 
-_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
-def is_symbolic(value: Any) -> bool:
-    """A SymInt/SymFloat/SymBool that is not a known number."""
-    return isinstance(value, _SYM) and not value.node.expr.is_number
+SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)  # the symbolic scalar types
 
 
 def any_symbolic(value: Any) -> bool:
     """Whether an op's arguments hold a symbolic size (inside tuples, lists, dicts and slices)."""
-    if isinstance(value, _SYM):
+    if isinstance(value, SIZES):
         return True
     t = type(value)
     if t is tuple or t is list or t is torch.Size:
@@ -55,7 +50,7 @@ def has_symbols(t: torch.Tensor) -> bool:
 
 def concrete(value: Any) -> Any:
     """`value` with each symbolic size replaced by its value for the capture's own inputs (no guard added)."""
-    if isinstance(value, _SYM):
+    if isinstance(value, SIZES):
         hint = value.node.hint
         return hint if hint is not None else value.node.shape_env.size_hint(value.node.expr)
     t = type(value)
@@ -121,11 +116,16 @@ def show_size(value: Any) -> str:
 
 
 # ---- SymInts in graphs --------------------------------------------------------------------------------
-_BINARY: dict[type, Callable] = {
+# sympy's operations as FX calls, folded left to right over their arguments
+_OPS: dict[type, Callable] = {
+    sympy.Add: operator.add,
+    sympy.Mul: operator.mul,
+    symfn.Max: torch.sym_max,
+    symfn.Min: torch.sym_min,
     symfn.FloorDiv: operator.floordiv,
+    symfn.CleanDiv: operator.floordiv,
     symfn.PythonMod: operator.mod,
     symfn.Mod: operator.mod,
-    symfn.CleanDiv: operator.floordiv,
 }
 _BINDERS = {"size": torch.ops.aten.sym_size.int, "stride": torch.ops.aten.sym_stride.int}
 
@@ -219,40 +219,30 @@ class SymbolicValues:
         hit = self.nodes.get(expr)
         if hit is not None:
             return hit
-        graph = self.graph
         if isinstance(expr, sympy.Symbol):
             out = self.symbol_node(expr)
-        elif isinstance(expr, (sympy.Add, sympy.Mul)):
-            fold = operator.add if isinstance(expr, sympy.Add) else operator.mul
-            parts = [self._expr(a) for a in expr.args]
-            if any(p is None for p in parts):
-                return None
-            out = parts[0]
-            for part in parts[1:]:
-                out = graph.call_function(fold, (out, part))
-        elif type(expr) in _BINARY:
-            a, b = (self._expr(x) for x in expr.args)
-            if a is None or b is None:
-                return None
-            out = graph.call_function(_BINARY[type(expr)], (a, b))
+        elif type(expr) in _OPS:
+            out = self._fold(_OPS[type(expr)], expr.args)
         elif isinstance(expr, (sympy.Pow, symfn.PowByNatural)) and expr.args[1].is_Integer and expr.args[1] > 0:
-            base = self._expr(expr.args[0])
-            if base is None:
-                return None
-            out = graph.call_function(operator.pow, (base, int(expr.args[1])))
-        elif isinstance(expr, (symfn.Max, symfn.Min)):
-            parts = [self._expr(a) for a in expr.args]
-            if any(p is None for p in parts):
-                return None
-            fn = torch.sym_max if isinstance(expr, symfn.Max) else torch.sym_min
-            out = parts[0]
-            for part in parts[1:]:
-                out = graph.call_function(fn, (out, part))
+            out = self._fold(operator.pow, (expr.args[0], int(expr.args[1])))
         else:
+            return None
+        if out is None:
             return None
         if isinstance(out, fx.Node) and "val" not in out.meta:
             out.meta["val"] = self.symbols.value_of(expr)
         self.nodes[expr] = out
+        return out
+
+
+    def _fold(self, fn: Callable, args: tuple) -> Any:
+        """`fn` applied left to right over the FX values of `args` (None when one cannot be spelled)."""
+        parts = [a if type(a) is int else self._expr(a) for a in args]
+        if any(p is None for p in parts):
+            return None
+        out = parts[0]
+        for part in parts[1:]:
+            out = self.graph.call_function(fn, (out, part))
         return out
 
 
@@ -265,6 +255,7 @@ class ShapeGuards:
         self.symbols = symbols
         self.names = names  # per dynamic input, its label
         self._check: Callable[[list[torch.Tensor]], bool] | None = None
+        self._code = ""  # the guards as Python over L['t<i>'] (set by freeze)
 
     @property
     def leaves(self) -> list[int]:
@@ -299,32 +290,26 @@ class ShapeGuards:
 
         self._check = check
 
-    def check(self, values: list[torch.Tensor]) -> bool:
+    def _frozen(self) -> None:
         if self._check is None:
             self.freeze()
+
+    def check(self, values: list[torch.Tensor]) -> bool:
+        self._frozen()
         return bool(self._check(values))
 
     def describe(self) -> str:
         """The assumptions, with the inputs named as the user knows them (`x.size()[1]`)."""
-        if self._check is None:
-            self.freeze()
-        text = getattr(self, "_code", "") or "none"
-        for i, name in enumerate(self.names):
-            text = text.replace(f"L['t{i}']", name)
-        return text
+        self._frozen()
+        return self._named(self._code) if self._code else "none"
 
     def why_not(self, values: list[torch.Tensor]) -> str:
         """Which assumption `values` break."""
-        for clause in self.describe_clauses():
+        self._frozen()
+        for clause in (c.strip() for c in self._code.split(" and ")) if self._code else ():
             if not self._one(clause, values):
                 return self._named(clause)
         return "no difference found"
-
-    def describe_clauses(self) -> list[str]:
-        if self._check is None:
-            self.freeze()
-        code = getattr(self, "_code", "")
-        return [c.strip() for c in code.split(" and ")] if code else []
 
     def _one(self, clause: str, values: list[torch.Tensor]) -> bool:
         try:

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .shapes import SIZES
+
 
 def _is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
@@ -70,14 +72,11 @@ def aliases_of(leaves: list[Any]) -> tuple[int, ...]:
 Template = tuple
 
 
-_SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
 def to_template(value: Any, slots: list[Any], inputs: dict[int, int] | None = None, sizes: bool = False) -> Template:
     """The template of `value`, appending each tensor it holds (and with `sizes`, each symbolic size: the
     graph computes it) to `slots`; `inputs` maps the id of each input object (not a tensor or constant) to
     its leaf index."""
-    if isinstance(value, torch.Tensor) or sizes and isinstance(value, _SIZES):
+    if isinstance(value, torch.Tensor) or sizes and isinstance(value, SIZES):
         slots.append(value)
         return ("slot", len(slots) - 1)
     if inputs and id(value) in inputs:

@@ -32,7 +32,7 @@ from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
 from .meta import NOT_HANDLED, MetaRunner, meta_like
 from .regions import slots
-from .shapes import SymbolicValues, Symbols, any_symbolic, symbolic_fake
+from .shapes import SIZES, SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
 from .structure import tensors_of
 
@@ -147,13 +147,10 @@ def _function_apply(cls: type) -> Callable:
     return target
 
 
-_SYM = (torch.SymInt, torch.SymFloat, torch.SymBool)
-
-
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any], syms: bool = False) -> Any:
     """`value` with every tensor inside tuples, lists and dicts replaced by `fn(tensor)` (and with `syms`,
     every symbolic size too)."""
-    if isinstance(value, torch.Tensor) or syms and isinstance(value, _SYM):
+    if isinstance(value, torch.Tensor) or syms and isinstance(value, SIZES):
         return fn(value)
     t = type(value)
     if t is tuple or t is list or t is torch.Size and syms:
@@ -243,8 +240,10 @@ class Builder:
             with ctx:
                 node = graph.placeholder(name)
         self._last_placeholder = node
-        if meta or isinstance(value, FakeTensor) or isinstance(value, _SYM):
-            node.meta["val"] = (value if isinstance(value, (FakeTensor, *_SYM)) else self.tracer.meta_fake(value))
+        if isinstance(value, (FakeTensor, *SIZES)):
+            node.meta["val"] = value
+        elif meta:
+            node.meta["val"] = self.tracer.meta_fake(value)
         self.nodes[id(value)] = (value, node)
         return node
 
@@ -254,7 +253,7 @@ class Builder:
         hit = self.nodes.get(id(t))
         if hit is not None:
             return hit[1]
-        if isinstance(t, _SYM):
+        if isinstance(t, SIZES):
             return self.size_node(t)
         return self.tracer.lift(self, t)
 

@@ -329,10 +329,8 @@ class RegionCalls:
                 return ()  # (already ineligible: see RegionFrame.on_write)
             if value is MISSING:
                 how = ("missing", None)
-            elif is_constant(value) and type(value) not in (list, dict, set):
-                how = ("const", value)
-            elif isinstance(value, torch.SymInt):  # a symbolic int: a stamped call (same symbols) stores the same
-                how = ("const", value)
+            elif is_constant(value) and type(value) not in (list, dict, set) or isinstance(value, torch.SymInt):
+                how = ("const", value)  # (a symbolic int: a stamped call, with the same symbols, stores the same)
             elif hit is not None and hit[1] in placeholders:
                 how = ("operand", placeholders[hit[1]])
             elif isinstance(value, torch.Tensor) and id(value) in slot_of:

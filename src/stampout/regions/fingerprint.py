@@ -59,10 +59,6 @@ def without_sizes(key: tuple, leaves: list[Any], masked: frozenset[int] | None =
     return (key[0], tuple(keys), *key[2:])
 
 
-def sizes_of(leaves: list[Any]) -> dict[int, tuple[int, ...]]:
-    return {i: tuple(leaf.shape) for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
-
-
 def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
     return tuple(leaf.requires_grad for leaf in leaves if isinstance(leaf, torch.Tensor))
 

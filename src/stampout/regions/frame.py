@@ -19,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
-from ..shapes import size_key, sizes_key
+from ..shapes import SIZES, size_key, sizes_key
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
 from ..tracking import Watch, original_class, shim_class
 from .cache import ArgInput, LiftedInput
@@ -34,7 +34,6 @@ _BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.Module
                 types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
                 types.ClassMethodDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
                 torch._ops.HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
-_SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
 _SLOT = types.MemberDescriptorType
 
@@ -171,7 +170,7 @@ class RegionFrame:
                 self.guard(source, Kind.CONST, const_key(value), where)
             if type(value) in (list, dict, set):  # mutable: changing it in the trace is a side effect
                 self.containers.append((value, source, _contents(value), _copy(value)))
-        elif isinstance(value, _SIZES):
+        elif isinstance(value, SIZES):
             if from_arg:
                 pass  # (an argument's expression is in the fingerprint)
             elif getattr(value, "_stampout_symbolic_int", False):  # an int attribute the capture made a symbol

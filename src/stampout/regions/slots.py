@@ -226,20 +226,11 @@ class SlotTracker:
             return self._receives(frame, fn, position, call, instructions[j + 2], slot)
         if k < 1 or instructions[k].opname != "LOAD_METHOD":
             return False
-        attrs = [instructions[k].argval]
-        k -= 1
-        while k >= 0 and instructions[k].opname == "LOAD_ATTR":
-            attrs.append(instructions[k].argval)
-            k -= 1
-        if k < 0 or instructions[k].opname != "LOAD_FAST":
+        method = instructions[k].argval
+        obj = _spelled(frame, instructions, k - 1)  # `local.attr.method(...)`
+        if obj is MISSING or peek(obj, method) is not MISSING:
             return False
-        obj = frame.f_locals.get(instructions[k].argval, MISSING)
-        with listeners(None, None):
-            for attr in reversed(attrs[1:]):
-                obj = peek(obj, attr) if obj is not MISSING else MISSING
-        if obj is MISSING or peek(obj, attrs[0]) is not MISSING:
-            return False
-        return self._receives(frame, mro_attr(type(obj), attrs[0]), position + 1, call, instructions[j + 2], slot)
+        return self._receives(frame, mro_attr(type(obj), method), position + 1, call, instructions[j + 2], slot)
 
     def _receives(self, frame: types.FrameType, fn: Any, parameter: int, call: dis.Instruction,
                   after: dis.Instruction, slot: SlotIndex) -> bool:
@@ -260,17 +251,7 @@ class SlotTracker:
         """`container[slot]` with the container spelled `local.attr.attr` just before the slot's expression
         (which starts at `first`): the item's source becomes `SlotItem(container source, slot source)`."""
         state = slot._state
-        j = first - 1
-        attrs: list[str] = []
-        while j >= 0 and instructions[j].opname == "LOAD_ATTR":
-            attrs.append(instructions[j].argval)
-            j -= 1
-        if j < 0 or instructions[j].opname != "LOAD_FAST":
-            return False
-        container = frame.f_locals.get(instructions[j].argval, MISSING)
-        with listeners(None, None):  # our own look at `local.attr`: what the object holds (no properties run)
-            for attr in reversed(attrs):
-                container = peek(container, attr) if container is not MISSING else MISSING
+        container = _spelled(frame, instructions, first - 1)
         source = self.frame.sources.get(id(container))
         if type(container) not in (list, tuple) or source is None:
             return False
@@ -371,6 +352,22 @@ class SlotTracker:
         return list(self.states.values())
 
 
+
+
+def _spelled(frame: types.FrameType, instructions: list[dis.Instruction], k: int) -> Any:
+    """The object `local.attr.attr` that the instructions ending at `k` load (a LOAD_FAST, then LOAD_ATTRs),
+    as the objects hold it (our own look: no properties run); MISSING when they spell something else."""
+    attrs: list[str] = []
+    while k >= 0 and instructions[k].opname == "LOAD_ATTR":
+        attrs.append(instructions[k].argval)
+        k -= 1
+    if k < 0 or instructions[k].opname != "LOAD_FAST":
+        return MISSING
+    obj = frame.f_locals.get(instructions[k].argval, MISSING)
+    with listeners(None, None):
+        for attr in reversed(attrs):
+            obj = peek(obj, attr) if obj is not MISSING else MISSING
+    return obj
 
 
 def _renameable(item: Any) -> bool:
