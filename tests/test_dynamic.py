@@ -531,3 +531,26 @@ def test_held_tensors_whose_lengths_part_ways_are_not_stamped_with_one_symbol():
                 r[1].k = torch.cat([r[1].k, torch.ones(2, 4)])
         x = torch.randn(1, 4, generator=torch.Generator().manual_seed(i))
         torch.testing.assert_close(fn(x, rows), _rows_program(x, expected))
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+
+def _remember_length(x: torch.Tensor, counter: Counter) -> torch.Tensor:
+    counter.n = x.shape[0]
+    return x * 2
+
+
+def test_a_capture_stores_each_calls_size_on_its_input_object():
+    """A size the program stores on an input object is the call's own, not the capture's (a KV cache's length)."""
+    x = torch.randn(5)
+    torch._dynamo.mark_dynamic(x, 0)
+    mine = Counter()
+    cap = stampout.capture(_remember_length, x, mine)
+    assert mine.n == 5 and type(mine.n) is int
+    for n in (7, 3):
+        other = Counter()
+        cap(torch.randn(n), other)
+        assert other.n == n and type(other.n) is int

@@ -28,7 +28,7 @@ from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
-from .shapes import ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
+from .shapes import SIZES, ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
 from .sources import Arg, Attr, CallContext, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
@@ -185,7 +185,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if program is not None and guard_program:
             undo(program)
         elif program is not None:
-            _concrete_stores(program)
+            _concrete_stores(program, held)
         _unplant(planted)
     if not guard_program:
         plan, program = None, None
@@ -232,15 +232,18 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     return cap
 
 
-def _concrete_stores(program: RegionFrame) -> None:
+def _concrete_stores(program: RegionFrame, held: _Held) -> None:
     """What the captured Python stored (attributes, list and dict items, globals) holds no symbolic size
-    afterwards: each has its value for the capture's own inputs, as one eager call leaves it."""
+    afterwards: each has its value for the capture's own inputs, as one eager call leaves it. (Stores on the
+    input objects are the Capture's to repeat per call, computed by the graph: see `_input_stores`.)"""
     with torch._C.DisableTorchFunction(), listeners(None, None):
         for obj, name, _, _, _ in program.stores:
             value = getattr(obj, name, None)
-            if any_symbolic(value):
+            if any_symbolic(value) and obj not in held:
                 object.__setattr__(obj, name, concrete(value))
         for container, *_ in program.containers:
+            if container in held:
+                continue
             items = container.items() if isinstance(container, dict) else enumerate(container)
             for key, value in list(items) if isinstance(container, (dict, list)) else ():
                 if any_symbolic(value):
@@ -385,7 +388,7 @@ def _held_by_inputs(leaves: list[Any], labels: list[str], depth: int = 3) -> _He
             for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
                 walk(v, Item(source, k), level + 1)
             return
-        if isinstance(obj, (torch.Tensor, torch.nn.Module, type)) or is_constant(obj) or callable(obj):
+        if isinstance(obj, (torch.Tensor, torch.nn.Module, type, *SIZES)) or is_constant(obj) or callable(obj):
             return
         if isinstance(obj, (list, dict)):
             dict.__setitem__(held, id(obj), (obj, source))
