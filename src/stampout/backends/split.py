@@ -117,6 +117,13 @@ _MAY_ALIAS = frozenset((
 ))
 
 
+def _viewish(node: fx.Node) -> bool:
+    """Whether a call node's result may share memory with its arguments (a view-like op, an `operator` item)."""
+    schema = getattr(node.target, "_schema", None)
+    return (_name(node.target) in _MAY_ALIAS or getattr(node.target, "__module__", "") == "_operator"
+            or (schema is not None and any(r.alias_info is not None for r in schema.returns)))
+
+
 def _may_be_an_input(value: Any) -> bool:
     """Whether a subgraph value may share memory with one of its inputs: reachable from a placeholder
     through view-like ops only (syntactic and conservative: captured metadata does not record aliasing)."""
@@ -124,10 +131,8 @@ def _may_be_an_input(value: Any) -> bool:
         return False
     if value.op == "placeholder" or value.op not in ("call_function", "call_method"):
         return True
-    schema = getattr(value.target, "_schema", None)
-    viewish = (_name(value.target) in _MAY_ALIAS or getattr(value.target, "__module__", "") == "_operator"
-               or (schema is not None and any(r.alias_info is not None for r in schema.returns)))
-    return viewish and any(_may_be_an_input(a) for a in torch.utils._pytree.tree_leaves((value.args, value.kwargs)))
+    arguments = torch.utils._pytree.tree_leaves((value.args, value.kwargs))
+    return _viewish(value) and any(_may_be_an_input(a) for a in arguments)
 
 
 def may_alias_an_input(sub: fx.GraphModule) -> bool:
@@ -150,10 +155,7 @@ def _bases(value: Any) -> set[fx.Node]:
     """The nodes whose memory `value` may share (itself, or what it is a view of, syntactically)."""
     if not isinstance(value, fx.Node) or value.op not in ("call_function", "call_method"):
         return {value} if isinstance(value, fx.Node) else set()
-    schema = getattr(value.target, "_schema", None)
-    viewish = (_name(value.target) in _MAY_ALIAS or getattr(value.target, "__module__", "") == "_operator"
-               or (schema is not None and any(r.alias_info is not None for r in schema.returns)))
-    if not viewish:
+    if not _viewish(value):
         return {value}
     return {base for a in torch.utils._pytree.tree_leaves((value.args, value.kwargs)) for base in _bases(a)}
 
