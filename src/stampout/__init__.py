@@ -1,21 +1,24 @@
-"""stampout: capture PyTorch programs into torch.fx graphs, tracing each repeated region once."""
+"""stampout: capture PyTorch programs into torch.fx graphs, tracing each repeated region once.
+
+The public names load on first use (they import torch), so `stampout --help` and `--version` stay fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from ._logging import configure as _configure_logging
-from .api import capture, explain, reset
-from .capture import Capture, RegionEvent, RegionStats
-from .compiled import CompiledFunction, CompileStats, compile
-from .errors import BackendError, CaptureError, ExportError, GuardError, RegionError, StampoutError
-from .export import export
-from .regions.auto import auto_regions
-from .regions.marker import region
 
-_configure_logging()
+__version__ = "0.1.0"
 
 __all__ = [
     "BackendError",
     "Capture",
     "CompileStats",
     "CompiledFunction",
+    "CompiledModule",
     "CaptureError",
     "ExportError",
     "GuardError",
@@ -31,3 +34,60 @@ __all__ = [
     "region",
     "reset",
 ]
+
+
+# Where each public name is defined (relative module).
+_HOMES = {
+    "Capture": "capture", "RegionEvent": "capture", "RegionStats": "capture",
+    "CompiledFunction": "compiled", "CompileStats": "compiled", "CompiledModule": "compiled_module",
+    "BackendError": "errors", "CaptureError": "errors", "ExportError": "errors", "GuardError": "errors",
+    "RegionError": "errors", "StampoutError": "errors",
+    "auto_regions": "regions.auto", "region": "regions.marker",
+    "capture": "api", "explain": "api", "reset": "api", "compile": "compiled_module", "export": "export",
+}
+
+
+def _load() -> None:
+    """Bind every public name. All at once, after every import: the submodules `capture` and `export` share
+    names with the functions, and importing a submodule binds its name on the package."""
+    import importlib
+
+    values = {name: getattr(importlib.import_module(f".{home}", __name__), name) for name, home in _HOMES.items()}
+    globals().update(values)
+
+
+class _Package(types.ModuleType):
+    """The package's module type: importing the submodule `stampout.capture` (or `.export`) does not rebind
+    the public name, which stays the function (loaded by `__getattr__`); the submodule is in sys.modules."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOMES and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'stampout' has no attribute {name!r}")
+    _load()
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:
+    from .api import capture, explain, reset  # noqa: F401
+    from .capture import Capture, RegionEvent, RegionStats  # noqa: F401
+    from .compiled import CompiledFunction, CompileStats  # noqa: F401
+    from .compiled_module import CompiledModule, compile  # noqa: F401
+    from .errors import BackendError, CaptureError, ExportError, GuardError, RegionError, StampoutError  # noqa: F401
+    from .export import export  # noqa: F401
+    from .regions.auto import auto_regions  # noqa: F401
+    from .regions.marker import region  # noqa: F401
+
+_configure_logging()

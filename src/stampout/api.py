@@ -7,6 +7,7 @@ from typing import Any
 
 from .capture import Capture
 from .capturing import capture_program
+from .compile_args import check_callable
 
 
 def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
@@ -28,6 +29,7 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
     Raises:
         CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`).
     """
+    check_callable(fn, "capture")
     return capture_program(fn, args, kwargs)
 
 

@@ -41,7 +41,7 @@ class RegionEvent:
     ineligible: str = ""
 
 
-@dataclass
+@dataclass(repr=False)
 class Capture:
     """A captured program. Call it like the original; `gm` is the graph it runs.
 
@@ -190,6 +190,14 @@ class Capture:
                 setattr(holder, key, value)
             else:
                 holder[key] = value
+
+    def __repr__(self) -> str:
+        """A few lines: what was captured, its graph's size and its region calls (not the model's tensors)."""
+        name = getattr(self.fn, "__qualname__", type(self.fn).__name__)
+        nodes = len(self.graph_module.graph.nodes)
+        symbolic = ", symbolic sizes" if self.shapes is not None else ""
+        return (f"Capture({name}: {len(self.input_tensor_leaves)} tensor inputs, {len(self.lifted)} lifted "
+                f"(parameters, buffers, ...), {nodes} graph nodes{symbolic})\n  regions: {self.stats}")
 
     def explain(self) -> str:
         from .report import explain_text

@@ -173,12 +173,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stampout")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from . import __version__
+
+        return __version__
+
+
 def parser() -> argparse.ArgumentParser:
-    from .tools.benchmark import MODELS
-    from .tools.demo import BACKENDS
+    from .tools.choices import BENCH_MODELS as MODELS
+    from .tools.choices import DEMO_BACKENDS as BACKENDS
 
     p = argparse.ArgumentParser(prog="stampout", description="Capture PyTorch programs, tracing each repeated "
                                 "region once and stamping out the rest.")
+    p.add_argument("--version", action="version", version=f"stampout {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     d = sub.add_parser("demo", help="capture and compile a deep Llama-like model; compare with eager",

@@ -22,8 +22,9 @@ import torch
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
+from .compile_args import check_arguments, describe
 from .effects import replay
-from .errors import BackendError, GuardError, StampoutError, message
+from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
@@ -305,7 +306,9 @@ class CompiledFunction:
     """What `stampout.compile` returns: call it like the original function or module."""
 
     def __init__(self, fn: Callable, backend: Any = "inductor", max_entries: int = 8,
-                 regions: str | None = None, dynamic: bool | None = None) -> None:
+                 regions: str | None = None, dynamic: bool | None = None, fullgraph: bool = False,
+                 disable: bool = False) -> None:
+        check_arguments(fn, max_entries, fullgraph, disable)
         if regions not in (None, "auto"):
             raise StampoutError(message(
                 f"regions must be None or 'auto', got {regions!r}", user_location(),
@@ -319,6 +322,8 @@ class CompiledFunction:
             ))
         self.regions = regions
         self.dynamic = dynamic
+        self.fullgraph = fullgraph  # refuse (raise) where a part of the program would run eagerly
+        self.disable = disable  # every call runs `fn` itself, as torch.compile(disable=True)
         # Per input structure (the fingerprint without sizes), what the last capture saw, for automatic dynamic
         # shapes: the sizes of the call's tensors and of those it lifted (a KV cache's layers), by source, and
         # the int attributes it read as constants (a cache layer's position); and what was seen to change.
@@ -348,7 +353,12 @@ class CompiledFunction:
             self._entries = ()
             self._cache = RegionCache()
 
+    def __repr__(self) -> str:
+        return describe(self)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.disable:
+            return self.fn(*args, **kwargs)
         leaves, spec, labels = flatten_inputs(args, kwargs)
         with torch._C.DisableTorchFunction():
             key = (fingerprint(spec, leaves), requires_grad_pattern(leaves))
@@ -427,6 +437,13 @@ class CompiledFunction:
                 "tensors, list appends and dict stores are replayed), or use stampout.capture",
             ))
         if program.ineligible:
+            if self.fullgraph:
+                raise CaptureError(message(
+                    f"{_name(self.fn)} cannot be compiled whole (fullgraph=True): stampout cannot guard it: it "
+                    f"{program.ineligible[0]}", user_location(),
+                    "remove what the message names from the compiled code, or pass fullgraph=False to run "
+                    "such calls eagerly",
+                ))
             log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),
                         program.ineligible[0])
             return self._add(_EagerEntry(key, program.ineligible[0])), ()
@@ -531,35 +548,6 @@ class CompiledFunction:
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
-
-
-def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # noqa: A001
-            regions: str | None = None, dynamic: bool | None = None) -> CompiledFunction:
-    """Compile `fn` (a function or `nn.Module`) with stampout's capture and a torch.compile-style backend.
-
-    Example::
-
-        fast = stampout.compile(model, backend="inductor")
-        y = fast(x)              # first call: capture, compile; later calls: guards, then the compiled code
-        print(fast.stats)        # CompileStats(captures=1, traces=1)
-
-    Args:
-        fn: the function or module.
-        backend: "eager", "aot_eager", "inductor", or any `callable(gm, example_inputs)`.
-        max_entries: compiled variants kept (oldest dropped beyond this).
-        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions while capturing.
-        dynamic: as torch.compile's. None: static first; a call whose inputs differ only in sizes recaptures
-            with the dims that changed symbolic, so later sizes reuse it. True: every input dim symbolic from
-            the first call (sizes 0 and 1 stay static). False: a capture per shape. Dims marked with
-            `torch._dynamo.mark_dynamic` are symbolic in every mode, `mark_static` ones never.
-
-    Returns:
-        A `CompiledFunction` with `.stats` and `.last_capture`.
-
-    Raises:
-        GuardError: the program has Python side effects a compiled call could not repeat.
-    """
-    return CompiledFunction(fn, backend, max_entries, regions, dynamic)
 
 
 def reset_all() -> None:

@@ -10,11 +10,15 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.fx as fx
+
+log = logging.getLogger(__name__)
 
 _REQUIRED = (
     ("torch._higher_order_ops.invoke_subgraph", "invoke_subgraph_placeholder"),
@@ -24,14 +28,23 @@ _REQUIRED = (
 )
 
 
+SUPPORTED = ((2, 13), (2, 14))  # torch releases stampout is tested on (pyproject.toml: torch>=2.13,<2.15)
+VERSION = tuple(int(part) for part in torch.__version__.split(".")[:2])
+if VERSION not in SUPPORTED:
+    log.warning("stampout is tested on torch 2.13 and 2.14, not on %s: private torch names it uses may have moved",
+                torch.__version__)
+
+
+def _unsupported(what: str) -> str:
+    return (f"stampout needs {what}, which this torch ({torch.__version__}) does not have; "
+            "stampout supports torch 2.13 and 2.14: pip install 'torch>=2.13,<2.15'")
+
+
 def _load(module: str, name: str) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as error:
-        raise ImportError(
-            f"stampout needs {module}.{name}, which this torch ({torch.__version__}) does not have; "
-            "stampout supports torch 2.13 — install torch==2.13.0"
-        ) from error
+        raise ImportError(_unsupported(f"{module}.{name}")) from error
 
 
 for _module, _name in _REQUIRED:
@@ -40,13 +53,22 @@ for _module, _name in _REQUIRED:
 _INVOKE_MODULE = importlib.import_module("torch._higher_order_ops.invoke_subgraph")
 _COMPILER = importlib.import_module("torch.compiler")
 if not callable(getattr(_COMPILER, "is_compiling", None)):
-    raise ImportError("stampout needs torch.compiler.is_compiling; install torch==2.13.0")
+    raise ImportError(_unsupported("torch.compiler.is_compiling"))
 _EXPORT_UTILS = importlib.import_module("torch._export.utils")
 TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
 _FUNCTION = torch.autograd.function.Function
-if not isinstance(_FUNCTION.__dict__.get("apply"), classmethod):
-    raise ImportError("stampout needs torch.autograd.Function.apply to be a classmethod; install torch==2.13.0")
+# torch 2.13: `Function.apply` is a Python classmethod on Function (binding default args, the functorch path);
+# torch 2.14: it is `_C._FunctionBase`'s C `classmethod_descriptor`, which calls the module-level
+# `_bind_default_args` / `_call_custom_function_call` itself. Either way `_original_apply(cls, ...)` runs it.
+_APPLY_ON_FUNCTION = "apply" in _FUNCTION.__dict__
+_SAVED_APPLY = _FUNCTION.__dict__.get("apply") if _APPLY_ON_FUNCTION else torch._C._FunctionBase.__dict__.get("apply")
+if not isinstance(_SAVED_APPLY, classmethod | types.ClassMethodDescriptorType):
+    raise ImportError(_unsupported("torch.autograd.Function.apply as a classmethod"))
+
+
+def _original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+    return _SAVED_APPLY.__get__(None, cls)(*args, **kwargs)
 
 
 _FLAGS = (
@@ -119,7 +141,6 @@ def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], 
     the originals on threads that are not capturing."""
     saved_placeholder = _INVOKE_MODULE.invoke_subgraph_placeholder
     saved_finder = _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export
-    saved_apply = _FUNCTION.__dict__["apply"]
     saved_is_compiling = _COMPILER.is_compiling
 
     @functools.wraps(saved_is_compiling)
@@ -128,12 +149,15 @@ def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], 
 
     _INVOKE_MODULE.invoke_subgraph_placeholder = marked_call
     _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = vmap_mode_finder(saved_finder)
-    _FUNCTION.apply = classmethod(function_apply(saved_apply.__func__))
+    _FUNCTION.apply = classmethod(function_apply(_original_apply))
     _COMPILER.is_compiling = is_compiling
     try:
         yield
     finally:
         _INVOKE_MODULE.invoke_subgraph_placeholder = saved_placeholder
         _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = saved_finder
-        _FUNCTION.apply = saved_apply
+        if _APPLY_ON_FUNCTION:
+            _FUNCTION.apply = _SAVED_APPLY
+        else:
+            del _FUNCTION.apply  # torch 2.14: Function inherits the C apply again
         _COMPILER.is_compiling = saved_is_compiling

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-MODELS = ("llama-like", "hf-llama", "hf-gpt2")
+from .choices import BENCH_MODELS as MODELS
+
 VARIANTS = ("stampout_regions", "stampout_flat", "dynamo_flat", "dynamo_nested", "export")
 LABELS = {
     "stampout_regions": "stampout regions",

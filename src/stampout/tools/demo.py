@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-BACKENDS = ("eager", "aot_eager", "inductor")
+from .choices import DEMO_BACKENDS as BACKENDS
+
 TOLERANCE = 1e-4  # max abs difference from eager allowed for float32
 Step = Callable[[str], AbstractContextManager]
 

@@ -1,0 +1,52 @@
+"""Arguments of `capture` and `compile` checked at the call that passes them, and short reprs of the results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import StampoutError, message
+from .frames import user_location
+
+
+def check_callable(fn: Any, what: str) -> None:
+    """`fn` must be a function, bound method, module or other callable: refused at once otherwise."""
+    if not callable(fn):
+        raise StampoutError(message(
+            f"stampout.{what} needs a function, method or nn.Module, got {type(fn).__name__} ({_short(fn)})",
+            user_location(3),
+            f"pass the callable itself: stampout.{what}(model, ...) or stampout.{what}(model.forward, ...)",
+        ))
+
+
+def check_arguments(fn: Any, max_entries: Any, fullgraph: Any, disable: Any) -> None:
+    check_callable(fn, "compile")
+    if type(max_entries) is not int or max_entries < 1:
+        raise StampoutError(message(f"max_entries must be a positive int, got {max_entries!r}", user_location(3),
+                                    "pass the number of compiled variants to keep, e.g. max_entries=8"))
+    for name, value in (("fullgraph", fullgraph), ("disable", disable)):
+        if not isinstance(value, bool):
+            raise StampoutError(message(f"{name} must be True or False, got {value!r}", user_location(3),
+                                        f"pass {name}=True or {name}=False, as with torch.compile"))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe(compiled: Any) -> str:
+    """A few lines: what is compiled, how, and what happened so far (never the model's tensors)."""
+    fn = compiled.fn
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    backend = getattr(compiled.backend, "__module__", "")
+    backend = backend.rsplit(".", 1)[-1] if backend.startswith("stampout.backends") else _short(compiled.backend)
+    flags = [f"backend={backend}", f"dynamic={compiled.dynamic}"]
+    flags += [f"{flag}=True" for flag in ("fullgraph", "disable") if getattr(compiled, flag)]
+    if compiled.regions:
+        flags.append(f"regions={compiled.regions!r}")
+    lines = [f"CompiledFunction({name}, {', '.join(flags)})",
+             f"  captures={compiled.stats.captures} region traces={compiled.stats.traces} "
+             f"entries={len(compiled._entries)}/{compiled.max_entries}"]
+    if compiled.last_capture is not None:
+        lines.append(f"  last capture: {compiled.last_capture.stats}")
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""stampout.compile as a drop-in for torch.compile: the module it returns, its keywords, arguments refused at
+once, the command line without torch, and repr sizes."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import tree_assert_close
+from torch import nn
+
+import stampout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(8, 8) for _ in range(3)])
+        self.norm = nn.BatchNorm1d(8)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.norm(x) * self.scale
+
+
+def pair() -> tuple[Net, Net]:
+    torch.manual_seed(0)
+    model = Net()
+    return model, copy.deepcopy(model)
+
+
+def test_compiled_module_is_the_model():
+    model, reference = pair()
+    fast = stampout.compile(model, backend="eager")
+    assert isinstance(fast, nn.Module) and fast._orig_mod is model
+    assert list(fast.state_dict()) == list(model.state_dict())
+    assert [n for n, _ in fast.named_parameters()] == [n for n, _ in model.named_parameters()]
+    assert all(a is b for a, b in zip(fast.parameters(), model.parameters()))
+    assert [n for n, _ in fast.named_buffers()] == [n for n, _ in model.named_buffers()]
+    assert fast.layers is model.layers  # attributes read through the wrapper
+    x = torch.randn(4, 8)
+    tree_assert_close(fast(x), reference(x))
+    tree_assert_close(model.norm.running_mean, reference.norm.running_mean)  # the world as eager leaves it
+    assert fast.stats.captures == 1 and fast.last_capture is not None
+
+
+def test_load_state_dict_goes_into_the_original():
+    model, _ = pair()
+    fast = stampout.compile(model, backend="eager")
+    other = Net()
+    fast.load_state_dict(other.state_dict())
+    assert torch.equal(model.layers[0].weight, other.layers[0].weight)
+    x = torch.randn(4, 8)
+    tree_assert_close(fast(x), other(x.clone()))
+
+
+def test_train_eval_to_act_on_the_original():
+    model, reference = pair()
+    fast = stampout.compile(model, backend="eager")
+    assert fast.eval() is fast and not model.training and not model.norm.training and not fast.training
+    x = torch.randn(4, 8)
+    tree_assert_close(fast(x), reference.eval()(x))
+    fast.train()
+    assert model.training and model.norm.training
+    fast.to(torch.float64)
+    assert model.layers[0].weight.dtype == torch.float64
+    out = fast(x.double())
+    assert out.dtype == torch.float64
+    tree_assert_close(out, reference.train().double()(x.double()))
+    assert fast.stats.captures == 2  # eval, then train in float64
+
+
+def test_hooks_registered_on_the_wrapper_run():
+    model, reference = pair()
+    fast = stampout.compile(model, backend="eager")
+    seen = []
+    handle = fast.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    pre = fast.register_forward_pre_hook(lambda mod, args: (args[0] * 2,))
+    x = torch.randn(4, 8)
+    tree_assert_close(fast(x), reference(x * 2))
+    assert seen == [torch.Size([4, 8])]
+    handle.remove()
+    pre.remove()
+    fast(x)
+    assert seen == [torch.Size([4, 8])]
+
+
+def test_attributes_written_through_the_wrapper():
+    model, _ = pair()
+    fast = stampout.compile(model, backend="eager")
+    fast.max_entries = 2
+    assert fast._compiled.max_entries == 2
+    fast.note = "x"
+    assert model.note == "x"
+
+
+def test_training_gradients_match_eager():
+    model, reference = pair()
+    fast = stampout.compile(model, backend="aot_eager")
+    x = torch.randn(4, 8)
+    fast(x).sum().backward()
+    reference(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        tree_assert_close(p.grad, q.grad, name)
+
+
+def test_functions_and_methods_stay_compiled_functions():
+    model, _ = pair()
+    assert type(stampout.compile(model.forward, backend="eager")) is stampout.CompiledFunction
+    assert type(stampout.compile(torch.sin, backend="eager")) is stampout.CompiledFunction
+
+
+def test_deepcopy_of_a_compiled_module_compiles_the_copy():
+    model, reference = pair()
+    fast = stampout.compile(model, backend="eager")
+    x = torch.randn(4, 8)
+    fast(x)
+    twin = copy.deepcopy(fast)
+    assert isinstance(twin, stampout.CompiledModule) and twin._orig_mod is not model
+    assert twin.stats.captures == 0
+    tree_assert_close(twin(x), reference(x))
+
+
+def test_disable_runs_eagerly():
+    model, reference = pair()
+    fast = stampout.compile(model, disable=True)
+    x = torch.randn(4, 8)
+    tree_assert_close(fast(x), reference(x))
+    assert fast.stats.captures == 0 and fast.last_capture is None
+    fn = stampout.compile(lambda t: t.sin(), disable=True)
+    assert torch.equal(fn(x), x.sin()) and fn.stats.captures == 0
+
+
+RNG = random.Random(0)
+
+
+def noisy(x):
+    return x * RNG.random()  # a Random's state cannot be guarded: compile runs such calls eagerly
+
+
+def test_fullgraph_is_stored_and_refuses_eager_fallback():
+    fn = stampout.compile(noisy, backend="eager", fullgraph=True)
+    assert fn.fullgraph is True
+    with pytest.raises(stampout.CaptureError, match="fullgraph=True") as info:
+        fn(torch.randn(3))
+    assert "test_dropin.py" in str(info.value)
+    lenient = stampout.compile(noisy, backend="eager")
+    assert lenient.fullgraph is False
+    assert lenient(torch.ones(2)).shape == (2,)  # ran eagerly
+    assert lenient.last_capture is None
+
+
+@pytest.mark.parametrize("mode", [None, "default", "reduce-overhead", "max-autotune",
+                                  "max-autotune-no-cudagraphs"])
+def test_modes_are_accepted(mode):
+    fn = stampout.compile(torch.sin, mode=mode)
+    assert fn.mode == mode
+
+
+def test_options_are_inductor_config_patches():
+    from stampout.backends.options import with_patches
+
+    seen = []
+
+    def backend(gm, example_inputs):
+        from torch._inductor import config
+
+        seen.append(config.max_autotune)
+        return gm
+
+    compiled = with_patches(backend, {"max_autotune": True})
+    fn = stampout.compile(lambda t: t + 1, backend=compiled)
+    assert torch.equal(fn(torch.ones(2)), torch.full((2,), 2.0))
+    assert seen == [True]
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: stampout.capture(42), "needs a function, method or nn.Module, got int"),
+    (lambda: stampout.capture(None, torch.ones(1)), "got NoneType"),
+    (lambda: stampout.compile(None), "got NoneType"),
+    (lambda: stampout.compile(torch.sin, backend="nope"), "unknown backend 'nope'"),
+    (lambda: stampout.compile(torch.sin, mode="fast"), "unknown mode 'fast'"),
+    (lambda: stampout.compile(torch.sin, mode="max-autotune", options={"max_autotune": True}), "both mode"),
+    (lambda: stampout.compile(torch.sin, options={"max_autotun": True}), "did you mean"),
+    (lambda: stampout.compile(torch.sin, backend="eager", mode="max-autotune"), "configure Inductor"),
+    (lambda: stampout.compile(torch.sin, options=[1]), "options must be a dict"),
+    (lambda: stampout.compile(torch.sin, fullgraph="yes"), "fullgraph must be True or False"),
+    (lambda: stampout.compile(torch.sin, max_entries=0), "max_entries must be a positive int"),
+    (lambda: stampout.compile(torch.sin, dynamic="sometimes"), "dynamic must be None, True or False"),
+])
+def test_bad_arguments_are_refused_at_once(call, match):
+    with pytest.raises(stampout.StampoutError, match=match) as info:
+        call()
+    lines = str(info.value).splitlines()
+    assert "test_dropin.py" in lines[1] and lines[-1].startswith("  fix: ")
+
+
+def test_repr_is_a_few_lines():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(6)])
+    x = torch.randn(2, 64)
+    cap = stampout.capture(model, x)
+    fn = stampout.compile(model.forward, backend="eager")
+    fn(x)
+    for text in (repr(cap), repr(fn)):
+        assert len(text.splitlines()) <= 6 and len(text) < 600 and "tensor(" not in text
+    assert repr(fn).startswith("CompiledFunction(Sequential.forward, backend=eager")
+    assert "captures=1" in repr(fn)
+    assert repr(stampout.compile(model, backend="eager")).startswith("CompiledModule(Sequential")
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**ENV, **env})
+
+
+def test_help_and_version_do_not_import_torch():
+    code = ("import sys\nfrom stampout.cli import main\nfor argv in (['--version'], ['--help'], ['demo', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\nprint('torch' in sys.modules)")
+    result = _run(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith("stampout 0.")
+    assert "--layers" in result.stdout
+    assert result.stdout.splitlines()[-1] == "False"
+
+
+def test_unknown_stampout_logs_names_are_refused():
+    result = _run("import stampout", STAMPOUT_LOGS="+regions,bogus")
+    assert result.returncode != 0
+    assert "StampoutError: STAMPOUT_LOGS='+regions,bogus': unknown name bogus" in result.stderr
+    assert "regions, guards, capture, backends, timing, all" in result.stderr
+    assert _run("import stampout", STAMPOUT_LOGS="+regions,guards,all").returncode == 0
+
+
+def test_public_names_survive_importing_submodules_first():
+    # `stampout.capture` and `stampout.export` are submodules too; the package loads lazily (for --help)
+    result = _run("from stampout.capture import Capture\nimport stampout.export\nimport stampout\n"
+                  "print(callable(stampout.capture), callable(stampout.export), stampout.Capture is Capture)")
+    assert result.stdout.split() == ["True", "True", "True"], result.stderr
