@@ -4,7 +4,19 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench setup clean
+VENV214  := .venv214
+PY214    := $(VENV214)/bin/python
+STAMP214 := $(VENV214)/.installed
+# torch 2.14.1 is a CUDA build: its wheel and the CUDA libraries it links against come from the local wheel
+# folder, --no-deps (the CPU kernels need them loaded, not a GPU). Pins: torch 2.14.1's own requirements.
+CUDA214  := nvidia-cublas==13.1.1.3 nvidia-cuda-nvrtc==13.0.88 nvidia-cudnn-cu13==9.24.0.43 nvidia-cufft==12.0.0.61 \
+            nvidia-cufile==1.15.1.6 nvidia-curand==10.4.0.35 nvidia-cusparse==12.6.3.3 nvidia-cusparselt-cu13==0.8.1 \
+            nvidia-nccl-cu13==2.30.7 nvidia-nvshmem-cu13==3.4.5 nvidia-nvjitlink==13.0.88
+# A representative part of the suite, without the Inductor-heavy files (CI runs on 2 cores).
+TESTS214 := tests/test_capture.py tests/test_regions.py tests/test_compile.py tests/test_export.py \
+            tests/test_dropin.py tests/test_guards.py tests/test_side_effects.py
+
+.PHONY: demo test test-214 bench setup clean
 
 setup: $(STAMP)
 
@@ -22,8 +34,20 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+$(STAMP214): pyproject.toml
+	@test -x $(PY214) || $(PYTHON) -m venv $(VENV214)
+	$(PY214) -m pip install --quiet --no-deps torch==2.14.1 $(CUDA214)
+	$(PY214) -m pip install --quiet filelock 'typing-extensions>=4.10' 'setuptools>=77.0.3' 'sympy>=1.13.3' \
+		'networkx>=2.5.1' jinja2 'fsspec>=0.8.5'
+	$(PY214) -m pip install --quiet --no-deps -e .
+	$(PY214) -m pip install --quiet rich pytest hypothesis
+	@touch $(STAMP214)
+
+test-214: $(STAMP214)
+	$(PY214) -m pytest -q -m "not inductor" $(TESTS214)
+
 bench: $(STAMP)
 	$(VENV)/bin/stampout bench
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) $(VENV214) build src/*.egg-info

@@ -4,6 +4,7 @@ once, the command line without torch, and repr sizes."""
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import random
 import subprocess
@@ -15,6 +16,7 @@ from helpers import tree_assert_close
 from torch import nn
 
 import stampout
+from stampout import timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
@@ -247,3 +249,148 @@ def test_public_names_survive_importing_submodules_first():
     result = _run("from stampout.capture import Capture\nimport stampout.export\nimport stampout\n"
                   "print(callable(stampout.capture), callable(stampout.export), stampout.Capture is Capture)")
     assert result.stdout.split() == ["True", "True", "True"], result.stderr
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x))
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_export_refuses_dynamic_shapes_keys_that_name_no_argument():
+    from torch.export import Dim
+
+    with pytest.raises(stampout.ExportError, match="names 'input_ids', which is not an argument of "
+                       "Stack.forward; its arguments: x, mask") as info:
+        stampout.export(Stack(), torch.randn(4, 8), dynamic_shapes={"input_ids": {0: Dim("b")}})
+    assert "test_dropin.py" in str(info.value).splitlines()[1]
+
+
+def test_export_with_automatic_regions():
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = Stack()
+    x = torch.randn(4, 8)
+    ep = stampout.export(model, x, dynamic_shapes={"x": {0: Dim("b", min=2, max=64)}}, regions="auto")
+    calls = ep.graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)
+    assert len(calls) == 3
+    assert [name for name, _ in ep.graph_module.named_children()] == ["repeated_subgraph0"]
+    y = torch.randn(7, 8)
+    tree_assert_close(ep.module()(y), model(y))
+    assert type(model.layers[0]) is Block  # the marking is undone
+    plain = stampout.export(model, x)
+    assert not plain.graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)
+    with pytest.raises(stampout.ExportError, match="regions must be None or 'auto'"):
+        stampout.export(model, x, regions="all")
+
+
+class ShapeBug(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return h @ x  # (2, 4) @ (2, 8)
+
+
+def test_a_shape_bug_is_reported_as_eager_reports_it(capfd):
+    model = ShapeBug()
+    with pytest.raises(RuntimeError) as eager:
+        model(torch.randn(2, 8))
+    capfd.readouterr()
+    with pytest.raises(stampout.CaptureError) as info:
+        stampout.capture(model, torch.randn(2, 8))
+    lines = str(info.value).splitlines()
+    assert lines[0] == (f"RuntimeError in matmul: {eager.value} (inputs: Tensor[2, 4] float32, Tensor[2, 8] "
+                        "float32)")
+    assert lines[1] == "  code: return h @ x  # (2, 4) @ (2, 8)"
+    assert "test_dropin.py" in lines[2] and "in forward" in lines[2]
+    err = capfd.readouterr().err
+    assert "fake_tensor.py" not in err and "failed while attempting to run meta" not in err
+
+
+def test_a_custom_op_without_a_fake_kernel_is_explained():
+    @torch.library.custom_op("stampout_test::twice", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    def program(x):
+        return twice(x).sin()
+
+    with pytest.raises(stampout.CaptureError, match="has no fake kernel") as info:
+        stampout.capture(program, torch.randn(3))
+    text = str(info.value)
+    assert "test_dropin.py" in text and 'register_fake("stampout_test::twice")' in text
+
+    @twice.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    cap = stampout.capture(program, torch.randn(3))
+    x = torch.randn(3)
+    tree_assert_close(cap(x), (x * 2).sin())
+
+
+def test_a_compiled_function_inside_a_capture_names_the_users_line():
+    inner = stampout.compile(lambda x: x.sin(), backend="eager")
+
+    def outer(x):
+        return inner(x) + 1
+
+    with pytest.raises(stampout.CaptureError, match="while another capture runs") as info:
+        stampout.capture(outer, torch.randn(3))
+    assert "test_dropin.py" in str(info.value).splitlines()[1]
+
+
+class Growing(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.lin(input_ids)
+        return h * 2 if h.shape[1] > 4 else h
+
+
+def test_guard_log_lines_are_short_and_name_the_users_dims(caplog):
+    torch.manual_seed(0)
+    model = Growing()
+    fn = stampout.compile(model, backend="eager", dynamic=True)
+    with caplog.at_level(logging.INFO, logger="stampout"):
+        for n in (6, 7, 3):
+            x = torch.randn(2, n, 8)
+            tree_assert_close(fn(x), model(x))
+        timing.RECORDS.clear()
+        with caplog.at_level(logging.INFO, logger="stampout.timing"):
+            fn(torch.randn(2, 3, 8, 2)[..., 0])  # a new stride: recaptured
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("stampout.")]
+    assert "guard failed for Growing: the symbolic capture assumed 5 <= input_ids.size(1); capturing again" in lines
+    assert not any("s0" in line or "s1" in line or "size()[" in line for line in lines), lines
+    assert all(len(line) < 700 for line in lines)
+    assert any(line.startswith("capture: Growing: ") for line in lines)
+    assert any(r.what == "capture: Growing" and "capture" in r.seconds for r in timing.RECORDS)
+
+
+def test_a_structure_difference_is_cut_short():
+    from stampout.regions.fingerprint import describe_difference
+
+    a = ((("list", tuple(range(200))),), (), (), ())
+    b = ((("list", tuple(range(201))),), (), (), ())
+    text = describe_difference(a, b, [])
+    assert text.startswith("argument structure differs: expected ((") and len(text) < 400

@@ -23,6 +23,7 @@ from .errors import CaptureError, message
 from .frames import user_location
 from .guards import is_constant
 from .names import TensorNames, root_module
+from .op_errors import quiet_fake_kernels
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import RegionFrame
@@ -84,7 +85,7 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[C
         try:
             hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
                                                   _capturing_here)
-            with hooks, entered(ctx), tracer.fake_mode, tracer.mode:
+            with hooks, quiet_fake_kernels(lambda: current() is not None), entered(ctx), tracer.fake_mode, tracer.mode:
                 yield ctx
         finally:
             while handler.frames:

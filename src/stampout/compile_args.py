@@ -34,6 +34,13 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def shorten(text: str, limit: int = 400) -> str:
+    """`text` cut to `limit` characters, saying how much was left out (log lines stay readable)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 def describe(compiled: Any) -> str:
     """A few lines: what is compiled, how, and what happened so far (never the model's tensors)."""
     fn = compiled.fn

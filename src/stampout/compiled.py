@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
+from . import timing
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
-from .compile_args import check_arguments, describe
+from .compile_args import check_arguments, describe, shorten
 from .effects import replay
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import user_location
@@ -37,7 +38,7 @@ from .regions.fingerprint import (
     without_sizes,
 )
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
-from .structure import build, flatten_inputs
+from .structure import argument_names, build, flatten_inputs
 from .torch_internals import dict_sentinel, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
@@ -338,6 +339,7 @@ class CompiledFunction:
         self.stats = CompileStats()
         self.last_capture: Capture | None = None
         self._frame_fn = frame_function(fn)
+        self._arg_names = argument_names(fn)  # labels in messages: `input_ids`, not `args[0]`
         self._entries: tuple[_Entry | _EagerEntry, ...] = ()  # replaced whole (threads read it unlocked)
         self._lock = threading.Lock()  # one recapture at a time; calls that only check guards never take it
         self._cache = RegionCache()
@@ -359,7 +361,7 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.disable:
             return self.fn(*args, **kwargs)
-        leaves, spec, labels = flatten_inputs(args, kwargs)
+        leaves, spec, labels = flatten_inputs(args, kwargs, self._arg_names)
         with torch._C.DisableTorchFunction():
             key = (fingerprint(spec, leaves), requires_grad_pattern(leaves))
         ctx = CallContext([self.fn, *leaves], self._frame_fn)
@@ -373,7 +375,7 @@ class CompiledFunction:
                         last = entries[-1]
                         reason = (last.why_not(ctx, key, labels) if isinstance(last, _Entry)
                                   else "the last capture could not be guarded")
-                        log.info("guard failed for %s: %s; capturing again", _name(self.fn), reason)
+                        log.info("guard failed for %s: %s; capturing again", _name(self.fn), shorten(reason))
                     hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
         if isinstance(entry, _EagerEntry):
@@ -419,7 +421,7 @@ class CompiledFunction:
             automatic = {s.index - 1: dims for s, dims in changed.items() if isinstance(s, Arg)}
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
             ints = self._automatic_ints(structure, ctx)
-            with marking:
+            with marking, timing.record(f"capture: {_name(self.fn)}"), timing.phase("capture"):
                 cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
                                       dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
                                       dynamic_ints=ints)
@@ -464,7 +466,8 @@ class CompiledFunction:
             )) from error
         if cap.shapes is not None:
             cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
-            log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.describe())
+            log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.summary())
+            log.debug("%s: all the symbolic capture assumes: %s", _name(self.fn), cap.shapes.describe())
         entry = _Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
         self._add(entry)
@@ -512,7 +515,7 @@ class CompiledFunction:
 
     def _remember(self, structure: tuple, args: tuple, kwargs: dict, cap: Capture) -> None:
         """What this capture saw, for the next capture with the same input structure to compare with."""
-        leaves, _, labels = flatten_inputs(args, kwargs)
+        leaves, _, labels = flatten_inputs(args, kwargs, self._arg_names)
         sizes: dict[Source, tuple[int, ...]] = {Arg(i + 1, labels[i]): tuple(leaf.shape)
                                                 for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
         sizes.update({source: tuple(t.shape) for t, source in cap.lifted

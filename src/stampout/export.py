@@ -16,6 +16,7 @@ with them, each region still traced once, and `range_constraints` carry the rang
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import re
@@ -43,10 +44,12 @@ from torch.export.graph_signature import (
 from .aoti import enable_aoti_regions
 from .capture import Capture
 from .capturing import capture_program
+from .compile_args import check_callable
 from .errors import ExportError, message
 from .frames import user_location
 from .lowering import invokes, lower, mode_switches_as_hops
 from .names import root_module
+from .regions.auto import auto_regions
 from .sources import Source
 from .structure import build, flatten_inputs, positional_names
 
@@ -56,7 +59,8 @@ _CONSTANT = (int, float, bool, str, type(None))
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 
 
-def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) -> ExportedProgram:
+def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, regions: str | None = None,
+           **kwargs: Any) -> ExportedProgram:
     """Capture `fn(*args, **kwargs)` and return it as a `torch.export.ExportedProgram`, regions kept.
 
     Example::
@@ -72,7 +76,9 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) 
         fn: an `nn.Module` (its parameters and buffers are exported under their state-dict names), a bound
             method of one, or a function (the tensors it reaches become constants of the program).
         *args, **kwargs: example inputs, as for `torch.export.export`.
-        dynamic_shapes: as for `torch.export.export` (`Dim` with ranges, `Dim.DYNAMIC`; see the module doc).
+        dynamic_shapes: as for `torch.export.export` (`Dim` with ranges, `Dim.DYNAMIC`; see the module doc); a
+            key that names no argument of `fn` is refused.
+        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions (as for `compile`).
 
     Returns:
         An `ExportedProgram` in torch.export's pre-dispatch IR; each region call is an `invoke_subgraph` over
@@ -86,10 +92,16 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) 
         CaptureError: the program cannot be captured (see `stampout.capture`).
     """
     where = user_location()
+    check_callable(fn, "export")
+    if regions not in (None, "auto"):
+        raise ExportError(message(f"regions must be None or 'auto', got {regions!r}", where,
+                                  "pass regions='auto' to mark repeated children of ModuleLists and Sequentials"))
     ranges = _dynamic_dims(fn, args, kwargs, dynamic_shapes, where)
     leaves = flatten_inputs(args, kwargs)[0]
     automatic = {i: set(ranges[id(leaf)]) for i, leaf in enumerate(leaves) if id(leaf) in ranges}
-    cap = capture_program(fn, args, kwargs, automatic=automatic, ranges=ranges)
+    root = root_module(fn)
+    with auto_regions(root) if regions == "auto" and root is not None else contextlib.nullcontext():
+        cap = capture_program(fn, args, kwargs, automatic=automatic, ranges=ranges)
     if cap.shapes is not None:
         _check_dims_stayed_dynamic(cap, leaves, ranges, where)
     enable_aoti_regions()
@@ -161,6 +173,7 @@ def _dim_specs(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any,
     if dynamic_shapes is None:
         return
     if isinstance(dynamic_shapes, dict):
+        _check_keys(dynamic_shapes, fn, bound, where)
         stack = [(name, bound.get(name), spec) for name, spec in dynamic_shapes.items()]
     elif isinstance(dynamic_shapes, (tuple, list)):
         stack = [(name, value, spec) for (name, value), spec in zip(bound.items(), dynamic_shapes)]
@@ -178,6 +191,23 @@ def _dim_specs(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any,
             stack.extend((f"{label}[{k!r}]", value.get(k), s) for k, s in spec.items())
         elif isinstance(value, (tuple, list)) and isinstance(spec, (tuple, list)):
             stack.extend((f"{label}[{i}]", v, s) for i, (v, s) in enumerate(zip(value, spec)))
+
+
+def _check_keys(dynamic_shapes: dict, fn: Callable, bound: dict[str, Any], where: str) -> None:
+    """Each key of a `dynamic_shapes` dict names an argument of `fn` (torch.export refuses others too)."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        names = [n for n in inspect.signature(target).parameters if n != "self"]
+    except (TypeError, ValueError):
+        names = []
+    names = list(dict.fromkeys([*names, *bound]))
+    unknown = [key for key in dynamic_shapes if key not in names]
+    if unknown:
+        raise ExportError(message(
+            f"dynamic_shapes names {', '.join(map(repr, unknown))}, which {'is' if len(unknown) == 1 else 'are'} not "
+            f"an argument of {getattr(target, '__qualname__', target)}; its arguments: {', '.join(names)}",
+            where, "key dynamic_shapes by the argument names (or pass a tuple in argument order)",
+        ))
 
 
 def _bound_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:

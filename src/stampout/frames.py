@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from types import FrameType
@@ -12,6 +13,7 @@ _OWN_DIRS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
 )
+_PLUMBING = (os.path.abspath(contextlib.__file__),)  # `with` machinery between stampout and the user's line
 _TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools") + os.sep  # the zoo is user code
 _FILE_IS_OWN: dict[str, bool] = {}
 
@@ -20,7 +22,7 @@ def _is_own(filename: str) -> bool:
     own = _FILE_IS_OWN.get(filename)
     if own is None:
         own = _FILE_IS_OWN[filename] = (
-            filename.startswith(_OWN_DIRS) or filename.startswith("<frozen")
+            filename.startswith(_OWN_DIRS) or filename.startswith("<frozen") or filename in _PLUMBING
         ) and not filename.startswith(_TOOLS)
     return own
 

@@ -15,6 +15,7 @@ serves every size. An expression we cannot spell in FX is specialized instead (a
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -247,6 +248,9 @@ class SymbolicValues:
 
 
 # ---- shape guards -------------------------------------------------------------------------------------
+_CALL_INDEX = re.compile(r"\.(size|stride)\(\)\[(\d+)\]")
+
+
 class ShapeGuards:
     """What a symbolic capture assumed about its dynamic inputs' sizes (ranges, relations, specializations),
     checked on real inputs; built after the backend ran (it may add assumptions of its own)."""
@@ -304,12 +308,22 @@ class ShapeGuards:
         return self._named(self._code) if self._code else "none"
 
     def why_not(self, values: list[torch.Tensor]) -> str:
-        """Which assumption `values` break."""
+        """The first assumption `values` break, and how many more they do."""
         self._frozen()
-        for clause in (c.strip() for c in self._code.split(" and ")) if self._code else ():
-            if not self._one(clause, values):
-                return self._named(clause)
-        return "no difference found"
+        clauses = [c.strip() for c in self._code.split(" and ")] if self._code else []
+        failed = [c for c in clauses if c and not self._one(c, values)]
+        if not failed:
+            return "no difference found"
+        more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        return self._named(failed[0]) + more
+
+    def summary(self, limit: int = 6) -> str:
+        """The first `limit` assumptions and how many more there are (for log lines; `describe` has all)."""
+        self._frozen()
+        clauses = [c.strip() for c in self._code.split(" and ")] if self._code else []
+        if len(clauses) <= limit:
+            return self.describe()
+        return self._named(" and ".join(clauses[:limit])) + f" and {len(clauses) - limit} more"
 
     def _one(self, clause: str, values: list[torch.Tensor]) -> bool:
         try:
@@ -320,4 +334,4 @@ class ShapeGuards:
     def _named(self, clause: str) -> str:
         for i, name in enumerate(self.names):
             clause = clause.replace(f"L['t{i}']", name)
-        return clause
+        return _CALL_INDEX.sub(r".\1(\2)", clause)  # x.size()[1] -> x.size(1), as a user writes it

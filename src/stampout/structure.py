@@ -26,6 +26,15 @@ def positional_names(fn: Any) -> tuple[str, ...]:
     return code.co_varnames[:code.co_argcount] if code is not None else ()
 
 
+def argument_names(fn: Any) -> tuple[str, ...]:
+    """The names of the arguments a call of `fn` passes positionally (a module's or bound method's `self` left
+    out): `input_ids`, `attention_mask`."""
+    import inspect
+
+    names = positional_names(fn.forward if isinstance(fn, torch.nn.Module) else fn)
+    return names[1:] if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn) else names
+
+
 def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tuple[list[Any], tuple, list[str]]:
     """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels.
 

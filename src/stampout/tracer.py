@@ -31,6 +31,7 @@ from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
 from .meta import NOT_HANDLED, MetaRunner, meta_like
+from .op_errors import op_failed
 from .regions import slots
 from .shapes import SIZES, SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
@@ -532,6 +533,10 @@ class Tracer:
                 out = func(*fake_args, **fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as error:
             return self._from_constants(func, args, kwargs, error)
+        except RuntimeError as error:  # a shape bug, a missing fake kernel: said as eager says it, at the user's line
+            if type(error) is not RuntimeError and type(error).__name__ != "UnsupportedOperatorException":
+                raise
+            raise op_failed(func, fake_args, fake_kwargs, error) from error
         self.constants.after(func, args, kwargs, out, tensors_in)
         return out
 

@@ -78,13 +78,20 @@ def _show(key: tuple) -> str:
     return f"{kind} of class {value.__qualname__}"
 
 
+def _cut(value: Any, limit: int = 160) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def describe_difference(expected: tuple, actual: tuple, labels: list[str]) -> str:
     """The first difference between two fingerprints, as a user would read it."""
     if expected[0] != actual[0]:
-        return f"argument structure differs: expected {expected[0]}, got {actual[0]}"
-    for label, a, b in zip(labels, expected[1], actual[1]):
-        if a != b:
-            return f"{label}: expected {_show(a)}, got {_show(b)}"
+        return f"argument structure differs: expected {_cut(expected[0])}, got {_cut(actual[0])}"
+    differing = [(label, a, b) for label, a, b in zip(labels, expected[1], actual[1]) if a != b]
+    if differing:
+        label, a, b = differing[0]
+        more = f" (and {len(differing) - 1} more inputs differ)" if len(differing) > 1 else ""
+        return f"{label}: expected {_show(a)}, got {_show(b)}{more}"
     if expected[3] != actual[3]:
         return f"which arguments are the same object differs: expected {expected[3]}, got {actual[3]}"
     names = ("grad mode", "autocast (cpu)", "autocast dtype (cpu)", "autocast (cuda)", "autocast dtype (cuda)",
