@@ -394,3 +394,24 @@ def test_a_structure_difference_is_cut_short():
     b = ((("list", tuple(range(201))),), (), (), ())
     text = describe_difference(a, b, [])
     assert text.startswith("argument structure differs: expected ((") and len(text) < 400
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_module_and_the_command(tmp_path):
+    """`pip install .` (not editable) installs what a build puts in the wheel: every module under src/."""
+    import zipfile
+
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "-w", str(tmp_path), ROOT], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (wheel,) = tmp_path.glob("stampout-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    src = os.path.join(ROOT, "src")
+    for folder, _, files in os.walk(os.path.join(src, "stampout")):
+        for name in files:
+            if name.endswith(".py"):
+                assert os.path.relpath(os.path.join(folder, name), src) in names
+    (entry,) = [n for n in names if n.endswith("entry_points.txt")]
+    assert "stampout = stampout.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    (meta,) = [n for n in names if n.endswith("METADATA")]
+    assert "Requires-Dist: torch<2.15,>=2.13" in zipfile.ZipFile(wheel).read(meta).decode()

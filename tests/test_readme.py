@@ -31,3 +31,16 @@ def test_readme_example_runs_and_prints_its_stats():
 def test_readme_shows_the_two_commands():
     text = README.read_text()
     assert "make demo" in text and "make test" in text
+
+
+def test_readme_starts_with_install_and_has_no_dead_links():
+    text = README.read_text()
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings[0] == "Install"
+    assert "pip install ." in text.split("## Example")[0] and "default backend is Inductor" in text
+    assert "model.forward = stampout.compile(model.forward" in text.split("## Benchmarks")[0]
+    root = README.parent
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        if "://" not in target:
+            assert (root / target).exists(), f"README links to {target}, which a clone does not have"
+    assert "](bench/out" not in text
