@@ -40,7 +40,7 @@ $(STAMP214): pyproject.toml
 	$(PY214) -m pip install --quiet filelock 'typing-extensions>=4.10' 'setuptools>=77.0.3' 'sympy>=1.13.3' \
 		'networkx>=2.5.1' jinja2 'fsspec>=0.8.5'
 	$(PY214) -m pip install --quiet --no-deps -e .
-	$(PY214) -m pip install --quiet rich pytest hypothesis
+	$(PY214) -m pip install --quiet rich numpy pytest hypothesis
 	@touch $(STAMP214)
 
 test-214: $(STAMP214)

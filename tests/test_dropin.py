@@ -415,3 +415,60 @@ def test_the_wheel_holds_every_module_and_the_command(tmp_path):
     assert "stampout = stampout.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
     (meta,) = [n for n in names if n.endswith("METADATA")]
     assert "Requires-Dist: torch<2.15,>=2.13" in zipfile.ZipFile(wheel).read(meta).decode()
+
+
+def _private_torch_names_in_source() -> set[str]:
+    import ast
+    import pathlib
+
+    def private(dotted: str) -> bool:
+        return any(p.startswith("_") and not p.startswith("__") for p in dotted.split(".")[1:])
+
+    names: set[str] = set()
+    for path in pathlib.Path(ROOT, "src", "stampout").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("torch"):
+                names.update(f"{node.module}.{a.name}" for a in node.names if private(f"{node.module}.{a.name}"))
+            elif isinstance(node, ast.Attribute):
+                parts, value = [], node
+                while isinstance(value, ast.Attribute):
+                    parts.append(value.attr)
+                    value = value.value
+                dotted = "torch." + ".".join(reversed(parts))
+                if isinstance(value, ast.Name) and value.id == "torch" and private(dotted):
+                    names.add(dotted.removesuffix(".__dict__.get"))
+    return names
+
+
+def test_every_private_torch_name_is_declared_and_exists_in_this_torch():
+    from stampout import torch_internals
+
+    declared = torch_internals.PRIVATE_NAMES
+    undeclared = sorted(n for n in _private_torch_names_in_source()
+                        if not any(n == d or n.startswith(d + ".") or d.startswith(n + ".") for d in declared))
+    assert not undeclared, f"add these to torch_internals.PRIVATE_NAMES: {undeclared}"
+    assert torch_internals.missing_private_names() == [], torch.__version__
+    assert torch_internals.VERSION in torch_internals.SUPPORTED
+
+
+class Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale=2.0):
+        ctx.scale = scale
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale * 10, None  # a backward eager would not derive: it must be the user's
+
+
+def test_autograd_function_apply_is_patched_and_restored():
+    before = dict(torch.autograd.Function.__dict__).get("apply")
+    x = torch.randn(3, requires_grad=True)
+    cap = stampout.capture(lambda t: Twice.apply(t).sin(), x)
+    assert dict(torch.autograd.Function.__dict__).get("apply") is before  # 2.13: the classmethod; 2.14: absent
+    y = x.detach().clone().requires_grad_()
+    cap(y).sum().backward()
+    x2 = x.detach().clone().requires_grad_()
+    Twice.apply(x2).sin().sum().backward()
+    tree_assert_close(y.grad, x2.grad)

@@ -71,6 +71,120 @@ def _original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     return _SAVED_APPLY.__get__(None, cls)(*args, **kwargs)
 
 
+# Every private torch name stampout uses (tests/test_dropin.py checks that the source uses no other), checked on
+# each supported torch by `missing_private_names()` (CI runs that check on 2.13 and 2.14). Most are imported
+# where they are used, lazily (Inductor and export take seconds to import); the ones whose absence would make
+# stampout misbehave rather than fail are also loaded at import above.
+PRIVATE_NAMES = (
+    "torch._C.DisableTorchFunction",
+    "torch._C.TensorBase",
+    "torch._C._FunctionBase",
+    "torch._C._dynamo.guards.RootGuardManager",
+    "torch._C._dynamo.guards.TensorGuards",
+    "torch._C._functorch._vmap_decrement_nesting",
+    "torch._C._functorch.is_functorch_wrapped_tensor",
+    "torch._C._functorch.maybe_current_level",
+    "torch._C._functorch.peek_interpreter_stack",
+    "torch._C._get_cudnn_benchmark",
+    "torch._C._get_cudnn_deterministic",
+    "torch._C._get_cudnn_enabled",
+    "torch._C._get_flash_sdp_enabled",
+    "torch._C._get_math_sdp_enabled",
+    "torch._C._get_mem_efficient_sdp_enabled",
+    "torch._C._get_mkldnn_enabled",
+    "torch._C._is_any_autocast_enabled",
+    "torch._C._is_torch_function_mode_enabled",
+    "torch._C._set_grad_enabled",
+    "torch._dynamo.guards.GuardManagerType",
+    "torch._dynamo.reset",
+    "torch._dynamo.source.LocalSource",
+    "torch._dynamo.utils.compilation_time_metrics",
+    "torch._dynamo.utils.counters",
+    "torch._export.passes.lift_constants_pass.ConstantAttrMap",
+    "torch._export.passes.lift_constants_pass.lift_constants_pass",
+    "torch._export.passes.replace_autocast_with_hop_pass.replace_autocast_with_hop_pass",
+    "torch._export.passes.replace_set_grad_with_hop_pass.replace_set_grad_with_hop_pass",
+    "torch._export.utils._compiling_state_context",
+    "torch._export.utils._maybe_find_pre_dispatch_tf_mode_for_export",
+    "torch._export.verifier.TrainingIRVerifier",
+    "torch._functorch.aot_autograd.aot_module_simplified",
+    "torch._functorch.config.patch",
+    "torch._functorch.predispatch._vmap_decrement_nesting",
+    "torch._functorch.predispatch._vmap_increment_nesting",
+    "torch._functorch.predispatch.lazy_load_decompositions",
+    "torch._guards.TracingContext",
+    "torch._guards.detect_fake_mode",
+    "torch._guards.tracing",
+    "torch._higher_order_ops.invoke_subgraph.get_invoke_subgraph_cache",
+    "torch._higher_order_ops.invoke_subgraph.invoke_subgraph",
+    "torch._higher_order_ops.invoke_subgraph.invoke_subgraph_placeholder",
+    "torch._higher_order_ops.utils.check_input_alias_and_mutation_return_outputs",
+    "torch._inductor.async_compile.AsyncCompile",
+    "torch._inductor.codecache.CppWrapperCodeCache",
+    "torch._inductor.codecache.LOCK_TIMEOUT",
+    "torch._inductor.codecache.get_lock_dir",
+    "torch._inductor.codecache.write",
+    "torch._inductor.codegen.wrapper.EnterSubgraphLine",
+    "torch._inductor.codegen.wrapper.ExitSubgraphLine",
+    "torch._inductor.compile_fx.compile_fx",
+    "torch._inductor.compile_fx.compile_fx_inner",
+    "torch._inductor.config",
+    "torch._inductor.cpp_builder.CppBuilder",
+    "torch._inductor.cpp_builder.CppTorchOptions",
+    "torch._inductor.cpp_builder.normalize_path_separator",
+    "torch._inductor.cpu_vec_isa._get_isa_dry_compile_fingerprint",
+    "torch._inductor.cpu_vec_isa.x86_isa_checker",
+    "torch._inductor.ir",
+    "torch._inductor.runtime.cache_dir_utils.cache_dir",
+    "torch._ops.HigherOrderOperator",
+    "torch._ops.OpOverload",
+    "torch._ops.OpOverloadPacket",
+    "torch._subclasses.fake_tensor.DataDependentOutputException",
+    "torch._subclasses.fake_tensor.DynamicOutputShapeException",
+    "torch._subclasses.fake_tensor.FakeTensor",
+    "torch._subclasses.fake_tensor.FakeTensorMode",
+    "torch._subclasses.fake_tensor.unset_fake_temporarily",
+    "torch.amp.autocast_mode._enter_autocast",
+    "torch.amp.autocast_mode._exit_autocast",
+    "torch.compiler.is_compiling",
+    "torch.export.dynamic_shapes._DimHint",
+    "torch.export.dynamic_shapes._DimHintType",
+    "torch.fx._lazy_graph_module._LazyGraphModule",
+    "torch.fx._lazy_graph_module._use_lazy_graph_module",
+    "torch.fx.passes.shape_prop._extract_tensor_metadata",
+    "torch.overrides._get_current_function_mode_stack",
+    "torch.utils._filelock.FileLock",
+    "torch.utils._pytree.tree_leaves",
+    "torch.utils._sympy.functions",
+    "torch.utils._sympy.numbers",
+)
+
+
+def resolve_name(dotted: str) -> Any:
+    """The object a dotted name denotes: its longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for part in parts[i:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(dotted)
+
+
+def missing_private_names() -> list[str]:
+    """The names of PRIVATE_NAMES this torch does not have (imports Inductor and export: seconds)."""
+    missing = []
+    for dotted in PRIVATE_NAMES:
+        try:
+            resolve_name(dotted)
+        except (ImportError, AttributeError):
+            missing.append(dotted)
+    return missing
+
+
 _FLAGS = (
     ("deterministic algorithms", torch.are_deterministic_algorithms_enabled),
     ("deterministic algorithms warn only", torch.is_deterministic_algorithms_warn_only_enabled),
