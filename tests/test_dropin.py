@@ -472,3 +472,29 @@ def test_autograd_function_apply_is_patched_and_restored():
     x2 = x.detach().clone().requires_grad_()
     Twice.apply(x2).sin().sum().backward()
     tree_assert_close(y.grad, x2.grad)
+
+
+def test_progress_line_on_a_terminal_only(monkeypatch):
+    import io
+    import time
+
+    from stampout import progress
+
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    terminal = io.StringIO()
+    with progress.compiling("Net", stream=terminal, force=True) as line:
+        progress.expect(2)
+        progress.compiled()
+        progress.compiled(from_cache=True)
+        deadline = time.monotonic() + 10
+        while not line.shown and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.6)  # a refresh or two
+    assert "stampout: compiling Net: 2/2 graphs, 1 from the cache" in terminal.getvalue()
+    assert progress.current() is None
+    pipe = io.StringIO()  # not a terminal: nothing, ever
+    with progress.compiling("Net", stream=pipe):
+        progress.compiled()
+        time.sleep(0.3)
+    assert pipe.getvalue() == ""
+    progress.compiled()  # no compile open: nothing to count, no error

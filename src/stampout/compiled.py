@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import timing
+from . import progress, timing
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
@@ -453,7 +453,8 @@ class CompiledFunction:
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
         try:
-            compiled = self.backend(cap.gm, example)
+            with progress.compiling(_name(self.fn)):
+                compiled = self.backend(cap.gm, example)
         except StampoutError:
             raise
         except Exception as error:

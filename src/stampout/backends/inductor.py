@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .. import timing
+from .. import progress, timing
 from ..torch_internals import INVOKE_SUBGRAPH
 from . import pipeline, split, toolchain
 
@@ -169,8 +169,10 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: 
             compiled = compile_fx(_copy(gm, example_values=True), example_inputs,
                                   inner_compile=_timed_inner_compile(what), config_patches=patches or None,
                                   ignore_shape_env=not split.symbolic(example_inputs))
-    if rec and counters["aot_autograd"]["autograd_cache_hit"] > hits:
+    hit = counters["aot_autograd"]["autograd_cache_hit"] > hits
+    if rec and hit:
         rec.move("aot autograd", "cache load", rec.seconds.get("aot autograd", 0.0) - before)
+    progress.compiled(from_cache=hit)
     return compiled
 
 
@@ -218,6 +220,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     else:
         reason = split.reason_to_compile_whole(gm, max_glue=float("inf") if GLUE == "apart" else split.THIN_GLUE)
     what = "whole graph" if reason else f"{len(split.region_calls(gm))} region calls, eager glue"
+    if reason:
+        progress.expect(1)  # (compiled apart, split.build counts the regions it will compile)
     with timing.record(f"inductor compile: {what}"), pipeline.overlapped():
         if reason:
             if has_region_calls(gm):

@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .. import progress
 from ..shapes import has_symbols, size_key, sizes_key
 from ..torch_internals import INVOKE_SUBGRAPH
 
@@ -332,6 +333,13 @@ def build(gm: fx.GraphModule, compile_region: CompileRegion, key_extra: Any = No
     compile is done once per process; `key_extra` names whatever else it depends on (config)."""
     calls = region_calls(gm)
     plans = plan(calls)
+
+    def key_of(call: RegionCall) -> tuple:
+        vals = [operand.meta["val"] for operand in call.operands]
+        return tuple(_metadata(v) for v in vals), call.grad_enabled, key_extra
+
+    progress.expect(len({(id(p.compiled_as.subgraph), key_of(p.compiled_as)) for p in plans.values()
+                         if key_of(p.compiled_as) not in _COMPILED.get(p.compiled_as.subgraph, {})}))
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     modules: dict[str, torch.nn.Module] = {}
@@ -347,7 +355,7 @@ def build(gm: fx.GraphModule, compile_region: CompileRegion, key_extra: Any = No
         else:
             compiled_as = plans[node].compiled_as
             vals = [operand.meta["val"] for operand in compiled_as.operands]
-            key = (tuple(_metadata(v) for v in vals), compiled_as.grad_enabled, key_extra)
+            key = key_of(compiled_as)
             compiled = _COMPILED.setdefault(compiled_as.subgraph, {})
             if key not in compiled:
                 with torch.set_grad_enabled(compiled_as.grad_enabled):
