@@ -498,3 +498,21 @@ def test_progress_line_on_a_terminal_only(monkeypatch):
         time.sleep(0.3)
     assert pipe.getvalue() == ""
     progress.compiled()  # no compile open: nothing to count, no error
+
+
+def test_a_compiled_child_keeps_its_parents_state_dict():
+    torch.manual_seed(0)
+    parent = nn.Sequential(nn.Linear(8, 8), Net())
+    reference = copy.deepcopy(parent)
+    keys = list(parent.state_dict())
+    parent[1] = stampout.compile(parent[1], backend="eager")
+    assert list(parent.state_dict()) == keys
+    other = nn.Sequential(nn.Linear(8, 8), Net())
+    parent.load_state_dict(other.state_dict())  # strict: every key lands in the original
+    assert torch.equal(parent[1]._orig_mod.layers[2].weight, other[1].layers[2].weight)
+    reference.load_state_dict(other.state_dict())
+    x = torch.randn(4, 8)
+    tree_assert_close(parent(x), reference(x))
+    parent.zero_grad()
+    parent.double()
+    assert parent[1]._orig_mod.scale.dtype == torch.float64

@@ -41,6 +41,11 @@ class CompiledModule(nn.Module):
         super().__init__()
         object.__setattr__(self, "_orig_mod", mod)  # not a child: names stay the original's
         object.__setattr__(self, "_compiled", compiled)
+        # One registry: nn.Module's own walks over the wrapper (a parent's state_dict/load_state_dict, to(),
+        # zero_grad()) see the original's parameters, buffers and children under the original's names.
+        # Hooks stay the wrapper's own: they run around the compiled call.
+        for registry in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+            object.__setattr__(self, registry, getattr(mod, registry))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled(*args, **kwargs)
