@@ -199,6 +199,13 @@ def test_options_are_inductor_config_patches():
     (lambda: stampout.compile(torch.sin, fullgraph="yes"), "fullgraph must be True or False"),
     (lambda: stampout.compile(torch.sin, max_entries=0), "max_entries must be a positive int"),
     (lambda: stampout.compile(torch.sin, dynamic="sometimes"), "dynamic must be None, True or False"),
+    (lambda: stampout.capture(nn.Linear(2, 2)), r"do not fit Linear.forward\(input: torch.Tensor\) -> "
+     r"torch.Tensor: missing a required argument: 'input'"),
+    (lambda: stampout.export(nn.Linear(2, 2), torch.ones(2), torch.ones(2)), "too many positional arguments"),
+    (lambda: stampout.export(None, torch.ones(1)), "stampout.export needs a function"),
+    (lambda: stampout.region(max_reuse_entries=0), "max_reuse_entries must be a positive int, got 0"),
+    (lambda: stampout.region(reuse_hash_fn=3), "reuse_hash_fn must be a callable"),
+    (lambda: stampout.region(42), "needs a Python function or an nn.Module, got int"),
 ])
 def test_bad_arguments_are_refused_at_once(call, match):
     with pytest.raises(stampout.StampoutError, match=match) as info:

@@ -7,7 +7,7 @@ from typing import Any
 
 from .capture import Capture
 from .capturing import capture_program
-from .compile_args import check_callable
+from .compile_args import check_call, check_callable
 
 
 def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
@@ -30,6 +30,7 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
         CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`).
     """
     check_callable(fn, "capture")
+    check_call(fn, args, kwargs, "capture")
     return capture_program(fn, args, kwargs)
 
 

@@ -18,6 +18,28 @@ def check_callable(fn: Any, what: str) -> None:
         ))
 
 
+def check_call(fn: Any, args: tuple, kwargs: dict, what: str) -> None:
+    """`fn(*args, **kwargs)` must bind to `fn`'s signature (a module: its forward's), as the call would."""
+    import inspect
+
+    import torch
+
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: the call itself will say
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as error:
+        name = getattr(target, "__qualname__", type(fn).__name__)
+        raise StampoutError(message(
+            f"stampout.{what}({name}, ...): the example inputs do not fit {name}{signature}: {error}",
+            user_location(3),
+            f"pass the inputs as the call would take them: stampout.{what}(fn, *args, **kwargs)",
+        )) from None
+
+
 def check_arguments(fn: Any, max_entries: Any, fullgraph: Any, disable: Any) -> None:
     check_callable(fn, "compile")
     if type(max_entries) is not int or max_entries < 1:

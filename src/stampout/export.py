@@ -44,7 +44,7 @@ from torch.export.graph_signature import (
 from .aoti import enable_aoti_regions
 from .capture import Capture
 from .capturing import capture_program
-from .compile_args import check_callable
+from .compile_args import check_call, check_callable
 from .errors import ExportError, message
 from .frames import user_location
 from .lowering import invokes, lower, mode_switches_as_hops
@@ -93,6 +93,7 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, regions: str | 
     """
     where = user_location()
     check_callable(fn, "export")
+    check_call(fn, args, kwargs, "export")
     if regions not in (None, "auto"):
         raise ExportError(message(f"regions must be None or 'auto', got {regions!r}", where,
                                   "pass regions='auto' to mark repeated children of ModuleLists and Sequentials"))

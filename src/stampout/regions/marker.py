@@ -82,13 +82,18 @@ def region(
     Returns:
         A function with the same signature (for a module instance: the instance, its forward rebound).
     """
-    if fn is None:
-        return functools.partial(region, max_reuse_entries=max_reuse_entries, reuse_hash_fn=reuse_hash_fn)
-    if not isinstance(max_reuse_entries, int) or max_reuse_entries < 1:
+    if type(max_reuse_entries) is not int or max_reuse_entries < 1:  # refused where it is written
         raise RegionError(message(
             f"max_reuse_entries must be a positive int, got {max_reuse_entries!r}",
             user_location(), "pass max_reuse_entries=8 (the default) or another positive int",
         ))
+    if reuse_hash_fn is not None and not callable(reuse_hash_fn):
+        raise RegionError(message(
+            f"reuse_hash_fn must be a callable returning an int, got {type(reuse_hash_fn).__name__}",
+            user_location(), "pass a function of the region's arguments, e.g. reuse_hash_fn=lambda self, x: 0",
+        ))
+    if fn is None:
+        return functools.partial(region, max_reuse_entries=max_reuse_entries, reuse_hash_fn=reuse_hash_fn)
     if isinstance(fn, torch.nn.Module):
         module = fn
         forward = region(type(module).forward, max_reuse_entries=max_reuse_entries,
