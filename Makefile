@@ -30,6 +30,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/stampout demo
+	# what compiling costs: Inductor on 8 layers, stampout against torch.compile (a minute or two on 2 cores)
+	$(VENV)/bin/stampout demo --layers 8 --backend inductor --against-torch-compile
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -79,6 +79,12 @@ def test_demo_small(capsys):
     assert "ok" in out
 
 
+def test_demo_against_torch_compile(capsys):
+    assert main(["demo", "--layers", "2", "--backend", "eager", "--against-torch-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "torch.compile, eager" in out and "x stampout's" in out
+
+
 def test_demo_rejects_bad_hidden(capsys):
     assert main(["demo", "--layers", "2", "--hidden", "30"]) == 2
     assert "multiple of 8" in capsys.readouterr().out

@@ -119,7 +119,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console = _console()
     try:
         result = demo.run(layers=args.layers, hidden=args.hidden, backend=args.backend,
-                          step=lambda msg: console.status(msg + "..."))
+                          step=lambda msg: console.status(msg + "..."),
+                          against_torch_compile=args.against_torch_compile)
     except ValueError as e:
         console.print(f"[red]error:[/red] {e}")
         return 2
@@ -201,6 +202,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--hidden", type=int, default=64, help="hidden size, a multiple of 8 (default: 64)")
     d.add_argument("--backend", choices=BACKENDS, default="eager",
                    help="stampout.compile backend (default: eager; inductor compiles for real: slow on few cores)")
+    d.add_argument("--against-torch-compile", action="store_true",
+                   help="also compile a fresh copy with torch.compile (same backend) and time its first call")
     d.set_defaults(run=cmd_demo)
 
     b = sub.add_parser("bench", help="capture time vs depth: stampout vs torch.compile (Dynamo) and torch.export",

@@ -40,6 +40,8 @@ class DemoResult:
     second_call_s: float
     tolerance: float = TOLERANCE
     notes: list[str] = field(default_factory=list)
+    torch_compile_s: float | None = None  # torch.compile's capture + compile + first call, same backend
+    torch_compile_diff: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,8 +69,9 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(layers: int = 80, hidden: int = 64, backend: str = "eager", step: Step = _no_step,
-        tolerance: float | None = None) -> DemoResult:
-    """Build the model, capture it, compile it with `backend`; time each step and compare with eager.
+        tolerance: float | None = None, against_torch_compile: bool = False) -> DemoResult:
+    """Build the model, capture it, compile it with `backend`; time each step and compare with eager. With
+    `against_torch_compile`, torch.compile compiles a second copy of the model with the same backend, timed too.
 
     `step(description)` is entered around each step (the CLI shows a spinner there). A result is ok when it
     differs from eager by at most `tolerance` (default `TOLERANCE`)."""
@@ -102,6 +105,15 @@ def run(layers: int = 80, hidden: int = 64, backend: str = "eager", step: Step =
             t0 = time.perf_counter()
             compiled(ids)
             second_call_s = time.perf_counter() - t0
+        torch_compile_s = torch_compile_diff = None
+        if against_torch_compile:
+            with step(f"compiling a fresh copy with torch.compile(backend={backend!r}) and running it"):
+                torch._dynamo.reset()
+                theirs = torch.compile(build_model(layers, hidden), backend=backend)
+                t0 = time.perf_counter()
+                torch_out = theirs(ids)
+                torch_compile_s = time.perf_counter() - t0
+                torch_compile_diff = _max_diff(torch_out, expected)
     notes = []
     if compiled.stats.captures != 1:
         notes.append(f"compile captured {compiled.stats.captures} times (expected 1)")
@@ -112,6 +124,7 @@ def run(layers: int = 80, hidden: int = 64, backend: str = "eager", step: Step =
         capture_diff=capture_diff,
         compile_s=compile_s, compile_diff=_max_diff(actual, expected), second_call_s=second_call_s,
         tolerance=TOLERANCE if tolerance is None else tolerance, notes=notes,
+        torch_compile_s=torch_compile_s, torch_compile_diff=torch_compile_diff,
     )
 
 
@@ -140,4 +153,8 @@ def table(result: DemoResult) -> Any:
     t.add_row(f"stampout.compile, {result.backend}", f"{result.compile_s * 1e3:.1f} ms",
               diff(result.compile_diff), "capture + compile + first call")
     t.add_row("  second call", f"{result.second_call_s * 1e3:.1f} ms", "-", "guards + compiled code")
+    if result.torch_compile_s is not None:
+        ratio = result.torch_compile_s / result.compile_s if result.compile_s else float("inf")
+        t.add_row(f"torch.compile, {result.backend}", f"{result.torch_compile_s * 1e3:.1f} ms",
+                  diff(result.torch_compile_diff), f"capture + compile + first call ({ratio:.1f}x stampout's)")
     return t
