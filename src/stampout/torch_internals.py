@@ -42,6 +42,9 @@ _COMPILER = importlib.import_module("torch.compiler")
 if not callable(getattr(_COMPILER, "is_compiling", None)):
     raise ImportError("stampout needs torch.compiler.is_compiling; install torch==2.13.0")
 _EXPORT_UTILS = importlib.import_module("torch._export.utils")
+_HOP_UTILS = importlib.import_module("torch._higher_order_ops.utils")
+if not callable(getattr(_HOP_UTILS, "_hop_compile_and_call", None)):
+    raise ImportError("stampout needs torch._higher_order_ops.utils._hop_compile_and_call; install torch==2.13.0")
 TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
 _FUNCTION = torch.autograd.function.Function
@@ -115,21 +118,28 @@ def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], 
     """For the duration of a capture: `nested_compile_region` functions call `marked_call`, vmap finds
     stampout's mode through `vmap_mode_finder(original finder)`, `torch.autograd.Function.apply` is
     `function_apply(original apply)`, and `torch.compiler.is_compiling()` is true while `capturing()` is
-    (libraries take their trace-friendly paths: transformers' MoE experts, masks). The replacements act as
-    the originals on threads that are not capturing."""
+    (libraries take their trace-friendly paths: transformers' MoE experts, masks), and `torch.cond` and the
+    other higher-order ops call their op directly instead of compiling it with dynamo (the tracer records
+    it). The replacements act as the originals on threads that are not capturing."""
     saved_placeholder = _INVOKE_MODULE.invoke_subgraph_placeholder
     saved_finder = _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export
     saved_apply = _FUNCTION.__dict__["apply"]
     saved_is_compiling = _COMPILER.is_compiling
+    saved_hop_call = _HOP_UTILS._hop_compile_and_call
 
     @functools.wraps(saved_is_compiling)
     def is_compiling() -> bool:
         return capturing() or saved_is_compiling()
 
+    @functools.wraps(saved_hop_call)
+    def hop_call(fn: Callable, args: tuple, kwargs: dict | None = None) -> Any:
+        return fn(*args, **(kwargs or {})) if capturing() else saved_hop_call(fn, args, kwargs)
+
     _INVOKE_MODULE.invoke_subgraph_placeholder = marked_call
     _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = vmap_mode_finder(saved_finder)
     _FUNCTION.apply = classmethod(function_apply(saved_apply.__func__))
     _COMPILER.is_compiling = is_compiling
+    _HOP_UTILS._hop_compile_and_call = hop_call
     try:
         yield
     finally:
@@ -137,3 +147,4 @@ def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], 
         _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = saved_finder
         _FUNCTION.apply = saved_apply
         _COMPILER.is_compiling = saved_is_compiling
+        _HOP_UTILS._hop_compile_and_call = saved_hop_call

@@ -410,6 +410,11 @@ class Tracer:
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         # The region handler's trace function shows it the user code that runs; torch's own Python under
         # this call is not user code, and skipping it keeps a trace fast.
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            from . import higher_order  # it builds on this module
+
+            if higher_order.handles(func):  # its functions run as user code (the region hook sees them)
+                return higher_order.call(self, func, args, kwargs)
         hook = sys.gettrace()
         if hook is None or self.regions is None or hook is not self.regions.trace_hook:
             return self._on_call(func, args, kwargs)
