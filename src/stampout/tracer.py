@@ -35,6 +35,7 @@ from .regions import slots
 from .shapes import SIZES, SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
 from .structure import tensors_of
+from .torch_internals import check_message
 
 log = logging.getLogger(__name__)
 
@@ -435,6 +436,9 @@ class Tracer:
                     self.regions.note_value_decision(self.constants.scope_of(args, kwargs))
                 return self.constants.evaluate(func, args, kwargs)
             self._raise_data_dependent(what)
+        if func is torch._assert and args and isinstance(args[0], torch.Tensor):
+            # `torch._assert(tensor, msg)`: a check, not data; the graph asserts it when it runs
+            return self._on_call(torch._assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
         if func is _SET_GRAD:
             func(*args, **kwargs)
             self.builder.graph.call_function(_SET_GRAD, args)
