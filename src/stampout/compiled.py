@@ -23,7 +23,7 @@ from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
 from .effects import replay
-from .errors import BackendError, GuardError, StampoutError, message
+from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
@@ -326,6 +326,7 @@ class CompiledFunction:
         self._changed_dims: dict[tuple, dict[Source, set[int]]] = {}
         self._seen_ints: dict[tuple, dict[Source, int]] = {}
         self._changed_ints: dict[tuple, set[Source]] = {}
+        self._static_only: set[tuple] = set()  # input structures whose symbolic capture failed
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -410,9 +411,7 @@ class CompiledFunction:
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
             ints = self._automatic_ints(structure, ctx)
             with marking:
-                cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
-                                      dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
-                                      dynamic_ints=ints)
+                cap = self._capture(args, kwargs, structure, automatic, held, ints)
             self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
@@ -455,6 +454,26 @@ class CompiledFunction:
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
+
+    def _capture(self, args: tuple, kwargs: dict, structure: tuple, automatic: dict, held: dict,
+                 ints: set) -> Capture:
+        """A capture with the symbolic sizes asked for; where one fails with an error of torch's (a kernel that
+        cannot take symbolic sizes), a static capture, for this input structure from now on."""
+        static = structure in self._static_only
+        symbolic = not static and (self.dynamic is True or bool(automatic or held or ints))
+        try:
+            return capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
+                                   dynamic=False if static else self.dynamic, automatic={} if static else automatic,
+                                   dynamic_sources={} if static else held, dynamic_ints=set() if static else ints)
+        except CaptureError:
+            raise
+        except Exception as error:
+            if not symbolic:
+                raise
+            log.warning("%s: capture with symbolic sizes failed (%s: %s); capturing with static sizes",
+                        _name(self.fn), type(error).__name__, str(error).strip().split("\n")[0])
+            self._static_only.add(structure)
+            return capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True, dynamic=False)
 
     def _automatic_dims(self, structure: tuple, ctx: CallContext) -> dict[Source, set[int]]:
         """The dims that changed since the last capture with this input structure, of the call's tensors

@@ -30,6 +30,7 @@ from .constants import ConstantValues, mutating
 from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
+from .kernels import Specializer, is_symbolic_limit, missing_fake_kernel, quiet_fake_logs
 from .meta import NOT_HANDLED, MetaRunner, meta_like
 from .regions import slots
 from .shapes import SIZES, SymbolicValues, Symbols, any_symbolic, symbolic_fake
@@ -499,16 +500,16 @@ class Tracer:
         else:
             fake_args, fake_kwargs = args, kwargs
         try:
-            out = func(*fake_args, **fake_kwargs)
+            with quiet_fake_logs():
+                out = func(*fake_args, **fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
             self._raise_data_dependent(f"{getattr(func, '__name__', func)} (its result depends on tensor values)")
         except RuntimeError as error:
-            if "only concrete integers" not in str(error):
-                raise
+            self._raise_unless_symbolic_limit(func, error)
             # A kernel without symbolic support (constant_pad_nd's pad widths): the sizes it takes are
             # specialized (guarded) and the op recorded with their values.
             args, kwargs = map_tensors(args, _specialize, True), map_tensors(kwargs, _specialize, True)
-            out = func(*map_tensors(fake_args, _specialize, True), **map_tensors(fake_kwargs, _specialize, True))
+            out = self._specialized(func, fake_args, fake_kwargs)
         self.constants.forget_if_mutated(func, args, kwargs)
         if not has_tensor(out) and not (out is None and tensors_in):
             return out
@@ -537,12 +538,35 @@ class Tracer:
         try:
             if tensors_in and self.meta.made(fake_args[0] if fake_args else None) and mutating(func, kwargs, args):
                 out = self.meta.mutate(func, fake_args, fake_kwargs)
-            else:
+            elif self.symbols is None:
                 out = func(*fake_args, **fake_kwargs)
+            else:
+                with quiet_fake_logs():
+                    out = func(*fake_args, **fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as error:
             return self._from_constants(func, args, kwargs, error)
+        except RuntimeError as error:
+            self._raise_unless_symbolic_limit(func, error)
+            out = self._specialized(func, fake_args, fake_kwargs)  # nn.LSTM's kernel calls numel()
         self.constants.after(func, args, kwargs, out, tensors_in)
         return out
+
+    def _raise_unless_symbolic_limit(self, func: Callable, error: RuntimeError) -> None:
+        """Re-raise `error` unless it is a kernel refusing symbolic sizes in a symbolic capture (an op without
+        a fake kernel: as a CaptureError that says how to register one)."""
+        if self.symbols is not None and is_symbolic_limit(error):
+            return
+        explained = missing_fake_kernel(func, error)
+        if explained is not None:
+            raise explained from None
+        raise error
+
+    def _specialized(self, func: Callable, fake_args: tuple, fake_kwargs: dict) -> Any:
+        """`func` on static stand-ins of its symbolic arguments (guarded: the capture holds for these sizes)."""
+        log.debug("%s cannot take symbolic sizes: specialized", getattr(func, "__name__", func))
+        static = Specializer(self.new_fake)
+        with quiet_fake_logs():
+            return func(*map_tensors(fake_args, static, True), **map_tensors(fake_kwargs, static, True))
 
     def _from_constants(self, func: Callable, args: tuple, kwargs: dict, error: Exception) -> Any:
         """A data-dependent op on constant tensors: its real result, as fakes (and known values)."""
