@@ -1,4 +1,5 @@
-"""`STAMPOUT_LOGS`: like TORCH_LOGS. A comma list of `regions`, `guards`, `capture`, `backends`, `timing`, `all`;
+"""`STAMPOUT_LOGS`: like TORCH_LOGS. A comma list of `regions`, `guards`, `capture`, `backends`, `timing`, `breaks`
+(where compile runs code eagerly, and why), `all`;
 `+name` for debug."""
 
 from __future__ import annotations
@@ -6,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-_NAMES = ("regions", "guards", "capture", "backends", "timing")
+_NAMES = ("regions", "guards", "capture", "backends", "timing", "breaks")
 
 
 def configure(spec: str | None = None) -> None:

@@ -22,11 +22,13 @@ import torch
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
+from .context import current
 from .effects import replay
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
+from .piecewise import GraphBreak, Pieces, first_line, split
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
@@ -294,11 +296,15 @@ class _Entry:
 class _EagerEntry:
     """Calls with this key run the original function: its capture read something stampout cannot guard."""
 
-    def __init__(self, key: tuple, reason: str) -> None:
+    def __init__(self, key: tuple, reason: str, pieces: Pieces | None = None) -> None:
         self.key = key
         self.reason = reason
         self.capture = None
         self.masked = None
+        self.pieces = pieces  # its children compiled (piecewise.py), or None: all of it runs eagerly
+
+    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        return fn(*args, **kwargs) if self.pieces is None else self.pieces.run(fn, args, kwargs)
 
 
 class CompiledFunction:
@@ -327,6 +333,9 @@ class CompiledFunction:
         self._seen_ints: dict[tuple, dict[Source, int]] = {}
         self._changed_ints: dict[tuple, set[Source]] = {}
         self._static_only: set[tuple] = set()  # input structures whose symbolic capture failed
+        self.path = ""  # a piece of a piecewise-compiled module: its path from the root
+        self.breaks: list[GraphBreak] = []  # where code runs eagerly and why (shared with its pieces)
+        self.pieces: dict[str, CompiledFunction] = {}  # by path: the children compiled on their own
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -368,7 +377,7 @@ class CompiledFunction:
                     hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
         if isinstance(entry, _EagerEntry):
-            return self.fn(*args, **kwargs)
+            return entry.run(self.fn, args, kwargs)
         cap = entry.capture
         self.last_capture = cap
         inputs = [leaves[i] for i in cap.input_tensor_leaves]
@@ -411,7 +420,15 @@ class CompiledFunction:
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
             ints = self._automatic_ints(structure, ctx)
             with marking:
-                cap = self._capture(args, kwargs, structure, automatic, held, ints)
+                try:
+                    cap = self._capture(args, kwargs, structure, automatic, held, ints)
+                except GuardError:
+                    raise
+                except Exception as error:  # a CaptureError, or torch's own on the fakes
+                    pieces = None if current() is not None else split(self, self._piece, first_line(error), error)
+                    if pieces is None:  # fullgraph=True, or called inside a capture
+                        raise
+                    return self._add(_EagerEntry(key, first_line(error), pieces)), ()
             self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
@@ -428,7 +445,9 @@ class CompiledFunction:
         if program.ineligible:
             log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),
                         program.ineligible[0])
-            return self._add(_EagerEntry(key, program.ineligible[0])), ()
+            return self._add(_EagerEntry(key, program.ineligible[0],
+                                         split(self, self._piece, f"cannot be guarded: it {program.ineligible[0]}",
+                                               None))), ()
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
@@ -454,6 +473,15 @@ class CompiledFunction:
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
+
+    def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:
+        """The compiled function of a child this function's eager code calls (one per child)."""
+        piece = self.pieces.get(path)
+        if piece is None:
+            piece = CompiledFunction(module, self.backend, self.max_entries, self.regions, self.dynamic)
+            piece._cache, piece.path, piece.breaks = self._cache, path, self.breaks
+            self.pieces[path] = piece
+        return piece
 
     def _capture(self, args: tuple, kwargs: dict, structure: tuple, automatic: dict, held: dict,
                  ints: set) -> Capture:
