@@ -357,6 +357,7 @@ class CompiledFunction:
             self._watch.release()
             self._entries = ()
             self._cache = RegionCache()
+            self.pieces = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leaves, spec, labels = flatten_inputs(args, kwargs)

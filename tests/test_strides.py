@@ -1,0 +1,64 @@
+"""Fake strides equal real strides: every node's `meta['val']` against the tensor eager PyTorch computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+from torch import nn
+
+import stampout
+from stampout.runner import as_call_modules
+
+
+def stride_mismatches(cap, *args):
+    """(node, real strides, fake strides) for each node whose real result is laid out otherwise than its fake."""
+    found = []
+
+    class Compare(fx.Interpreter):
+        def run_node(self, node):
+            out = super().run_node(node)
+            fake = node.meta.get("val")
+            if isinstance(out, torch.Tensor) and isinstance(fake, torch.Tensor) and out.stride() != fake.stride():
+                found.append((node.name, out.stride(), fake.stride()))
+            return out
+
+    with torch.no_grad():
+        Compare(as_call_modules(cap.gm)).run(*cap.placeholders_for(args, {}))
+    return found
+
+
+class Attention(nn.Module):
+    """diffusers' VAE attention: heads split from a linear's output, so the query is a transposed view."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(64, 3 * 64)
+        self.norm = nn.GroupNorm(16, 64)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        seq = x.view(b, c, h * w).transpose(1, 2)
+        q, k, v = (t.view(b, h * w, self.heads, -1).transpose(1, 2) for t in self.qkv(seq).chunk(3, -1))
+        out = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, h * w, c)
+        return self.norm(out.transpose(1, 2).reshape(b, c, h, w) + x)
+
+
+@pytest.mark.parametrize("heads", [1, 2])
+def test_attention_strides_match(heads):
+    torch.manual_seed(0)
+    model = Attention(heads).eval()
+    x = torch.randn(1, 64, 8, 8)
+    cap = stampout.capture(model, x)
+    assert stride_mismatches(cap, x) == []
+    torch.testing.assert_close(cap(x), model(x))
+
+
+def test_channels_last_convolution_strides_match():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU(),
+                          nn.Conv2d(16, 8, 1)).eval()
+    x = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last)
+    cap = stampout.capture(model, x)
+    assert stride_mismatches(cap, x) == []
