@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.fx as fx
@@ -62,3 +64,29 @@ def test_channels_last_convolution_strides_match():
     x = torch.randn(2, 8, 6, 6).to(memory_format=torch.channels_last)
     cap = stampout.capture(model, x)
     assert stride_mismatches(cap, x) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("regions", [None, "auto"])
+def test_vae_compiles_with_aot_eager(regions):
+    """diffusers' AutoencoderKL: fake and real layouts part after its attention block; aot_eager's group_norm
+    must take the real tensor's (forward and backward), at two sizes."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(32, 64), layers_per_block=1,
+        latent_channels=4, norm_num_groups=16, sample_size=32)
+    reference = copy.deepcopy(vae)
+    fn = stampout.compile(vae, backend="aot_eager", regions=regions)
+    for size in (32, 16):
+        x = torch.randn(1, 3, size, size)
+        out, expected = fn(x).sample, reference(x).sample
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        out.square().mean().backward()
+        expected.square().mean().backward()
+        for (name, p), q in zip(vae.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+        vae.zero_grad()
+        reference.zero_grad()
+    assert fn.breaks == []
