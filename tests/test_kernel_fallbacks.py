@@ -103,3 +103,13 @@ def test_failed_symbolic_capture_falls_back_to_static(caplog):
     assert fn.stats.captures == 2  # one static capture per size; the symbolic one is not tried again
     assert sum("SymInt" in call for call in STATIC_ONLY_CALLS) == 1
     assert any("capturing with static sizes" in r.getMessage() for r in caplog.records)
+
+
+def test_symbolic_capture_whose_guards_cannot_be_stated_falls_back_to_static():
+    """A transposed input (a size-1 dim whose stride is not the product of the others): torch cannot state
+    the symbolic capture's guards ("sources must not be empty"); compile captures with static sizes."""
+    lin = nn.Linear(4, 4)
+    fn = stampout.compile(lin, backend="aot_eager")
+    for t in (3, 5, 7, 5):
+        x = torch.randn(t, 1, 4).transpose(0, 1)
+        tree_assert_close(fn(x), lin(x))

@@ -465,7 +465,15 @@ class CompiledFunction:
                 "and report it with STAMPOUT_LOGS=+regions output",
             )) from error
         if cap.shapes is not None:
-            cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
+            try:
+                cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
+                lifted_now = cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):]
+                cap.shapes.check(cap.shapes.values(ctx.leaves[1:], lifted_now))  # the guards must run
+            except Exception as error:  # torch cannot state the capture's guards: capture with static sizes
+                log.warning("%s: the sizes a symbolic capture assumes cannot be guarded (%s: %s); capturing with "
+                            "static sizes", _name(self.fn), type(error).__name__, first_line(error))
+                self._static_only.add(structure)
+                return self._recapture(args, kwargs, key, ctx)
             log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.describe())
         entry = _Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
