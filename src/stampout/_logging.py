@@ -1,5 +1,6 @@
-"""`STAMPOUT_LOGS`: like TORCH_LOGS. A comma list of `regions`, `guards`, `capture`, `backends`, `timing`, `all`;
-`+name` for debug. An unknown name is refused (as TORCH_LOGS does), with the valid ones."""
+"""`STAMPOUT_LOGS`: like TORCH_LOGS. A comma list of `regions`, `guards`, `capture`, `backends`, `timing`, `breaks`
+(where compile runs code eagerly, and why), `all`; `+name` for debug. An unknown name is refused (as TORCH_LOGS
+does), with the valid ones."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 
 from .errors import StampoutError, message
 
-NAMES = ("regions", "guards", "capture", "backends", "timing")
+NAMES = ("regions", "guards", "capture", "backends", "timing", "breaks")
 
 
 def configure(spec: str | None = None) -> None:

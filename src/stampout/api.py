@@ -8,6 +8,8 @@ from typing import Any
 from .capture import Capture
 from .capturing import capture_program
 from .compile_args import check_call, check_callable
+from .errors import CaptureError
+from .piecewise import explain_break
 
 
 def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
@@ -35,8 +37,13 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:
-    """Capture `fn(*args, **kwargs)` and return the per-region-call report; nothing is compiled."""
-    return capture(fn, *args, **kwargs).explain()
+    """Capture `fn(*args, **kwargs)` and return the per-region-call report; nothing is compiled. A program
+    that cannot be captured gets where it breaks and why, and what `stampout.compile` runs eagerly."""
+    try:
+        cap = capture(fn, *args, **kwargs)
+    except CaptureError as error:
+        return explain_break(fn, error)
+    return cap.explain()
 
 
 def reset() -> None:

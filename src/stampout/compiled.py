@@ -24,11 +24,13 @@ from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
 from .compile_args import check_arguments, describe, shorten
+from .context import current
 from .effects import replay
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
+from .piecewise import GraphBreak, Pieces, first_line, split
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
@@ -296,11 +298,15 @@ class _Entry:
 class _EagerEntry:
     """Calls with this key run the original function: its capture read something stampout cannot guard."""
 
-    def __init__(self, key: tuple, reason: str) -> None:
+    def __init__(self, key: tuple, reason: str, pieces: Pieces | None = None) -> None:
         self.key = key
         self.reason = reason
         self.capture = None
         self.masked = None
+        self.pieces = pieces  # its children compiled (piecewise.py), or None: all of it runs eagerly
+
+    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        return fn(*args, **kwargs) if self.pieces is None else self.pieces.run(fn, args, kwargs)
 
 
 class CompiledFunction:
@@ -332,6 +338,10 @@ class CompiledFunction:
         self._changed_dims: dict[tuple, dict[Source, set[int]]] = {}
         self._seen_ints: dict[tuple, dict[Source, int]] = {}
         self._changed_ints: dict[tuple, set[Source]] = {}
+        self._static_only: set[tuple] = set()  # input structures whose symbolic capture failed
+        self.path = ""  # a piece of a piecewise-compiled module: its path from the root
+        self.breaks: list[GraphBreak] = []  # where code runs eagerly and why (shared with its pieces)
+        self.pieces: dict[str, CompiledFunction] = {}  # by path: the children compiled on their own
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -354,6 +364,7 @@ class CompiledFunction:
             self._watch.release()
             self._entries = ()
             self._cache = RegionCache()
+            self.pieces = {}
 
     def __repr__(self) -> str:
         return describe(self)
@@ -379,7 +390,7 @@ class CompiledFunction:
                     hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
         if isinstance(entry, _EagerEntry):
-            return self.fn(*args, **kwargs)
+            return entry.run(self.fn, args, kwargs)
         cap = entry.capture
         self.last_capture = cap
         inputs = [leaves[i] for i in cap.input_tensor_leaves]
@@ -422,9 +433,15 @@ class CompiledFunction:
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
             ints = self._automatic_ints(structure, ctx)
             with marking, timing.record(f"capture: {_name(self.fn)}"), timing.phase("capture"):
-                cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
-                                      dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
-                                      dynamic_ints=ints)
+                try:
+                    cap = self._capture(args, kwargs, structure, automatic, held, ints)
+                except GuardError:
+                    raise
+                except Exception as error:  # a CaptureError, or torch's own on the fakes
+                    pieces = None if current() is not None else split(self, self._piece, first_line(error), error)
+                    if pieces is None:  # fullgraph=True, or called inside a capture
+                        raise
+                    return self._add(_EagerEntry(key, first_line(error), pieces)), ()
             self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
@@ -448,7 +465,9 @@ class CompiledFunction:
                 ))
             log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),
                         program.ineligible[0])
-            return self._add(_EagerEntry(key, program.ineligible[0])), ()
+            return self._add(_EagerEntry(key, program.ineligible[0],
+                                         split(self, self._piece, f"cannot be guarded: it {program.ineligible[0]}",
+                                               None))), ()
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
@@ -466,7 +485,15 @@ class CompiledFunction:
                 "and report it with STAMPOUT_LOGS=+regions output",
             )) from error
         if cap.shapes is not None:
-            cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
+            try:
+                cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
+                lifted_now = cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):]
+                cap.shapes.check(cap.shapes.values(ctx.leaves[1:], lifted_now))  # the guards must run
+            except Exception as error:  # torch cannot state the capture's guards: capture with static sizes
+                log.warning("%s: the sizes a symbolic capture assumes cannot be guarded (%s: %s); capturing with "
+                            "static sizes", _name(self.fn), type(error).__name__, first_line(error))
+                self._static_only.add(structure)
+                return self._recapture(args, kwargs, key, ctx)
             log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.summary())
             log.debug("%s: all the symbolic capture assumes: %s", _name(self.fn), cap.shapes.describe())
         entry = _Entry(cap, compiled, key, ctx, self._watch)
@@ -476,6 +503,33 @@ class CompiledFunction:
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
+
+    def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:
+        """The compiled function of a child this function's eager code calls (one per child)."""
+        piece = self.pieces.get(path)
+        if piece is None:
+            piece = CompiledFunction(module, self.backend, self.max_entries, self.regions, self.dynamic)
+            piece._cache, piece.path, piece.breaks = self._cache, path, self.breaks
+            self.pieces[path] = piece
+        return piece
+
+    def _capture(self, args: tuple, kwargs: dict, structure: tuple, automatic: dict, held: dict,
+                 ints: set) -> Capture:
+        """A capture with the symbolic sizes asked for; where one fails with an error of torch's (a kernel that
+        cannot take symbolic sizes), a static capture, for this input structure from now on."""
+        static = structure in self._static_only
+        symbolic = not static and (self.dynamic is True or bool(automatic or held or ints))
+        try:
+            return capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
+                                   dynamic=False if static else self.dynamic, automatic={} if static else automatic,
+                                   dynamic_sources={} if static else held, dynamic_ints=set() if static else ints)
+        except Exception as error:  # (torch's errors on fakes arrive as CaptureErrors: see op_errors.py)
+            if not symbolic:
+                raise
+            log.warning("%s: capture with symbolic sizes failed (%s: %s); capturing with static sizes",
+                        _name(self.fn), type(error).__name__, str(error).strip().split("\n")[0])
+            self._static_only.add(structure)
+            return capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True, dynamic=False)
 
     def _automatic_dims(self, structure: tuple, ctx: CallContext) -> dict[Source, set[int]]:
         """The dims that changed since the last capture with this input structure, of the call's tensors

@@ -36,8 +36,14 @@ def _name(func: Callable) -> str:
     return getattr(func, "__name__", "") or ""
 
 
+# Composite ops that choose their kernel by device: on meta tensors they take another kernel than on the
+# fakes' device, with other output strides (CPU's flash attention keeps the query's layout, the math kernel
+# on meta returns a contiguous result: diffusers' VAE attention, then group_norm's memory format).
+_DEVICE_CHOSEN = frozenset({"scaled_dot_product_attention", "cdist", "lstm", "gru", "rnn_tanh", "rnn_relu"})
+
+
 def _eligible_name(name: str) -> bool:
-    if name in _DEVICE_MOVES:
+    if name in _DEVICE_MOVES or name in _DEVICE_CHOSEN:
         return False
     if name.endswith("_") and not name.endswith("__"):
         return False  # in place: the fake's own metadata may change

@@ -21,7 +21,8 @@ def as_call_modules(gm: fx.GraphModule, memo: dict[int, fx.GraphModule] | None =
     env: dict[fx.Node, fx.Node] = {}
     modules: dict[str, torch.nn.Module] = {}
     for node in gm.graph.nodes:
-        if node.op == "get_attr" and isinstance(getattr(gm, node.target, None), fx.GraphModule):
+        sub = getattr(gm, node.target, None) if node.op == "get_attr" else None
+        if isinstance(sub, fx.GraphModule) and all(user.target is INVOKE_SUBGRAPH for user in node.users):
             continue  # the subgraph is called by name below
         if node.op == "call_function" and node.target is INVOKE_SUBGRAPH:
             name = node.args[0].target
@@ -30,8 +31,8 @@ def as_call_modules(gm: fx.GraphModule, memo: dict[int, fx.GraphModule] | None =
             new = graph.call_module(name, operands)
         else:
             new = graph.node_copy(node, lambda n: env[n])
-            if node.op == "get_attr":
-                modules[node.target] = getattr(gm, node.target)
+            if node.op == "get_attr":  # a constant, or a function of a higher-order op (torch.cond's branches)
+                modules[node.target] = as_call_modules(sub, memo) if isinstance(sub, fx.GraphModule) else sub
         new.meta = dict(node.meta)
         env[node] = new
     out = fx.GraphModule(modules, graph, class_name=type(gm).__name__)

@@ -55,6 +55,11 @@ _COMPILER = importlib.import_module("torch.compiler")
 if not callable(getattr(_COMPILER, "is_compiling", None)):
     raise ImportError(_unsupported("torch.compiler.is_compiling"))
 _EXPORT_UTILS = importlib.import_module("torch._export.utils")
+_HOP_UTILS = importlib.import_module("torch._higher_order_ops.utils")
+if not callable(getattr(torch, "_check_tensor_all_with", None)):
+    raise ImportError("stampout needs torch._check_tensor_all_with; install torch==2.13.0")
+if not callable(getattr(_HOP_UTILS, "_hop_compile_and_call", None)):
+    raise ImportError("stampout needs torch._higher_order_ops.utils._hop_compile_and_call; install torch==2.13.0")
 TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
 INVOKE_SUBGRAPH = torch.ops.higher_order.invoke_subgraph
 _FUNCTION = torch.autograd.function.Function
@@ -251,20 +256,36 @@ def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], 
     """For the duration of a capture: `nested_compile_region` functions call `marked_call`, vmap finds
     stampout's mode through `vmap_mode_finder(original finder)`, `torch.autograd.Function.apply` is
     `function_apply(original apply)`, and `torch.compiler.is_compiling()` is true while `capturing()` is
-    (libraries take their trace-friendly paths: transformers' MoE experts, masks). The replacements act as
-    the originals on threads that are not capturing."""
+    (libraries take their trace-friendly paths: transformers' MoE experts, masks), and `torch.cond` and the
+    other higher-order ops call their op directly instead of compiling it with dynamo (the tracer records
+    it), and `torch._check_tensor_all(cond)` is a runtime assert in the graph. The replacements act as the
+    originals on threads that are not capturing."""
     saved_placeholder = _INVOKE_MODULE.invoke_subgraph_placeholder
     saved_finder = _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export
     saved_is_compiling = _COMPILER.is_compiling
+    saved_hop_call = _HOP_UTILS._hop_compile_and_call
+    saved_check_all = torch._check_tensor_all_with
 
     @functools.wraps(saved_is_compiling)
     def is_compiling() -> bool:
         return capturing() or saved_is_compiling()
 
+    @functools.wraps(saved_hop_call)
+    def hop_call(fn: Callable, args: tuple, kwargs: dict | None = None) -> Any:
+        return fn(*args, **(kwargs or {})) if capturing() else saved_hop_call(fn, args, kwargs)
+
+    @functools.wraps(saved_check_all)
+    def check_tensor_all_with(error_type: type, cond: Any, message: Callable[[], str] | None = None) -> None:
+        if not capturing() or not isinstance(cond, torch.Tensor) or cond.dtype != torch.bool:
+            return saved_check_all(error_type, cond, message)
+        torch._assert_async(cond.all(), check_message(message))
+
     _INVOKE_MODULE.invoke_subgraph_placeholder = marked_call
     _EXPORT_UTILS._maybe_find_pre_dispatch_tf_mode_for_export = vmap_mode_finder(saved_finder)
     _FUNCTION.apply = classmethod(function_apply(_original_apply))
     _COMPILER.is_compiling = is_compiling
+    _HOP_UTILS._hop_compile_and_call = hop_call
+    torch._check_tensor_all_with = check_tensor_all_with
     try:
         yield
     finally:
@@ -275,3 +296,21 @@ def capture_hooks(marked_call: Callable, vmap_mode_finder: Callable[[Callable], 
         else:
             del _FUNCTION.apply  # torch 2.14: Function inherits the C apply again
         _COMPILER.is_compiling = saved_is_compiling
+        _HOP_UTILS._hop_compile_and_call = saved_hop_call
+        torch._check_tensor_all_with = saved_check_all
+
+
+def check_message(message: Any) -> str:
+    """The text of a `torch._check*` message for a runtime assert (torch's default where it needs tensor values
+    that a capture does not have)."""
+    default = "Expected cond to be True, but got False."
+    if message is None:
+        return default
+    if not callable(message):
+        return str(message)
+    with torch._C.DisableTorchFunction():  # not traced: a message is no part of the program
+        try:
+            text = str(message())
+        except Exception:  # it needs tensor values: unknown while tracing
+            return default
+    return default if "FakeTensor(" in text else text

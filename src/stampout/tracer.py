@@ -30,12 +30,14 @@ from .constants import ConstantValues, mutating
 from .errors import CaptureError, message
 from .frames import user_frame, user_location, user_source_line
 from .guards import is_constant
+from .kernels import Specializer, is_symbolic_limit
 from .meta import NOT_HANDLED, MetaRunner, meta_like
 from .op_errors import op_failed
 from .regions import slots
 from .shapes import SIZES, SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
 from .structure import tensors_of
+from .torch_internals import check_message
 
 log = logging.getLogger(__name__)
 
@@ -411,6 +413,11 @@ class Tracer:
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         # The region handler's trace function shows it the user code that runs; torch's own Python under
         # this call is not user code, and skipping it keeps a trace fast.
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            from . import higher_order  # it builds on this module
+
+            if higher_order.handles(func):  # its functions run as user code (the region hook sees them)
+                return higher_order.call(self, func, args, kwargs)
         hook = sys.gettrace()
         if hook is None or self.regions is None or hook is not self.regions.trace_hook:
             return self._on_call(func, args, kwargs)
@@ -431,6 +438,9 @@ class Tracer:
                     self.regions.note_value_decision(self.constants.scope_of(args, kwargs))
                 return self.constants.evaluate(func, args, kwargs)
             self._raise_data_dependent(what)
+        if func is torch._assert and args and isinstance(args[0], torch.Tensor):
+            # `torch._assert(tensor, msg)`: a check, not data; the graph asserts it when it runs
+            return self._on_call(torch._assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
         if func is _SET_GRAD:
             func(*args, **kwargs)
             self.builder.graph.call_function(_SET_GRAD, args)
@@ -495,12 +505,12 @@ class Tracer:
         except (DataDependentOutputException, DynamicOutputShapeException):
             self._raise_data_dependent(f"{getattr(func, '__name__', func)} (its result depends on tensor values)")
         except RuntimeError as error:
-            if "only concrete integers" not in str(error):
-                raise
+            if not is_symbolic_limit(error):
+                self._raise_op_failed(func, fake_args, fake_kwargs, error)
             # A kernel without symbolic support (constant_pad_nd's pad widths): the sizes it takes are
             # specialized (guarded) and the op recorded with their values.
             args, kwargs = map_tensors(args, _specialize, True), map_tensors(kwargs, _specialize, True)
-            out = func(*map_tensors(fake_args, _specialize, True), **map_tensors(fake_kwargs, _specialize, True))
+            out = self._specialized(func, fake_args, fake_kwargs)
         self.constants.forget_if_mutated(func, args, kwargs)
         if not has_tensor(out) and not (out is None and tensors_in):
             return out
@@ -533,12 +543,26 @@ class Tracer:
                 out = func(*fake_args, **fake_kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException) as error:
             return self._from_constants(func, args, kwargs, error)
-        except RuntimeError as error:  # a shape bug, a missing fake kernel: said as eager says it, at the user's line
-            if type(error) is not RuntimeError and type(error).__name__ != "UnsupportedOperatorException":
-                raise
-            raise op_failed(func, fake_args, fake_kwargs, error) from error
+        except RuntimeError as error:
+            if self.symbols is None or not is_symbolic_limit(error):
+                self._raise_op_failed(func, fake_args, fake_kwargs, error)
+            out = self._specialized(func, fake_args, fake_kwargs)  # nn.LSTM's kernel calls numel()
         self.constants.after(func, args, kwargs, out, tensors_in)
         return out
+
+    @staticmethod
+    def _raise_op_failed(func: Callable, fake_args: tuple, fake_kwargs: dict, error: RuntimeError) -> None:
+        """A shape bug or a missing fake kernel, said as eager says it, at the user's line (other torch errors
+        propagate as they are)."""
+        if type(error) is not RuntimeError and type(error).__name__ != "UnsupportedOperatorException":
+            raise error
+        raise op_failed(func, fake_args, fake_kwargs, error) from error
+
+    def _specialized(self, func: Callable, fake_args: tuple, fake_kwargs: dict) -> Any:
+        """`func` on static stand-ins of its symbolic arguments (guarded: the capture holds for these sizes)."""
+        log.debug("%s cannot take symbolic sizes: specialized", getattr(func, "__name__", func))
+        static = Specializer(self.new_fake)
+        return func(*map_tensors(fake_args, static, True), **map_tensors(fake_kwargs, static, True))
 
     def _from_constants(self, func: Callable, args: tuple, kwargs: dict, error: Exception) -> Any:
         """A data-dependent op on constant tensors: its real result, as fakes (and known values)."""

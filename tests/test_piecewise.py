@@ -1,0 +1,185 @@
+"""Piecewise compile: the part of a model that cannot be captured runs eagerly, the rest is compiled."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+
+import pytest
+import torch
+from helpers import named_grads, tree_assert_close
+from torch import nn
+
+import stampout
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm(torch.relu(self.lin(x))) + x
+
+
+class Gate(nn.Module):
+    """Data-dependent Python: the scale is read from the data (`.item()`), then its children run."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = Block()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        scale = x.abs().max().item()  # the graph break
+        if scale > 1.0:
+            x = x / scale
+        return self.proj(self.inner(x))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(4, 8)
+        self.layers = nn.ModuleList([Block(), Gate(), Block()])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def counted(fn):
+    return {path: piece.stats.captures for path, piece in fn.pieces.items()}
+
+
+def test_item_in_a_middle_layer_compiles_the_rest(caplog):
+    model = Net()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="aot_eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for scale in (1.0, 5.0, 1.0):
+            x = (torch.randn(3, 4) * scale).requires_grad_()
+            x_ref = x.detach().clone().requires_grad_()
+            out, expected = fn(x), reference(x_ref)
+            tree_assert_close(out, expected)
+            out.sum().backward()
+            expected.sum().backward()
+            tree_assert_close(named_grads(model), named_grads(reference))
+            tree_assert_close(x.grad, x_ref.grad)
+            model.zero_grad()
+            reference.zero_grad()
+    # the root's own code runs eagerly; every other module around the break is compiled, once
+    assert counted(fn) == {"embed": 1, "layers.0": 1, "layers.1": 0, "layers.2": 1, "head": 1}
+    gate = fn.pieces["layers.1"]
+    assert counted(gate) == {"layers.1.inner": 1, "layers.1.proj": 1}
+    assert [(b.module, b.module_type) for b in fn.breaks] == [("layers.1", "Gate")]
+    assert "tensor.item()" in fn.breaks[0].reason
+    assert fn.breaks[0].where and "test_piecewise.py" in fn.breaks[0].where
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "graph break in layers.1 (Gate)" in warnings[0], warnings
+    assert "tensor.item()" in warnings[0]
+
+
+def test_user_visible_state_is_untouched():
+    model = Net()
+    before = {name: dict(vars(m)) for name, m in model.named_modules()}
+    fn = stampout.compile(model, backend="eager")
+    fn(torch.randn(3, 4))
+    assert nn.Module.__call__ is nn.Module.__dict__["__call__"]
+    assert nn.Module.__call__.__name__ == "_wrapped_call_impl"  # restored after the call
+    for name, m in model.named_modules():
+        assert set(vars(m)) == set(before[name]), name
+    # the model called directly is eager PyTorch, not redirected
+    torch.testing.assert_close(model(torch.ones(3, 4)), copy.deepcopy(model)(torch.ones(3, 4)))
+
+
+def test_fullgraph_raises_and_capture_keeps_raising():
+    model = Net()
+    with pytest.raises(stampout.CaptureError, match=r"tensor.item\(\)") as info:
+        stampout.capture(model, torch.randn(3, 4))
+    fn = stampout.compile(model, backend="eager")
+    fn.fullgraph = True  # what compile(..., fullgraph=True) sets
+    with pytest.raises(stampout.CaptureError) as again:
+        fn(torch.randn(3, 4))
+    assert str(again.value) == str(info.value)
+
+
+def test_explain_names_the_break():
+    report = stampout.explain(Net(), torch.randn(3, 4))
+    assert "graph break in layers.1 (Gate)" in report
+    assert "tensor.item()" in report
+    assert "layers.1.inner" not in report and "inner, proj" in report
+
+
+def test_stampout_logs_breaks():
+    root, breaks = logging.getLogger("stampout"), logging.getLogger("stampout.breaks")
+    handlers = list(root.handlers)
+    try:
+        stampout._logging.configure("breaks")
+        assert breaks.level == logging.INFO
+    finally:
+        breaks.setLevel(logging.NOTSET)
+        root.handlers[:] = handlers
+
+
+def test_function_that_cannot_be_captured_runs_eagerly():
+    def f(x):
+        return x * x.sum().item()
+
+    fn = stampout.compile(f, backend="eager")
+    x = torch.randn(3)
+    torch.testing.assert_close(fn(x), f(x))
+    assert [b.module_type for b in fn.breaks] == [f.__qualname__]
+
+
+def test_threads_share_a_piecewise_model():
+    model = Net()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    xs = [torch.randn(3, 4) * (i + 1) for i in range(8)]
+    results: dict[int, torch.Tensor] = {}
+
+    def work(i):
+        results[i] = fn(xs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, x in enumerate(xs):
+        torch.testing.assert_close(results[i], reference(x))
+    assert nn.Module.__call__.__name__ == "_wrapped_call_impl"
+
+
+@pytest.mark.slow
+def test_qwen2_vl_compiles_around_its_vision_position_ids():
+    """Qwen2-VL reads `grid_thw.tolist()` for its vision position ids: the vision tower's own code runs
+    eagerly, its blocks and the language model are compiled."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Qwen2VLConfig(
+        vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=4,
+                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
+        text_config=dict(vocab_size=160, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=0, eos_token_id=1, rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]}),
+        image_token_id=150, video_token_id=151, vision_start_token_id=152)
+    model = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    fn = stampout.compile(model, backend="aot_eager")
+    grid, pixels = torch.tensor([[1, 4, 4]]), torch.randn(16, 3 * 2 * 4 * 4)
+    with torch.no_grad():
+        for extra in (0, 3):
+            ids = torch.cat([torch.tensor([[152]]), torch.full((1, 4), 150), torch.randint(0, 140, (1, 4 + extra))], 1)
+            kwargs = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
+                          mm_token_type_ids=(ids == 150).long(), use_cache=False)
+            torch.testing.assert_close(fn(**kwargs).logits, model(**kwargs).logits)
+    assert fn.breaks[0].module == "model.visual" and "tensor.item()" in fn.breaks[0].reason
+    assert fn.pieces["model"].pieces["model.language_model"].stats.captures >= 1
+    assert fn.pieces["lm_head"].stats.captures >= 1
