@@ -93,6 +93,14 @@ def _op_name(func: Callable) -> str:
     return f"torch.{name}" if module.startswith("torch") and not isinstance(func, torch._ops.OpOverload) else name
 
 
+def _qualified_name(func: Callable) -> str:
+    """`namespace::name` of a torch.ops op (what register_fake takes), else the op's name."""
+    schema = getattr(func, "_schema", None)
+    if schema is not None:
+        return schema.name
+    return getattr(func, "_qualified_op_name", None) or _op_name(func)
+
+
 def op_failed(func: Callable, args: tuple, kwargs: dict, error: RuntimeError) -> CaptureError:
     """The CaptureError for `func(*args, **kwargs)` failing on fakes with `error` (to raise from it)."""
     flat = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
@@ -102,12 +110,13 @@ def op_failed(func: Callable, args: tuple, kwargs: dict, error: RuntimeError) ->
     name = _op_name(func)
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     if "fake impl" in text or "fake kernel" in text or type(error).__name__ == "UnsupportedOperatorException":
+        qualified = _qualified_name(func)
         return CaptureError(message(
-            f"{name} has no fake kernel: stampout runs the program on fake tensors, which need one to know the "
-            f"output's shape (inputs: {inputs}){code}",
+            f"the op {qualified} has no fake (meta) kernel: stampout runs the program on fake tensors, which need "
+            f"one to know the output's shape (inputs: {inputs})",
             user_location(3),
-            f"register one: @torch.library.register_fake(\"{getattr(func, '_name', name)}\") on a function that "
-            "returns torch.empty(...) of the output's shape (or the custom op's .register_fake)",
+            f"register one: @torch.library.register_fake(\"{qualified}\") on a function that returns "
+            "torch.empty(...) of the output's shape (or the custom op's .register_fake)",
         ))
     eager = _eager_error(func, args, kwargs)
     if eager is not None:

@@ -81,6 +81,10 @@ def _original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
 # where they are used, lazily (Inductor and export take seconds to import); the ones whose absence would make
 # stampout misbehave rather than fail are also loaded at import above.
 PRIVATE_NAMES = (
+    "torch._assert",
+    "torch._assert_async",
+    "torch._check_tensor_all_with",
+    "torch._prims_common.suggest_memory_format",
     "torch._C.DisableTorchFunction",
     "torch._C.TensorBase",
     "torch._C._FunctionBase",
