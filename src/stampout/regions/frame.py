@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
+from ..namespaces import TENSOR_DICT, NamespaceReads, patched_tensor_methods
 from ..shapes import SIZES, size_key, sizes_key
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
 from ..tracking import Watch, original_class, shim_class
@@ -85,6 +86,13 @@ def _hidden_state(cls: type) -> bool:
     return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
 
 
+def _by_name(value: Any) -> bool:
+    """A module attribute guarded by identity alone: a namespace, class, builtin or library function."""
+    if isinstance(value, types.FunctionType):
+        return not is_user_file(value.__code__.co_filename)
+    return isinstance(value, _BY_IDENTITY) or isinstance(value, (torch.dtype, torch.device))
+
+
 def _is_user_class_object(klass: type) -> bool:
     module = sys.modules.get(klass.__module__)
     return klass is not object and is_user_file(getattr(module, "__file__", None) or "<module>")
@@ -134,6 +142,12 @@ class RegionFrame:
                     watch.arguments.add(id(leaf))
                 self.adopt(leaf, Arg(i, labels[i]), from_arg=True)
         self._input_meta = [(i, _raw_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
+        self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
+        self.guard(Absolute(self.namespaces, "names read in modules"), Kind.NAMESPACE, None, "module attributes")
+        for name in patched_tensor_methods():
+            self.mark_ineligible(f"runs with torch.Tensor.{name} replaced by a Python function (stampout traces "
+                                 "torch's own methods only)")
         self.adopt_function(fn, None)
 
     # ---- recording ------------------------------------------------------------------------------
@@ -402,22 +416,28 @@ class RegionFrame:
 
     def _adopt_module_chains(self, module: types.ModuleType, source: Source, name: str,
                              chains: tuple[tuple[str, ...], ...], where: str) -> None:
-        """`cfg.FLAG` on a module used as a namespace: guard the attribute reached, not the module."""
-        if module.__name__.split(".")[0] == "torch":
-            return
+        """`F.gelu`, `torch.nn.functional.gelu`, `cfg.FLAG` through a module global: the module itself by
+        identity, and each attribute reached. Modules, classes, builtins and library functions found in a
+        module's `__dict__` are guarded by identity through one NamespaceReads (dict versions: a fixed cost per
+        call however many names); other values (a config constant, a user function) by their own guards."""
+        self.guard(source, Kind.ID, module, where)
         for chain in chains:
             if chain[0] != name:
                 continue
             value: Any = module
             src = source
             for attr in chain[1:]:
-                if not isinstance(value, types.ModuleType) or value.__name__.split(".")[0] == "torch":
-                    break
-                value = getattr(value, attr, MISSING)
-                src = Attr(src, attr)
                 if not isinstance(value, types.ModuleType):
-                    self.adopt(value, src, where=where)
                     break
+                namespace = value.__dict__
+                found = getattr(value, attr, MISSING)
+                src = Attr(src, attr)
+                if attr in namespace and namespace[attr] is found and _by_name(found):
+                    self.namespaces.note(namespace, value.__name__, attr, found)
+                else:
+                    self.adopt(found, src, where=where)
+                    break
+                value = found
 
     def on_read(self, obj: Any, name: str, value: Any) -> None:
         base = self.sources.get(id(obj))
