@@ -352,7 +352,7 @@ class CompiledFunction:
         leaves, spec, labels = flatten_inputs(args, kwargs)
         with torch._C.DisableTorchFunction():
             key = (fingerprint(spec, leaves), requires_grad_pattern(leaves))
-        ctx = CallContext([self.fn, *leaves], self._frame_fn)
+        ctx = CallContext([self.fn, *leaves], self._frame_fn, (args, kwargs))
         hit = self._lookup(key, ctx, leaves)
         if hit is None:
             with self._lock:

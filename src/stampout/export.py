@@ -42,9 +42,10 @@ from torch.export.graph_signature import (
 
 from .aoti import enable_aoti_regions
 from .capture import Capture
-from .capturing import capture_program
+from .capturing import capture_program, held_by_inputs
 from .errors import ExportError, message
 from .frames import user_location
+from .kept_state import kept_state
 from .lowering import invokes, lower, mode_switches_as_hops
 from .names import root_module
 from .sources import Source
@@ -89,7 +90,9 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, **kwargs: Any) 
     ranges = _dynamic_dims(fn, args, kwargs, dynamic_shapes, where)
     leaves = flatten_inputs(args, kwargs)[0]
     automatic = {i: set(ranges[id(leaf)]) for i, leaf in enumerate(leaves) if id(leaf) in ranges}
-    cap = capture_program(fn, args, kwargs, automatic=automatic, ranges=ranges)
+    labels = flatten_inputs(args, kwargs)[2]
+    with kept_state(fn, list(held_by_inputs(leaves, labels))):  # the model as it was: export runs nothing for real
+        cap = capture_program(fn, args, kwargs, automatic=automatic, ranges=ranges, real=False)
     if cap.shapes is not None:
         _check_dims_stayed_dynamic(cap, leaves, ranges, where)
     enable_aoti_regions()

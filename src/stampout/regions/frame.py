@@ -284,16 +284,17 @@ class RegionFrame:
         if not isinstance(value, tuple):
             self.containers.append((value, source, _contents(value), _copy(value)))
 
-    def note_input_containers(self, value: Any, label: str) -> None:
-        """Lists and dicts among the call's arguments (opened into leaves): changing them is a side effect."""
+    def note_input_containers(self, value: Any, source: Source) -> None:
+        """Lists and dicts among the call's arguments (opened into leaves), at `source`: what the program
+        changes in them is a side effect (replayed by compiled calls into each call's own containers)."""
         if type(value) in (list, dict):
-            self.containers.append((value, Absolute(value, label), _contents(value), _copy(value)))
+            self.containers.append((value, source, _contents(value), _copy(value)))
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
-                self.note_input_containers(item, f"{label}[{i}]")
+                self.note_input_containers(item, Item(source, i))
         elif isinstance(value, dict):
             for k, item in value.items():
-                self.note_input_containers(item, f"{label}[{k!r}]")
+                self.note_input_containers(item, Item(source, k))
 
     # ---- per-layer indices -------------------------------------------------------------------------
     def slot_read(self, obj: Any, name: str, value: int, user: types.FrameType) -> Any:
