@@ -19,7 +19,7 @@ from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
-from ..sources import MISSING, Absolute, CallContext
+from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier, map_tensors
@@ -225,9 +225,10 @@ class RegionCalls:
         with torch._C.DisableTorchFunction():
             frame = RegionFrame(region.fn, leaves, labels, self.watch)
             for i, arg in enumerate(args):
-                frame.note_input_containers(arg, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]")
+                frame.note_input_containers(
+                    arg, Input(i, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]"))
             for k, arg in kwargs.items():
-                frame.note_input_containers(arg, k)
+                frame.note_input_containers(arg, Input(k, k))
             child = Builder(tracer, parent, frame)
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:

@@ -86,6 +86,15 @@ def _hidden_state(cls: type) -> bool:
     return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
 
 
+@functools.cache
+def _fake_fields() -> frozenset[str]:
+    """The attributes every FakeTensor keeps in its `__dict__` (its mode, memos): not the program's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        return frozenset(mode.from_tensor(torch.empty(0)).__dict__)
+
+
 def _by_name(value: Any) -> bool:
     """A module attribute guarded by identity alone: a namespace, class, builtin or library function."""
     if isinstance(value, types.FunctionType):
@@ -115,6 +124,7 @@ class RegionFrame:
         self.fn = fn
         self.program = program  # the whole program's frame (compile): its stores are replayed, not refused
         self.leaves = leaves
+        self.labels = labels
         self.watch = watch
         self.sources: dict[int, Source] = {}
         self._keep: list[Any] = []
@@ -142,6 +152,8 @@ class RegionFrame:
                     watch.arguments.add(id(leaf))
                 self.adopt(leaf, Arg(i, labels[i]), from_arg=True)
         self._input_meta = [(i, _raw_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
+        self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
         self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
         self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
         self.guard(Absolute(self.namespaces, "names read in modules"), Kind.NAMESPACE, None, "module attributes")
@@ -254,6 +266,30 @@ class RegionFrame:
                 if not k.startswith("_"):
                     self.adopt(v, Item(attrs, k), where=where)
 
+    def note_tensor_fields(self, index: int, fields: dict, where: str = "") -> None:
+        """The call's input `index` is a tensor carrying Python attributes (copied onto its fake): guarded."""
+        attrs = Attr(Arg(index, self.labels[index]), "__dict__")
+        self.guard(attrs, Kind.KEYS, tuple(fields), where)
+        for k, v in fields.items():
+            self.adopt(v, Item(attrs, k), where=where)
+
+    def _close_tensor_fields(self) -> None:
+        """Attributes the traced Python set on (or deleted from) an input tensor: a store the program's
+        compiled calls replay on their own inputs; a region trace that does it cannot be stamped."""
+        internal = _fake_fields()
+        for i, t, before in self._input_fields:
+            after = t.__dict__
+            for name in [k for k in {**before, **after} if k not in internal]:
+                old, new = before.get(name, MISSING), after.get(name, MISSING)
+                if old is new:
+                    continue
+                target = f"{self.labels[i]}.{name}"
+                self.writes.append(f"{target} (set on an input tensor)")
+                if self.program:
+                    self.stores.append((t, name, new, old, target))
+                else:
+                    self.mark_ineligible(f"sets {target}, an attribute of its input tensor (a Python side effect)")
+
     def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str) -> None:
         """A Python function: a region wrapper by its innermost function, others by identity, and in both
         cases the closure cells and defaults its code reads."""
@@ -341,6 +377,7 @@ class RegionFrame:
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
         input whose shape, strides or requires_grad changed in place (a stamped call would not change them)."""
         self._close_slots()
+        self._close_tensor_fields()
         for i, meta in self._input_meta:
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)
             if _meta_key(_raw_meta(self.leaves[i])) != _meta_key(meta):
