@@ -137,7 +137,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     names = [identifier(label) for label in labels]
     fake_leaves = list(leaves)
     tensor_leaves = []
-    input_fields: dict[int, dict] = {}
+    input_fields: dict[int, tuple[tuple, dict]] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
             if dims[i]:
@@ -153,10 +153,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 tensor_leaves.append(i)
                 if has_symbols(fake):
                     tracer.symbols.bind_input(i, fake, node)
-            fields = leaf.__dict__
+            fields = {k: v for k, v in leaf.__dict__.items() if not k.startswith("_")} if leaf.__dict__ else None
             if fields:  # Python attributes the caller set on the tensor (`x.scale`): the program may read them
                 fake.__dict__.update(fields)
-                input_fields[i] = dict(fields)
+                input_fields[i] = (tuple(leaf.__dict__), fields)
             fake_leaves[i] = fake
     fake_args, fake_kwargs = rebuild_inputs(args, kwargs, fake_leaves)
     planted = _plant_ints(fn, leaves, dynamic_ints or set(), tracer) if symbolic else []
@@ -174,8 +174,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 handler.push(program)
                 if guard_program:
                     _note_input_containers(program, signature_of, fn, fake_args, fake_kwargs)
-                for i, fields in input_fields.items():
-                    program.note_tensor_fields(i + 1, fields, "attributes of the input tensors")
+                for i, (keys, fields) in input_fields.items():
+                    program.note_tensor_fields(i + 1, keys, fields, "attributes of the input tensors")
                 ctx.read, ctx.write = handler.on_read, handler.on_write
             out = fn(*fake_args, **fake_kwargs)
             slots: list[torch.Tensor] = []

@@ -24,7 +24,7 @@ from .capture import Capture
 from .capturing import capture_program, frame_function
 from .effects import replay
 from .errors import BackendError, GuardError, StampoutError, message
-from .frames import user_location
+from .frames import failed_at, user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
 from .regions.auto import auto_regions
@@ -326,6 +326,7 @@ class CompiledFunction:
         self._changed_dims: dict[tuple, dict[Source, set[int]]] = {}
         self._seen_ints: dict[tuple, dict[Source, int]] = {}
         self._changed_ints: dict[tuple, set[Source]] = {}
+        self._static: set[tuple] = set()  # input structures whose symbolic capture failed: static sizes
         self.fn = fn
         self.__wrapped__ = fn
         self.backend = resolve(backend)
@@ -410,9 +411,9 @@ class CompiledFunction:
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
             ints = self._automatic_ints(structure, ctx)
             with marking:
-                cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
-                                      dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
-                                      dynamic_ints=ints)
+                cap = self._capture(args, kwargs, structure, automatic, held, ints)
+            if cap is None:
+                return self._add(_EagerEntry(key, "its capture failed")), ()
             self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
@@ -455,6 +456,31 @@ class CompiledFunction:
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
+
+    def _capture(self, args: tuple, kwargs: dict, structure: tuple, automatic: dict, held: dict,
+                 ints: set) -> Capture | None:
+        """Capture with the sizes that changed symbolic; where an op cannot take symbolic sizes (`nn.LSTM`:
+        numel() of a symbolic tensor), capture this structure with static sizes from now on; where the capture
+        itself fails on ordinary code (`torch.autograd.grad` inside), None: these inputs run eagerly, with a
+        warning naming the user's line."""
+        static = structure in self._static
+        symbolic = not static and (bool(automatic) or bool(held) or bool(ints) or self.dynamic is True)
+        try:
+            return capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
+                                   dynamic=False if static else self.dynamic, automatic={} if static else automatic,
+                                   dynamic_sources={} if static else held, dynamic_ints=set() if static else ints)
+        except StampoutError:
+            raise
+        except Exception as error:
+            where = failed_at(error)
+            if symbolic:
+                log.warning("%s: capturing with symbolic sizes failed (%s: %s at %s); capturing these inputs with "
+                            "static sizes (one capture per size)", _name(self.fn), type(error).__name__, error, where)
+                self._static.add(structure)
+                return self._capture(args, kwargs, structure, automatic, held, ints)
+            log.warning("%s runs eagerly for these inputs: stampout could not capture it: %s: %s (at %s)",
+                        _name(self.fn), type(error).__name__, error, where)
+            return None
 
     def _automatic_dims(self, structure: tuple, ctx: CallContext) -> dict[Source, set[int]]:
         """The dims that changed since the last capture with this input structure, of the call's tensors

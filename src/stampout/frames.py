@@ -49,3 +49,17 @@ def user_source_line(skip: int = 2) -> str:
     if frame is None:
         return ""
     return linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+
+
+def failed_at(error: BaseException) -> str:
+    """`file:line in function` of the innermost user frame in `error`'s traceback ("<unknown>" if none)."""
+    from .regions.code import is_user_file
+
+    where = "<unknown>"
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    return where

@@ -266,10 +266,11 @@ class RegionFrame:
                 if not k.startswith("_"):
                     self.adopt(v, Item(attrs, k), where=where)
 
-    def note_tensor_fields(self, index: int, fields: dict, where: str = "") -> None:
-        """The call's input `index` is a tensor carrying Python attributes (copied onto its fake): guarded."""
+    def note_tensor_fields(self, index: int, keys: tuple, fields: dict, where: str = "") -> None:
+        """The call's input `index` is a tensor carrying Python attributes (`fields`, copied onto its fake; `keys`
+        all its `__dict__`'s): guarded."""
         attrs = Attr(Arg(index, self.labels[index]), "__dict__")
-        self.guard(attrs, Kind.KEYS, tuple(fields), where)
+        self.guard(attrs, Kind.KEYS, keys, where)
         for k, v in fields.items():
             self.adopt(v, Item(attrs, k), where=where)
 
@@ -279,7 +280,7 @@ class RegionFrame:
         internal = _fake_fields()
         for i, t, before in self._input_fields:
             after = t.__dict__
-            for name in [k for k in {**before, **after} if k not in internal]:
+            for name in [k for k in {**before, **after} if k not in internal and not k.startswith("_")]:
                 old, new = before.get(name, MISSING), after.get(name, MISSING)
                 if old is new:
                     continue
