@@ -194,6 +194,7 @@ _HELPERS = {
     "_module_attr": _module_attr,
     "_Tensor": torch.Tensor,
     "_Module": torch.nn.Module,
+    "_false": lambda: False,
     **RESOLVE_HELPERS,
 }
 
@@ -285,7 +286,7 @@ class Guard:
         if k is Kind.KEYS:
             return f"(isinstance({var}, dict) and tuple({var}) == {const})"
         if k is Kind.NAMESPACE:
-            return f"{var}.unchanged()"
+            return f"(({var}.sentinel or _false)() or {var}.unchanged())"  # (one C++ call while nothing moved)
         return f"_length({var}) == {const}"
 
 

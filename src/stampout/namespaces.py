@@ -43,13 +43,13 @@ def patched_tensor_methods() -> list[str]:
 class NamespaceReads:
     """(namespace dict, name) -> the object a trace found there; `unchanged()` is the per-call check."""
 
-    __slots__ = ("_reads", "_labels", "_whole", "_sentinel")
+    __slots__ = ("_reads", "_labels", "_whole", "sentinel")  # (sentinel: read by the generated guard code)
 
     def __init__(self) -> None:
         self._reads: dict[int, tuple[dict, dict[str, Any]]] = {}
         self._labels: dict[int, str] = {}
         self._whole: dict[int, tuple[dict, dict]] = {}  # namespaces guarded item by item (a class's methods)
-        self._sentinel: Callable[[], bool] | None = None
+        self.sentinel: Callable[[], bool] | None = None
 
     def __bool__(self) -> bool:
         return bool(self._reads or self._whole)
@@ -60,22 +60,22 @@ class NamespaceReads:
             entry = self._reads[id(namespace)] = (namespace, {})
             self._labels[id(namespace)] = label
         entry[1].setdefault(name, value)
-        self._sentinel = None
+        self.sentinel = None
 
     def note_whole(self, namespace: dict, label: str) -> None:
         """Every name of `namespace` as it is now (torch.Tensor's methods: a patched one changes the trace)."""
         if id(namespace) not in self._whole:
             self._whole[id(namespace)] = (namespace, dict(namespace))
             self._labels[id(namespace)] = label
-            self._sentinel = None
+            self.sentinel = None
 
     def unchanged(self) -> bool:
-        sentinel = self._sentinel
+        sentinel = self.sentinel
         if sentinel is not None and sentinel():
             return True
         if self.first_change() is not None:
             return False
-        self._sentinel = dict_sentinel([d for d, _ in (*self._reads.values(), *self._whole.values())])
+        self.sentinel = dict_sentinel([d for d, _ in (*self._reads.values(), *self._whole.values())])
         return True
 
     def first_change(self) -> str | None:
