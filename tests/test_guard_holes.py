@@ -366,3 +366,51 @@ def test_user_backend_returning_the_graph_trains_at_two_sizes(regions):
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, msg=name)
     assert compiled.stats.captures == 2
+
+
+# ------------------------------------------------------------------------ one element, two index expressions
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.layers = [torch.randn(4) for _ in range(4)]
+
+
+class _TwoIndexes(nn.Module):
+    def __init__(self, i: int, j: int) -> None:
+        super().__init__()
+        self.i, self.j = i, j
+
+    @stampout.region
+    def forward(self, x, pool):
+        return x + pool.layers[self.i] * 2 + pool.layers[self.j]
+
+
+class _TwoIndexesLocal(_TwoIndexes):
+    @stampout.region
+    def forward(self, x, pool):
+        a = pool.layers[self.i]
+        return x + a * 2 + pool.layers[self.j]
+
+
+class _TwoIndexStack(nn.Module):
+    def __init__(self, cls: type, indexes: list[tuple[int, int]]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([cls(i, j) for i, j in indexes])
+
+    def forward(self, x, pool):
+        for layer in self.layers:
+            x = layer(x, pool)
+        return x
+
+
+@pytest.mark.parametrize("cls", [_TwoIndexes, _TwoIndexesLocal])
+@pytest.mark.parametrize("indexes", [[(0, 0), (1, 0), (2, 0), (3, 3)], [(2, 2), (0, 1), (1, 1)]])
+def test_one_element_two_indexes_is_not_stamped_as_one(cls, indexes):
+    torch.manual_seed(0)
+    model = _TwoIndexStack(cls, indexes)
+    x, pool = torch.randn(4), _Pool()
+    cap = stampout.capture(model, x, pool)
+    torch.testing.assert_close(cap(x, pool), model(x, pool))
+    compiled = stampout.compile(model, backend="eager")
+    torch.testing.assert_close(compiled(x, pool), model(x, pool))
