@@ -77,6 +77,31 @@ def test_rebinding_a_function_the_program_calls_recaptures(backend, fn, owner, n
     assert compiled.stats.captures == 2
 
 
+@pytest.mark.parametrize("name", ["gelu", "linear"])
+def test_rebinding_a_function_torch_nn_modules_call_recaptures(name, monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 3), nn.GELU())
+    compiled = stampout.compile(model, backend="aot_eager")
+    x = torch.randn(2, 3)
+    compiled(x)
+    compiled(x)
+    assert compiled.stats.captures == 1
+    monkeypatch.setattr(F, name, lambda v, *args, **kwargs: v * 0 + 7)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.stats.captures == 2
+
+
+def _branches_on_compiling(x):
+    return x + 1 if torch.compiler.is_compiling() else x + 2
+
+
+def test_stampouts_own_stand_ins_are_not_guarded():
+    compiled = stampout.compile(_branches_on_compiling, backend="eager")
+    for _ in range(3):
+        compiled(torch.zeros(1))
+    assert compiled.stats.captures == 1
+
+
 def test_unrelated_write_to_a_torch_namespace_keeps_the_entry(monkeypatch):
     compiled = stampout.compile(_uses_f_gelu, backend="eager")
     x = torch.randn(4)
@@ -414,3 +439,13 @@ def test_one_element_two_indexes_is_not_stamped_as_one(cls, indexes):
     torch.testing.assert_close(cap(x, pool), model(x, pool))
     compiled = stampout.compile(model, backend="eager")
     torch.testing.assert_close(compiled(x, pool), model(x, pool))
+
+
+def _raises(x):
+    raise ValueError("boom")
+
+
+def test_program_error_propagates_unchanged_from_compile():
+    compiled = stampout.compile(_raises, backend="eager")
+    with pytest.raises(ValueError, match="boom"):
+        compiled(torch.zeros(1))

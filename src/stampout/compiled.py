@@ -24,7 +24,7 @@ from .capture import Capture
 from .capturing import capture_program, frame_function
 from .effects import replay
 from .errors import BackendError, GuardError, StampoutError, message
-from .frames import failed_at, user_location
+from .frames import failed_at, raised_by_user, user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
 from .regions.auto import auto_regions
@@ -472,6 +472,8 @@ class CompiledFunction:
         except StampoutError:
             raise
         except Exception as error:
+            if raised_by_user(error):
+                raise  # the program's own error, unchanged (as eager raises it)
             where = failed_at(error)
             if symbolic:
                 log.warning("%s: capturing with symbolic sizes failed (%s: %s at %s); capturing these inputs with "

@@ -63,3 +63,15 @@ def failed_at(error: BaseException) -> str:
             where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
         tb = tb.tb_next
     return where
+
+
+def raised_by_user(error: BaseException) -> bool:
+    """Whether the innermost frame of `error`'s traceback is user code (`raise ValueError(...)` in a forward)."""
+    from .regions.code import is_user_file
+
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return is_user_file(tb.tb_frame.f_code.co_filename)

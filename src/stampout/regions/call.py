@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import logging
 import operator
+import os
 import sys
 import types
 from typing import Any
@@ -31,6 +32,7 @@ from .frame import RegionFrame
 from .marker import Region
 
 log = logging.getLogger("stampout.regions")
+_NN_MODULES = os.path.dirname(torch.nn.modules.__file__) + os.sep  # nn.GELU.forward reads F.gelu: guarded too
 
 
 class RegionCalls:
@@ -118,6 +120,11 @@ class RegionCalls:
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:
                     f.on_code(code, g)
+        elif event == "call" and code.co_filename.startswith(_NN_MODULES):
+            g = frame.f_globals
+            with torch._C.DisableTorchFunction(), listeners(None, None):
+                for f in self.frames:
+                    f.on_library_code(code, g)
         return local
 
     def note_autograd_read(self) -> None:

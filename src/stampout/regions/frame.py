@@ -8,6 +8,7 @@ that fits none of these makes the trace ineligible for reuse.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 from collections.abc import Callable
@@ -95,10 +96,20 @@ def _fake_fields() -> frozenset[str]:
         return frozenset(mode.from_tensor(torch.empty(0)).__dict__)
 
 
+_STAMPOUT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _ours(value: Any) -> bool:
+    code = getattr(value, "__code__", None)
+    return isinstance(code, types.CodeType) and code.co_filename.startswith(_STAMPOUT_DIR)
+
+
 def _by_name(value: Any) -> bool:
-    """A module attribute guarded by identity alone: a namespace, class, builtin or library function."""
+    """A module attribute guarded by identity alone: a namespace, class, builtin or library function (not one
+    of stampout's own, which replace torch's only while a capture runs: `torch.compiler.is_compiling`)."""
     if isinstance(value, types.FunctionType):
-        return not is_user_file(value.__code__.co_filename)
+        filename = value.__code__.co_filename
+        return not is_user_file(filename) and not filename.startswith(_STAMPOUT_DIR)
     return isinstance(value, _BY_IDENTITY) or isinstance(value, (torch.dtype, torch.device))
 
 
@@ -453,6 +464,35 @@ class RegionFrame:
             self.writes.append(f"global {name} (assigned by {code.co_qualname})")
             self.mark_ineligible(f"assigns the global {name} (a Python side effect stampout does not replay)")
 
+    def on_library_code(self, code: types.CodeType, g: dict) -> None:
+        """torch.nn's module code is about to run (`nn.GELU.forward` calls `F.gelu`): the functions, classes and
+        modules it reaches through its globals are guarded by identity, in the NamespaceReads."""
+        key = (code, id(g))
+        if key in self._guarded_code:
+            return
+        self._guarded_code.add(key)
+        facts = code_facts(code)
+        label = g.get("__name__", "?")
+        for name in facts.names:
+            value = g.get(name, MISSING)
+            if value is MISSING or not _by_name(value):
+                continue
+            self.namespaces.note(g, label, name, value)
+            if isinstance(value, types.ModuleType):
+                for chain in facts.chains:
+                    if chain[0] == name:
+                        self._note_chain(value, chain[1:])
+
+    def _note_chain(self, module: types.ModuleType, attrs: tuple[str, ...]) -> None:
+        for attr in attrs:
+            found = module.__dict__.get(attr, MISSING)
+            if found is MISSING or not _by_name(found):
+                return
+            self.namespaces.note(module.__dict__, module.__name__, attr, found)
+            if not isinstance(found, types.ModuleType):
+                return
+            module = found
+
     def _adopt_module_chains(self, module: types.ModuleType, source: Source, name: str,
                              chains: tuple[tuple[str, ...], ...], where: str) -> None:
         """`F.gelu`, `torch.nn.functional.gelu`, `cfg.FLAG` through a module global: the module itself by
@@ -471,6 +511,8 @@ class RegionFrame:
                 namespace = value.__dict__
                 found = getattr(value, attr, MISSING)
                 src = Attr(src, attr)
+                if _ours(found):
+                    break  # stampout's stand-in while capturing (`torch.compiler.is_compiling`)
                 if attr in namespace and namespace[attr] is found and _by_name(found):
                     self.namespaces.note(namespace, value.__name__, attr, found)
                 else:
