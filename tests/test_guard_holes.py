@@ -449,3 +449,23 @@ def test_program_error_propagates_unchanged_from_compile():
     compiled = stampout.compile(_raises, backend="eager")
     with pytest.raises(ValueError, match="boom"):
         compiled(torch.zeros(1))
+
+
+def _fills_for_capture(x, cache):
+    cache["k"] = x * 2
+    cache.setdefault("n", 0)
+    cache["x"] = x
+    return x + 1
+
+
+def test_capture_fills_the_callers_dict_at_capture_and_every_call():
+    x = torch.ones(2)
+    mine, theirs = {"old": 1}, {"old": 1}
+    cap = stampout.capture(_fills_for_capture, x, mine)
+    _fills_for_capture(x, theirs)
+    assert _same(mine, theirs) and mine["x"] is x
+    for scale in (3.0, 5.0):
+        y = torch.full((2,), scale)
+        mine, theirs = {"old": 1}, {"old": 1}
+        torch.testing.assert_close(cap(y, mine), _fills_for_capture(y, theirs))
+        assert _same(mine, theirs) and mine["x"] is y

@@ -164,6 +164,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     program = None
     plan = None
     held = _held_by_inputs(leaves, labels) if not guard_program else _Held()
+    if not guard_program:  # the lists and dicts the call was given (rebuilt for the capture): what it stores in them
+        _hold_input_containers(held, signature_of, fn, fake_args, fake_kwargs)
     before = {id(obj): _fields(obj) for obj in held}
     try:
         with _capturing(tracer, handler, watch) as ctx:
@@ -236,10 +238,43 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         outs = sum(v.kind == "out" for *_, v in stores)
         cap.stores = stores + [(None, key, kind, Value("out", outs + k)) for k, (_, key, kind) in enumerate(left)]
         cap.unreplayable = unreplayable
+        ctx = CallContext([fn, *leaves], None, (args, kwargs))
+        if real:  # the caller's containers were not the program's (it ran on copies): stored into as eager does
+            for s, key, _, v in stores:  # (in the program's order: a dict keeps eager's key order)
+                if _in_input_container(s):
+                    holder = s.resolve(ctx, {})
+                    if v.kind != "out":
+                        holder[key] = v.get(ctx, [])
+                    elif isinstance(holder, dict):
+                        holder.setdefault(key, None)  # its real value comes from the graph, below
         if real and (plan.extra or held):  # the caller's objects end up as one eager call leaves them
-            _make_real(cap, [(s.resolve(CallContext([fn, *leaves], None), {}), key, kind)
+            _make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
     return cap
+
+
+def _hold_input_containers(held: _Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:
+    names = positional_names(signature_of)
+    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
+        names = names[1:]
+
+    def walk(value: Any, source: Source) -> None:
+        if type(value) in (list, dict):
+            dict.__setitem__(held, id(value), (value, source))
+        if type(value) in (list, tuple, dict):
+            for k, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+                walk(item, Item(source, k))
+
+    for i, value in enumerate(args):
+        walk(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
+    for key, value in kwargs.items():
+        walk(value, Input(key, key))
+
+
+def _in_input_container(source: Source) -> bool:
+    while source.base() is not None:
+        source = source.base()
+    return isinstance(source, Input)
 
 
 def _note_input_containers(program: RegionFrame, signature_of: Callable, fn: Callable, args: tuple,
