@@ -163,10 +163,10 @@ class Capture:
         leaves = flatten_inputs(args, kwargs)[0]
         n = len(outputs) - (len(self.effects.extra) if self.effects is not None else 0)
         if self.stores or self.unreplayable:
-            self._store(list(outputs[n:]), leaves)
+            self._store(list(outputs[n:]), leaves, (args, kwargs))
         return build(self.output_template, list(outputs[:n]), leaves)
 
-    def _store(self, extra: list[Any], leaves: list[Any]) -> None:
+    def _store(self, extra: list[Any], leaves: list[Any], inputs: tuple[tuple, dict]) -> None:
         """What the program stored on the call's input objects (`cache.layers[0].keys = ...`), stored again."""
         if self.unreplayable:
             raise StampoutError(message(
@@ -174,7 +174,7 @@ class Capture:
                 user_location(), "pass input objects whose structure the call does not change (for Hugging Face, "
                 "DynamicCache(config=model.config)), or capture again for each call",
             ))
-        ctx = CallContext([self.fn, *leaves], self.frame_fn)
+        ctx = CallContext([self.fn, *leaves], self.frame_fn, inputs)
         memo: dict[Source, Any] = {}
         for source, key, kind, value in self.stores:
             if source is None:

@@ -30,7 +30,7 @@ from .regions.frame import RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
 from .shapes import SIZES, ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
-from .sources import Arg, Attr, CallContext, Item, Source
+from .sources import Arg, Attr, CallContext, Input, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
 from .tracking import Watch
@@ -107,7 +107,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     automatic: dict[int, set[int]] | None = None,
                     dynamic_sources: dict[Source, set[int]] | None = None,
                     ranges: dict[int, dict[int, tuple]] | None = None,
-                    dynamic_ints: set[Source] | None = None) -> Capture:
+                    dynamic_ints: set[Source] | None = None, real: bool = True) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
     guards on everything the whole program read, recorded in `Capture.program`.
 
@@ -115,7 +115,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     and, per flat input leaf, the dims in `automatic` (see shapes.dynamic_dims); `dynamic_sources` does the same
     for tensors the program reads through its input objects (a KV cache's `layers[0].keys`). `ranges` bounds
     symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
-    symbols during the capture (inputs of the graph, read per call)."""
+    symbols during the capture (inputs of the graph, read per call). With `real=False` (export) the graph is
+    not run to store real values on the caller's objects: the caller puts its objects back itself."""
     signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
     names = positional_names(signature_of)
     if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
@@ -137,6 +138,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     names = [identifier(label) for label in labels]
     fake_leaves = list(leaves)
     tensor_leaves = []
+    input_fields: dict[int, tuple[tuple, dict]] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor):
             if dims[i]:
@@ -152,6 +154,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 tensor_leaves.append(i)
                 if has_symbols(fake):
                     tracer.symbols.bind_input(i, fake, node)
+            fields = {k: v for k, v in leaf.__dict__.items() if not k.startswith("_")} if leaf.__dict__ else None
+            if fields:  # Python attributes the caller set on the tensor (`x.scale`): the program may read them
+                fake.__dict__.update(fields)
+                input_fields[i] = (tuple(leaf.__dict__), fields)
             fake_leaves[i] = fake
     fake_args, fake_kwargs = rebuild_inputs(args, kwargs, fake_leaves)
     planted = _plant_ints(fn, leaves, dynamic_ints or set(), tracer) if symbolic else []
@@ -159,6 +165,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     program = None
     plan = None
     held = _held_by_inputs(leaves, labels) if not guard_program else _Held()
+    if not guard_program:  # the lists and dicts the call was given (rebuilt for the capture): what it stores in them
+        _hold_input_containers(held, signature_of, fn, fake_args, fake_kwargs)
     before = {id(obj): _fields(obj) for obj in held}
     try:
         with _capturing(tracer, handler, watch) as ctx:
@@ -167,6 +175,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                                       program=True)
                 handler.program = program
                 handler.push(program)
+                if guard_program:
+                    _note_input_containers(program, signature_of, fn, fake_args, fake_kwargs)
+                for i, (keys, fields) in input_fields.items():
+                    program.note_tensor_fields(i + 1, keys, fields, "attributes of the input tensors")
                 ctx.read, ctx.write = handler.on_read, handler.on_write
             out = fn(*fake_args, **fake_kwargs)
             slots: list[torch.Tensor] = []
@@ -227,10 +239,56 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         outs = sum(v.kind == "out" for *_, v in stores)
         cap.stores = stores + [(None, key, kind, Value("out", outs + k)) for k, (_, key, kind) in enumerate(left)]
         cap.unreplayable = unreplayable
-        if plan.extra or held:  # the caller's objects end up as one eager call leaves them
-            _make_real(cap, [(s.resolve(CallContext([fn, *leaves], None), {}), key, kind)
+        ctx = CallContext([fn, *leaves], None, (args, kwargs))
+        if real:  # the caller's containers were not the program's (it ran on copies): stored into as eager does
+            for s, key, _, v in stores:  # (in the program's order: a dict keeps eager's key order)
+                if _in_input_container(s):
+                    holder = s.resolve(ctx, {})
+                    if v.kind != "out":
+                        holder[key] = v.get(ctx, [])
+                    elif isinstance(holder, dict):
+                        holder.setdefault(key, None)  # its real value comes from the graph, below
+        if real and (plan.extra or held):  # the caller's objects end up as one eager call leaves them
+            _make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
     return cap
+
+
+def _hold_input_containers(held: _Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:
+    names = positional_names(signature_of)
+    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
+        names = names[1:]
+
+    def walk(value: Any, source: Source) -> None:
+        if type(value) in (list, dict):
+            dict.__setitem__(held, id(value), (value, source))
+        if type(value) in (list, tuple, dict):
+            for k, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+                walk(item, Item(source, k))
+
+    for i, value in enumerate(args):
+        walk(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
+    for key, value in kwargs.items():
+        walk(value, Input(key, key))
+
+
+def _in_input_container(source: Source) -> bool:
+    while source.base() is not None:
+        source = source.base()
+    return isinstance(source, Input)
+
+
+def _note_input_containers(program: RegionFrame, signature_of: Callable, fn: Callable, args: tuple,
+                           kwargs: dict) -> None:
+    """The lists and dicts the call was given (a KV cache dict the program fills): effects on them are planned
+    on the call's own containers, found by position (`Input`)."""
+    names = positional_names(signature_of)
+    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
+        names = names[1:]
+    for i, value in enumerate(args):
+        program.note_input_containers(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
+    for key, value in kwargs.items():
+        program.note_input_containers(value, Input(key, key))
 
 
 def _concrete_stores(program: RegionFrame, held: _Held) -> None:
@@ -407,6 +465,11 @@ def _held_by_inputs(leaves: list[Any], labels: list[str], depth: int = 3) -> _He
         if id(leaf) in _input_objects(leaves):
             walk(leaf, Arg(i + 1, label), 0)
     return held
+
+
+def held_by_inputs(leaves: list[Any], labels: list[str]) -> list[Any]:
+    """The objects and containers the call's input objects reach (what the program may change on them)."""
+    return list(_held_by_inputs(leaves, labels))
 
 
 def _modules_of(fn: Callable) -> list[Any]:

@@ -27,7 +27,7 @@ from .compile_args import check_arguments, describe, shorten
 from .context import current
 from .effects import replay
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
-from .frames import user_location
+from .frames import failed_at, raised_by_user, user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
 from .piecewise import GraphBreak, Pieces, first_line, split
@@ -338,7 +338,7 @@ class CompiledFunction:
         self._changed_dims: dict[tuple, dict[Source, set[int]]] = {}
         self._seen_ints: dict[tuple, dict[Source, int]] = {}
         self._changed_ints: dict[tuple, set[Source]] = {}
-        self._static_only: set[tuple] = set()  # input structures whose symbolic capture failed
+        self._static_only: set[tuple] = set()  # input structures whose symbolic capture failed: static sizes
         self.path = ""  # a piece of a piecewise-compiled module: its path from the root
         self.breaks: list[GraphBreak] = []  # where code runs eagerly and why (shared with its pieces)
         self.pieces: dict[str, CompiledFunction] = {}  # by path: the children compiled on their own
@@ -375,7 +375,7 @@ class CompiledFunction:
         leaves, spec, labels = flatten_inputs(args, kwargs, self._arg_names)
         with torch._C.DisableTorchFunction():
             key = (fingerprint(spec, leaves), requires_grad_pattern(leaves))
-        ctx = CallContext([self.fn, *leaves], self._frame_fn)
+        ctx = CallContext([self.fn, *leaves], self._frame_fn, (args, kwargs))
         hit = self._lookup(key, ctx, leaves)
         if hit is None:
             with self._lock:
@@ -438,6 +438,8 @@ class CompiledFunction:
                 except GuardError:
                     raise
                 except Exception as error:  # a CaptureError, or torch's own on the fakes
+                    if raised_by_user(error):
+                        raise  # the program's own error, unchanged (as eager raises it)
                     pieces = None if current() is not None else split(self, self._piece, first_line(error), error)
                     if pieces is None:  # fullgraph=True, or called inside a capture
                         raise
@@ -515,8 +517,9 @@ class CompiledFunction:
 
     def _capture(self, args: tuple, kwargs: dict, structure: tuple, automatic: dict, held: dict,
                  ints: set) -> Capture:
-        """A capture with the symbolic sizes asked for; where one fails with an error of torch's (a kernel that
-        cannot take symbolic sizes), a static capture, for this input structure from now on."""
+        """Capture with the sizes that changed symbolic; where that fails other than by the program's own error
+        (an op that cannot take symbolic sizes: `nn.LSTM`'s numel()), capture this input structure with static
+        sizes from now on. What fails with static sizes too is the caller's to split (piecewise)."""
         static = structure in self._static_only
         symbolic = not static and (self.dynamic is True or bool(automatic or held or ints))
         try:
@@ -524,12 +527,13 @@ class CompiledFunction:
                                    dynamic=False if static else self.dynamic, automatic={} if static else automatic,
                                    dynamic_sources={} if static else held, dynamic_ints=set() if static else ints)
         except Exception as error:  # (torch's errors on fakes arrive as CaptureErrors: see op_errors.py)
-            if not symbolic:
+            if not symbolic or raised_by_user(error):
                 raise
-            log.warning("%s: capture with symbolic sizes failed (%s: %s); capturing with static sizes",
-                        _name(self.fn), type(error).__name__, str(error).strip().split("\n")[0])
+            log.warning("%s: capturing with symbolic sizes failed (%s: %s at %s); capturing these inputs with "
+                        "static sizes (one capture per size)", _name(self.fn), type(error).__name__,
+                        first_line(error), failed_at(error))
             self._static_only.add(structure)
-            return capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True, dynamic=False)
+            return self._capture(args, kwargs, structure, automatic, held, ints)
 
     def _automatic_dims(self, structure: tuple, ctx: CallContext) -> dict[Source, set[int]]:
         """The dims that changed since the last capture with this input structure, of the call's tensors

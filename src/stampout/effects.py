@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .classpatch import peek
 from .guards import is_constant
 from .shapes import any_symbolic
-from .sources import MISSING, CallContext, Source
+from .sources import MISSING, Arg, CallContext, Source
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,18 @@ class Value:
         if self.kind == "seq":  # a tuple or torch.Size holding sizes the graph computes
             cls, items = self.value
             return cls(item.get(ctx, outputs) for item in items)
+        if self.kind == "new":  # a list or dict the call made (`cache.setdefault("layer0", {})`): made anew
+            cls, items = self.value
+            if cls is dict:
+                return {k: v.get(ctx, outputs) for k, v in items}
+            return [v.get(ctx, outputs) for v in items]
         return MISSING
 
 
 @dataclass(frozen=True)
 class Effect:
-    """One store to replay: `setattr` (key: attribute), `extend` (values appended), `setitem` (key)."""
+    """One store to replay: `setattr` (key: attribute), `extend` (values appended), `setitem` (key),
+    `delitem` (key), `replace` (a list's items, or a dict's: key holds its keys in order)."""
 
     op: str
     target: Source
@@ -62,6 +68,14 @@ class Effect:
                 setattr(target, self.key, values[0])
         elif self.op == "extend":
             target.extend(values)
+        elif self.op == "delitem":
+            del target[self.key]
+        elif self.op == "replace":
+            if isinstance(target, dict):
+                target.clear()
+                target.update(zip(self.key, values))
+            else:
+                target[:] = values
         else:
             target[self.key] = values[0]
 
@@ -74,6 +88,7 @@ class Plan:
         self.effects: list[Effect] = []
         self.extra: list[torch.Tensor] = []
         self.refused: str | None = None
+        self._making: set[int] = set()  # containers made by the call being planned (a cycle is refused)
         if program is not None:
             self._build()
 
@@ -83,6 +98,8 @@ class Plan:
             return Value("missing")
         if is_constant(value) and type(value) not in (list, dict, set):
             return Value("const", value)
+        if isinstance(sources.get(id(value)), Arg):  # one of the call's own inputs: that very object
+            return Value("source", sources[id(value)])
         if isinstance(value, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)):  # computed by the graph
             self.extra.append(value)
             return Value("out", len(self.extra) - 1)
@@ -91,6 +108,14 @@ class Plan:
             return None if any(i is None for i in items) else Value("seq", (type(value), tuple(items)))
         if id(value) in sources:
             return Value("source", sources[id(value)])
+        if type(value) in (list, dict) and id(value) not in self._making:  # made by the call
+            self._making.add(id(value))
+            pairs = list(value.items()) if type(value) is dict else list(enumerate(value))
+            items = [(k, self._value(v, where)) for k, v in pairs]
+            self._making.discard(id(value))
+            if all(v is not None for _, v in items):
+                return Value("new", (type(value), tuple(items) if type(value) is dict else tuple(v for _, v in items)))
+            return None
         self.refused = self.refused or f"stores a {type(value).__name__} made during the call (at {where})"
         return None
 
@@ -110,8 +135,11 @@ class Plan:
     def _container(self, container: Any, source: Source, before: Any) -> None:
         where = f"{source.name()} (changed in place)"
         if isinstance(container, dict):
-            if any(k not in container for k in before):
-                self.refused = self.refused or f"removes items from {where}"
+            keys = list(container)
+            if keys[:len(before)] != list(before):  # items removed (`del d[k]`, `pop`) or reordered
+                values = [self._value(v, where) for v in container.values()]
+                if all(v is not None for v in values):
+                    self.effects.append(Effect("replace", source, tuple(keys), tuple(values), where))
                 return
             for k, v in container.items():
                 if k not in before or before[k] is not v:
@@ -124,7 +152,9 @@ class Plan:
                 self.refused = self.refused or f"changes {where}"
             return
         if len(container) < len(before) or any(a is not b for a, b in zip(container, before)):
-            self.refused = self.refused or f"changes items of {where} other than by appending"
+            values = [self._value(v, where) for v in container]  # insert, pop, sort, item stores: the whole list
+            if all(v is not None for v in values):
+                self.effects.append(Effect("replace", source, None, tuple(values), where))
             return
         values = [self._value(v, where) for v in container[len(before):]]
         if values and all(v is not None for v in values):

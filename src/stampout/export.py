@@ -43,10 +43,11 @@ from torch.export.graph_signature import (
 
 from .aoti import enable_aoti_regions
 from .capture import Capture
-from .capturing import capture_program
+from .capturing import capture_program, held_by_inputs
 from .compile_args import check_call, check_callable
 from .errors import ExportError, message
 from .frames import user_location
+from .kept_state import kept_state
 from .lowering import invokes, lower, mode_switches_as_hops
 from .names import root_module
 from .regions.auto import auto_regions
@@ -101,8 +102,10 @@ def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, regions: str | 
     leaves = flatten_inputs(args, kwargs)[0]
     automatic = {i: set(ranges[id(leaf)]) for i, leaf in enumerate(leaves) if id(leaf) in ranges}
     root = root_module(fn)
-    with auto_regions(root) if regions == "auto" and root is not None else contextlib.nullcontext():
-        cap = capture_program(fn, args, kwargs, automatic=automatic, ranges=ranges)
+    labels = flatten_inputs(args, kwargs)[2]
+    with (auto_regions(root) if regions == "auto" and root is not None else contextlib.nullcontext(),
+          kept_state(fn, list(held_by_inputs(leaves, labels)))):  # the model as it was: export runs nothing for real
+        cap = capture_program(fn, args, kwargs, automatic=automatic, ranges=ranges, real=False)
     if cap.shapes is not None:
         _check_dims_stayed_dynamic(cap, leaves, ranges, where)
     enable_aoti_regions()

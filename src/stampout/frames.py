@@ -51,3 +51,29 @@ def user_source_line(skip: int = 2) -> str:
     if frame is None:
         return ""
     return linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+
+
+def failed_at(error: BaseException) -> str:
+    """`file:line in function` of the innermost user frame in `error`'s traceback ("<unknown>" if none)."""
+    from .regions.code import is_user_file
+
+    where = "<unknown>"
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_user_file(code.co_filename):
+            where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    return where
+
+
+def raised_by_user(error: BaseException) -> bool:
+    """Whether the innermost frame of `error`'s traceback is user code (`raise ValueError(...)` in a forward)."""
+    from .regions.code import is_user_file
+
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return is_user_file(tb.tb_frame.f_code.co_filename)

@@ -163,6 +163,7 @@ class Kind(enum.Enum):
     KEYS = "dict keys"
     NO_OVERRIDE = "no per-instance override"  # absent, or one of stampout's transient auto-region marks
     SAME = "same object as"  # expected: another Source that must resolve to the very same object
+    NAMESPACE = "names in namespaces"  # source: a NamespaceReads (namespaces.py); it checks itself
 
 
 # How each kind reads its value, and the expression the generated predicate tests.
@@ -193,6 +194,7 @@ _HELPERS = {
     "_module_attr": _module_attr,
     "_Tensor": torch.Tensor,
     "_Module": torch.nn.Module,
+    "_false": lambda: False,
     **RESOLVE_HELPERS,
 }
 
@@ -218,6 +220,8 @@ class Guard:
             return value is MISSING or is_auto_mark(value)
         if self.kind is Kind.ID:
             return value is self.expected
+        if self.kind is Kind.NAMESPACE:
+            return value.unchanged()
         return _OBSERVE[self.kind](value) == self.expected
 
     def observe(self, value: Any) -> str:
@@ -228,6 +232,8 @@ class Guard:
             return type(value).__qualname__
         if self.kind is Kind.SAME:
             return f"another object (<{type(value).__name__} object at {id(value):#x}>)"
+        if self.kind is Kind.NAMESPACE:
+            return value.describe()
         return self._show(_OBSERVE[self.kind](value))
 
     def expected_text(self) -> str:
@@ -237,6 +243,8 @@ class Guard:
             return "<missing>"
         if self.kind is Kind.SAME:
             return f"the object at {self.expected.name()}"
+        if self.kind is Kind.NAMESPACE:
+            return "every name as read"
         return self._show(self.expected)
 
     def _show(self, observed: Any) -> str:
@@ -277,6 +285,8 @@ class Guard:
             return f"(isinstance({var}, _Module) and _hooks_key({var}) == {const})"
         if k is Kind.KEYS:
             return f"(isinstance({var}, dict) and tuple({var}) == {const})"
+        if k is Kind.NAMESPACE:
+            return f"(({var}.sentinel or _false)() or {var}.unchanged())"  # (one C++ call while nothing moved)
         return f"_length({var}) == {const}"
 
 

@@ -68,11 +68,12 @@ class Source:
 class CallContext:
     """What sources are resolved against: the flat input leaves of a call and the called function."""
 
-    __slots__ = ("leaves", "fn")
+    __slots__ = ("leaves", "fn", "inputs")
 
-    def __init__(self, leaves: list[Any], fn: Callable | None) -> None:
+    def __init__(self, leaves: list[Any], fn: Callable | None, inputs: tuple[tuple, dict] | None = None) -> None:
         self.leaves = leaves
         self.fn = fn
+        self.inputs = inputs  # the call's (args, kwargs): its lists and dicts, which no leaf names
 
 
 class Arg(Source):
@@ -99,6 +100,38 @@ class Arg(Source):
 
     def expr(self, base_expr: str) -> str:
         return f"_leaf(leaves, {self.index})"
+
+
+class Input(Source):
+    """A positional (`position` an int) or keyword argument of the call, as passed: a list or dict the program
+    may fill (opened into leaves, so no Arg names it). Replayed effects resolve it; guards never read it (the
+    fingerprint holds the containers' structure)."""
+
+    __slots__ = ("position", "label")
+
+    def __init__(self, position: int | str, label: str) -> None:
+        self.position = position
+        self.label = label
+
+    def key(self) -> tuple:
+        return ("input", self.position)
+
+    def name(self) -> str:
+        return self.label
+
+    def rebase(self, fn):
+        return fn(self)
+
+    def _step(self, ctx, memo):
+        if ctx.inputs is None:
+            return MISSING
+        args, kwargs = ctx.inputs
+        if type(self.position) is int:
+            return args[self.position] if self.position < len(args) else MISSING
+        return kwargs.get(self.position, MISSING)
+
+    def expr(self, base_expr: str) -> str:
+        return "_MISSING"
 
 
 class Absolute(Source):

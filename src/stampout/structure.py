@@ -70,10 +70,62 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def aliases_of(leaves: list[Any]) -> tuple[int, ...]:
-    """For each leaf, the index of the first leaf that is the same object (which inputs alias)."""
+def aliases_of(leaves: list[Any]) -> tuple:
+    """For each leaf, the index of the first leaf that is the same object (which inputs alias); then, when
+    distinct tensors share memory (`base[:5]` and `base[1:]`: one is a view), the pairs whose bytes overlap,
+    so an in-place op traced on disjoint inputs is not reused on overlapping ones."""
     first: dict[int, int] = {}
-    return tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
+    same = tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
+    if not any(isinstance(leaf, torch.Tensor) and leaf._is_view() for leaf in leaves):
+        return same  # (tensors share storage only through views)
+    overlaps = _overlaps(leaves, same)
+    return same + (overlaps,) if overlaps else same
+
+
+def _overlaps(leaves: list[Any], same: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    by_storage: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    pairs = []
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, torch.Tensor) or same[i] != i or leaf.layout is not torch.strided:
+            continue
+        if getattr(leaf, "_has_symbolic_sizes_strides", False) or leaf.numel() == 0:
+            continue  # (symbolic ranges: comparing them would specialize them)
+        group = by_storage.setdefault(leaf.untyped_storage()._cdata, [])
+        pairs.extend((j, i) for j, other in group if _may_overlap(other, leaf))
+        group.append((i, leaf))
+    return tuple(pairs)
+
+
+def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two strided views of one storage may share an element: exact for views with the same sizes
+    and strides laid out without self-overlap (the halves of a split); otherwise by their byte ranges."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        start = t.storage_offset() * t.element_size()
+        return start, start + t.element_size() * (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())))
+
+    (s0, e0), (s1, e1) = span(a), span(b)
+    if not (s0 < e1 and s1 < e0):
+        return False
+    if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+        return True
+    dims = sorted((s, n) for n, s in zip(a.shape, a.stride()) if n > 1)
+    reach = 0
+    for s, n in dims:  # innermost first: each stride must pass everything inside it
+        if s <= reach:
+            return True
+        reach += (n - 1) * s
+    return _reachable(b.storage_offset() - a.storage_offset(), dims[::-1])
+
+
+def _reachable(d: int, dims: list[tuple[int, int]]) -> bool:
+    """Whether d = sum(k * stride) with |k| < size for each (stride, size), strides nested (largest first)."""
+    if not dims:
+        return d == 0
+    (s, n), rest = dims[0], dims[1:]
+    for k in {d // s, -((-d) // s)}:
+        if abs(k) < n and _reachable(d - k * s, rest):
+            return True
+    return False
 
 
 # Output templates: a tree of tuples; ("slot", i) marks the i-th tensor, ("input", i) the call's i-th input leaf

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import logging
 import operator
+import os
 import sys
 import types
 from typing import Any
@@ -19,7 +20,7 @@ from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
-from ..sources import MISSING, Absolute, CallContext
+from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier, map_tensors
@@ -31,6 +32,7 @@ from .frame import RegionFrame
 from .marker import Region
 
 log = logging.getLogger("stampout.regions")
+_NN_MODULES = os.path.dirname(torch.nn.modules.__file__) + os.sep  # nn.GELU.forward reads F.gelu: guarded too
 
 
 class RegionCalls:
@@ -118,6 +120,11 @@ class RegionCalls:
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:
                     f.on_code(code, g)
+        elif event == "call" and code.co_filename.startswith(_NN_MODULES):
+            g = frame.f_globals
+            with torch._C.DisableTorchFunction(), listeners(None, None):
+                for f in self.frames:
+                    f.on_library_code(code, g)
         return local
 
     def note_autograd_read(self) -> None:
@@ -225,9 +232,10 @@ class RegionCalls:
         with torch._C.DisableTorchFunction():
             frame = RegionFrame(region.fn, leaves, labels, self.watch)
             for i, arg in enumerate(args):
-                frame.note_input_containers(arg, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]")
+                frame.note_input_containers(
+                    arg, Input(i, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]"))
             for k, arg in kwargs.items():
-                frame.note_input_containers(arg, k)
+                frame.note_input_containers(arg, Input(k, k))
             child = Builder(tracer, parent, frame)
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, torch.Tensor) and id(leaf) not in child.nodes:

@@ -8,6 +8,7 @@ that fits none of these makes the trace ineligible for reuse.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
+from ..namespaces import TENSOR_DICT, NamespaceReads, patched_tensor_methods
 from ..shapes import SIZES, size_key, sizes_key
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
 from ..tracking import Watch, original_class, shim_class
@@ -85,6 +87,32 @@ def _hidden_state(cls: type) -> bool:
     return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
 
 
+@functools.cache
+def _fake_fields() -> frozenset[str]:
+    """The attributes every FakeTensor keeps in its `__dict__` (its mode, memos): not the program's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        return frozenset(mode.from_tensor(torch.empty(0)).__dict__)
+
+
+_STAMPOUT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _ours(value: Any) -> bool:
+    code = getattr(value, "__code__", None)
+    return isinstance(code, types.CodeType) and code.co_filename.startswith(_STAMPOUT_DIR)
+
+
+def _by_name(value: Any) -> bool:
+    """A module attribute guarded by identity alone: a namespace, class, builtin or library function (not one
+    of stampout's own, which replace torch's only while a capture runs: `torch.compiler.is_compiling`)."""
+    if isinstance(value, types.FunctionType):
+        filename = value.__code__.co_filename
+        return not is_user_file(filename) and not filename.startswith(_STAMPOUT_DIR)
+    return isinstance(value, _BY_IDENTITY) or isinstance(value, (torch.dtype, torch.device))
+
+
 def _is_user_class_object(klass: type) -> bool:
     module = sys.modules.get(klass.__module__)
     return klass is not object and is_user_file(getattr(module, "__file__", None) or "<module>")
@@ -107,6 +135,7 @@ class RegionFrame:
         self.fn = fn
         self.program = program  # the whole program's frame (compile): its stores are replayed, not refused
         self.leaves = leaves
+        self.labels = labels
         self.watch = watch
         self.sources: dict[int, Source] = {}
         self._keep: list[Any] = []
@@ -134,6 +163,14 @@ class RegionFrame:
                     watch.arguments.add(id(leaf))
                 self.adopt(leaf, Arg(i, labels[i]), from_arg=True)
         self._input_meta = [(i, _raw_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
+        self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
+        self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
+        self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
+        self.guard(Absolute(self.namespaces, "names read in modules"), Kind.NAMESPACE, None, "module attributes")
+        for name in patched_tensor_methods():
+            self.mark_ineligible(f"runs with torch.Tensor.{name} replaced by a Python function (stampout traces "
+                                 "torch's own methods only)")
         self.adopt_function(fn, None)
 
     # ---- recording ------------------------------------------------------------------------------
@@ -240,6 +277,31 @@ class RegionFrame:
                 if not k.startswith("_"):
                     self.adopt(v, Item(attrs, k), where=where)
 
+    def note_tensor_fields(self, index: int, keys: tuple, fields: dict, where: str = "") -> None:
+        """The call's input `index` is a tensor carrying Python attributes (`fields`, copied onto its fake; `keys`
+        all its `__dict__`'s): guarded."""
+        attrs = Attr(Arg(index, self.labels[index]), "__dict__")
+        self.guard(attrs, Kind.KEYS, keys, where)
+        for k, v in fields.items():
+            self.adopt(v, Item(attrs, k), where=where)
+
+    def _close_tensor_fields(self) -> None:
+        """Attributes the traced Python set on (or deleted from) an input tensor: a store the program's
+        compiled calls replay on their own inputs; a region trace that does it cannot be stamped."""
+        internal = _fake_fields()
+        for i, t, before in self._input_fields:
+            after = t.__dict__
+            for name in [k for k in {**before, **after} if k not in internal and not k.startswith("_")]:
+                old, new = before.get(name, MISSING), after.get(name, MISSING)
+                if old is new:
+                    continue
+                target = f"{self.labels[i]}.{name}"
+                self.writes.append(f"{target} (set on an input tensor)")
+                if self.program:
+                    self.stores.append((t, name, new, old, target))
+                else:
+                    self.mark_ineligible(f"sets {target}, an attribute of its input tensor (a Python side effect)")
+
     def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str) -> None:
         """A Python function: a region wrapper by its innermost function, others by identity, and in both
         cases the closure cells and defaults its code reads."""
@@ -270,16 +332,17 @@ class RegionFrame:
         if not isinstance(value, tuple):
             self.containers.append((value, source, _contents(value), _copy(value)))
 
-    def note_input_containers(self, value: Any, label: str) -> None:
-        """Lists and dicts among the call's arguments (opened into leaves): changing them is a side effect."""
+    def note_input_containers(self, value: Any, source: Source) -> None:
+        """Lists and dicts among the call's arguments (opened into leaves), at `source`: what the program
+        changes in them is a side effect (replayed by compiled calls into each call's own containers)."""
         if type(value) in (list, dict):
-            self.containers.append((value, Absolute(value, label), _contents(value), _copy(value)))
+            self.containers.append((value, source, _contents(value), _copy(value)))
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
-                self.note_input_containers(item, f"{label}[{i}]")
+                self.note_input_containers(item, Item(source, i))
         elif isinstance(value, dict):
             for k, item in value.items():
-                self.note_input_containers(item, f"{label}[{k!r}]")
+                self.note_input_containers(item, Item(source, k))
 
     # ---- per-layer indices -------------------------------------------------------------------------
     def slot_read(self, obj: Any, name: str, value: int, user: types.FrameType) -> Any:
@@ -326,6 +389,7 @@ class RegionFrame:
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
         input whose shape, strides or requires_grad changed in place (a stamped call would not change them)."""
         self._close_slots()
+        self._close_tensor_fields()
         for i, meta in self._input_meta:
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)
             if _meta_key(_raw_meta(self.leaves[i])) != _meta_key(meta):
@@ -400,24 +464,61 @@ class RegionFrame:
             self.writes.append(f"global {name} (assigned by {code.co_qualname})")
             self.mark_ineligible(f"assigns the global {name} (a Python side effect stampout does not replay)")
 
+    def on_library_code(self, code: types.CodeType, g: dict) -> None:
+        """torch.nn's module code is about to run (`nn.GELU.forward` calls `F.gelu`): the functions, classes and
+        modules it reaches through its globals are guarded by identity, in the NamespaceReads."""
+        key = (code, id(g))
+        if key in self._guarded_code:
+            return
+        self._guarded_code.add(key)
+        facts = code_facts(code)
+        label = g.get("__name__", "?")
+        for name in facts.names:
+            value = g.get(name, MISSING)
+            if value is MISSING or not _by_name(value):
+                continue
+            self.namespaces.note(g, label, name, value)
+            if isinstance(value, types.ModuleType):
+                for chain in facts.chains:
+                    if chain[0] == name:
+                        self._note_chain(value, chain[1:])
+
+    def _note_chain(self, module: types.ModuleType, attrs: tuple[str, ...]) -> None:
+        for attr in attrs:
+            found = module.__dict__.get(attr, MISSING)
+            if found is MISSING or not _by_name(found):
+                return
+            self.namespaces.note(module.__dict__, module.__name__, attr, found)
+            if not isinstance(found, types.ModuleType):
+                return
+            module = found
+
     def _adopt_module_chains(self, module: types.ModuleType, source: Source, name: str,
                              chains: tuple[tuple[str, ...], ...], where: str) -> None:
-        """`cfg.FLAG` on a module used as a namespace: guard the attribute reached, not the module."""
-        if module.__name__.split(".")[0] == "torch":
-            return
+        """`F.gelu`, `torch.nn.functional.gelu`, `cfg.FLAG` through a module global: the module itself by
+        identity, and each attribute reached. Modules, classes, builtins and library functions found in a
+        module's `__dict__` are guarded by identity through one NamespaceReads (dict versions: a fixed cost per
+        call however many names); other values (a config constant, a user function) by their own guards."""
+        self.guard(source, Kind.ID, module, where)
         for chain in chains:
             if chain[0] != name:
                 continue
             value: Any = module
             src = source
             for attr in chain[1:]:
-                if not isinstance(value, types.ModuleType) or value.__name__.split(".")[0] == "torch":
-                    break
-                value = getattr(value, attr, MISSING)
-                src = Attr(src, attr)
                 if not isinstance(value, types.ModuleType):
-                    self.adopt(value, src, where=where)
                     break
+                namespace = value.__dict__
+                found = getattr(value, attr, MISSING)
+                src = Attr(src, attr)
+                if _ours(found):
+                    break  # stampout's stand-in while capturing (`torch.compiler.is_compiling`)
+                if attr in namespace and namespace[attr] is found and _by_name(found):
+                    self.namespaces.note(namespace, value.__name__, attr, found)
+                else:
+                    self.adopt(found, src, where=where)
+                    break
+                value = found
 
     def on_read(self, obj: Any, name: str, value: Any) -> None:
         base = self.sources.get(id(obj))

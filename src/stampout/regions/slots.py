@@ -265,6 +265,9 @@ class SlotTracker:
             return True  # (the subscript raises IndexError, as eager does)
         if self.frame.sources.get(id(item)) not in (None, Item(source, _PLAIN(slot))):
             state.use("an item reached another way too")
+            other = self._items.get(id(item))
+            if other is not None:  # (`pool[self.i] + pool[self.j]`, equal here: never one item for both)
+                other.use("its item was picked by another index too")
             return True
         if not _renameable(item):
             # A container, a function or a constant is guarded (and its parts named) as soon as the list is read,

@@ -1,0 +1,89 @@
+"""`kept_state`: the Python state a capture may change, put back as it was (export leaves the model as it found
+it, as torch.export does: a step counter, an EMA buffer, an attribute the forward writes, RNG states).
+
+A capture runs the program's Python on fake tensors: real tensors are only written when the graph is run to
+make stores real (`capture_program(real=False)` skips that), so what can move is Python state: attributes and
+registries of the modules, the objects and containers the inputs hold, and the random generators.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from .names import root_module
+
+_REGISTRIES = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
+
+
+def _contents(obj: Any) -> Any:
+    return dict(obj) if isinstance(obj, dict) else list(obj) if isinstance(obj, list) else set(obj)
+
+
+def _put_back(obj: Any, before: Any) -> None:
+    if isinstance(obj, dict):
+        if list(obj) != list(before) or any(obj[k] is not v for k, v in before.items()):
+            obj.clear()
+            obj.update(before)
+    elif isinstance(obj, list):
+        obj[:] = before
+    else:
+        obj.clear()
+        obj.update(before)
+
+
+def _rng_states() -> list[tuple[Callable[[Any], None], Any]]:
+    states: list[tuple[Callable[[Any], None], Any]] = [(torch.set_rng_state, torch.get_rng_state()),
+                                                      (random.setstate, random.getstate())]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states.append((numpy.random.set_state, numpy.random.get_state()))
+    return states
+
+
+@contextlib.contextmanager
+def kept_state(fn: Callable, held: list[Any]) -> Iterator[None]:
+    """Put back, on exit, every module of `fn` (its `__dict__`, registries and the lists, dicts and sets it
+    holds), the objects in `held` (what the call's inputs reach: their fields or items) and the RNG states."""
+    saved: list[tuple[Any, Any]] = []
+    seen: set[int] = set()
+
+    def keep(obj: Any) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if type(obj) in (dict, list, set):
+            saved.append((obj, _contents(obj)))
+            return
+        fields = getattr(obj, "__dict__", None)
+        if type(fields) is not dict:
+            return
+        saved.append((fields, dict(fields)))
+        for value in list(fields.values()):
+            if type(value) in (dict, list, set):
+                keep(value)
+
+    root = root_module(fn)
+    for module in root.modules() if root is not None else ():
+        keep(module)
+        for name in _REGISTRIES:
+            registry = module.__dict__.get(name)
+            if registry is not None:
+                keep(registry)
+    for obj in held:
+        keep(obj)
+    rng = _rng_states()
+    try:
+        yield
+    finally:
+        for obj, before in reversed(saved):
+            _put_back(obj, before)
+        for setter, state in rng:
+            setter(state)
