@@ -529,8 +529,8 @@ class CompiledFunction:
         except Exception as error:  # (torch's errors on fakes arrive as CaptureErrors: see op_errors.py)
             if not symbolic or raised_by_user(error):
                 raise
-            log.warning("%s: capturing with symbolic sizes failed (%s: %s at %s); capturing these inputs with "
-                        "static sizes (one capture per size)", _name(self.fn), type(error).__name__,
+            log.warning("%s: capturing with symbolic sizes failed (%s: %s at %s); capturing with static sizes "
+                        "for these inputs (one capture per size)", _name(self.fn), type(error).__name__,
                         first_line(error), failed_at(error))
             self._static_only.add(structure)
             return self._capture(args, kwargs, structure, automatic, held, ints)

@@ -67,13 +67,20 @@ def failed_at(error: BaseException) -> str:
     return where
 
 
+_DISPATCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracer.py")  # where torch calls go to fakes
+
+
 def raised_by_user(error: BaseException) -> bool:
-    """Whether the innermost frame of `error`'s traceback is user code (`raise ValueError(...)` in a forward)."""
+    """Whether `error` is the program's own (`raise ValueError(...)` in a forward, as eager raises it): the innermost
+    frame of its traceback is user code, not reached through a torch call on fakes (a user's fake kernel that
+    refuses symbolic sizes is not the program's error)."""
     from .regions.code import is_user_file
 
     tb = error.__traceback__
     if tb is None:
         return False
+    dispatched = False
     while tb.tb_next is not None:
+        dispatched = dispatched or tb.tb_frame.f_code.co_filename == _DISPATCH
         tb = tb.tb_next
-    return is_user_file(tb.tb_frame.f_code.co_filename)
+    return not dispatched and is_user_file(tb.tb_frame.f_code.co_filename)
