@@ -1,10 +1,11 @@
 """stampout.compile: capture and compile on the first call; later calls check guards, then run.
 
 Per call: the input fingerprint and global state; guards that nothing can invalidate behind our back
-(globals, closures, objects we cannot watch) as one generated function; the metadata of every parameter
-and buffer the program read in one C++ check. Everything else the capture read (module attributes,
-`training` flags, which parameter objects are where, hooks) is re-checked only after a write to a watched
-object bumped the epoch (see tracking.WriteWatch). A failed guard recaptures, reusing the region cache.
+(globals, closures, objects we cannot watch) as one generated function; the metadata of every buffer and
+other tensor the program read in one C++ check (a parameter's metadata changes bump the epoch instead).
+Everything else the capture read (module attributes, `training` flags, which parameter objects are where,
+hooks) is re-checked only after a write to a watched object bumped the epoch (see tracking.WriteWatch).
+A failed guard recaptures, reusing the region cache.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .regions.fingerprint import (
 )
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
 from .structure import build, flatten_inputs
-from .torch_internals import dict_sentinel, tensor_guards
+from .torch_internals import dict_sentinel, patch_parameter_writes, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
 log = logging.getLogger("stampout.guards")
@@ -222,6 +223,11 @@ class _Entry:
         # the full check, after any write that could change it.
         names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
         unique = list({id(t): t for t in [*tensors, *fixed] if isinstance(t, torch.Tensor)}.values())
+        # Parameters change metadata only through writes that bump EPOCH (torch_internals.patch_parameter_writes):
+        # the full check covers them. One stays in the per-call check, as the sentinel of the thread's dispatch
+        # state (inference mode, autocast, functorch transforms), which the C++ check compares for every tensor.
+        parameters = [t for t in unique if isinstance(t, torch.nn.Parameter)]
+        unique = [t for t in unique if not isinstance(t, torch.nn.Parameter)] + parameters[:1]
         modules: dict[int, torch.nn.Module] = {}
         with torch._C.DisableTorchFunction():
             for source, absent in self.protected_sources:
@@ -339,6 +345,7 @@ class CompiledFunction:
         self._watch = WriteWatch()
         weakref.finalize(self, self._watch.release)
         install_registration_hooks()
+        patch_parameter_writes(EPOCH.bump)
         _LIVE.add(self)
 
     def reset(self) -> None:
