@@ -116,3 +116,23 @@ def test_parameter_reads_and_writes_behave_as_before():
     p.data = torch.zeros(3)
     assert p.shape == (3,) and type(p) is torch.nn.Parameter
     assert p.requires_grad_(True) is p and p.requires_grad
+
+
+def test_compiled_bound_method_guards_its_module_by_writes():
+    """`model.forward = stampout.compile(model.forward)` (transformers' recipe): the module behind the bound method
+    is watched like a compiled module, so its attributes and parameters are not re-read on every call."""
+    torch.manual_seed(0)
+    model = Stack(4)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model.forward, backend="eager")
+    warm(fn, reference, torch.randn(3, 8))
+    (entry,) = fn._entries
+    assert len(entry.state.tensors) == 1 and not entry.per_call_positions
+    model.layers[2].scale = reference.layers[2].scale = 3.0
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 2
+    with torch.no_grad():
+        model.layers[1].up.weight.t_().t_()  # no net change: a write, then the same metadata: no recapture
+    torch.testing.assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +141,9 @@ def protected_path(source: Source, ctx: CallContext, memo: dict, watch: WriteWat
     path = _path(source)
     if not (isinstance(path[0], Arg) and path[0].index == 0):
         return False  # globals, closures, per-call input objects: checked on every call
+    if (len(path) > 1 and isinstance(path[1], Attr) and path[1].attr == "__self__"
+            and isinstance(path[0].resolve(ctx, memo), types.MethodType)):
+        path = path[1:]  # a compiled bound method (`model.forward`): its `__self__` is fixed, the module is the root
     for source in path[:-1]:
         if isinstance(source, Attr) and source.attr == "__dict__":
             continue  # the owner is watched: its __setattr__ writes this dict
