@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from .errors import BackendError, GuardError, StampoutError, message
 from .frames import user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
+from .protection import Anchors, anchored, protected, protected_path
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
@@ -37,7 +37,7 @@ from .regions.fingerprint import (
     requires_grad_pattern,
     without_sizes,
 )
-from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
+from .sources import MISSING, Absolute, Arg, Attr, CallContext, Source, TypeOf
 from .structure import build, flatten_inputs
 from .torch_internals import dict_sentinel, patch_parameter_writes, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
@@ -52,12 +52,6 @@ class CompileStats:
 
     captures: int = 0
     traces: int = 0
-
-
-def _instance_dict_item(source: Source) -> bool:
-    """`obj.__dict__[name]`: written through `obj`'s own `__setattr__`, like an attribute."""
-    parent = source.base()
-    return isinstance(source, Item) and isinstance(parent, Attr) and parent.attr == "__dict__"
 
 
 def _values_in_dict(guard: Guard) -> bool:
@@ -117,55 +111,16 @@ def _relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list
     return out
 
 
-def _path(source: Source) -> list[Source]:
-    out = [source]
-    while (parent := out[-1].base()) is not None:
-        out.append(parent)
-    return out[::-1]
-
-
-def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
-    """Whether a write to a watched object is the only way this guard's value can change (watching the
-    objects on its path as a side effect)."""
-    if guard.kind is Kind.HOOKS and guard.expected != ((), (), (), ()):
-        return False  # hooks registered before compile may be removed through old handles
-    if guard.kind is Kind.SAME:
-        return False
-    if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
-        return False  # a mutable container: changed in place without any write to its holder
-    return protected_path(guard.source, ctx, memo, watch)
-
-
-def protected_path(source: Source, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
-    """Whether every step to `source` is an attribute of a watched object reached from the module itself."""
-    path = _path(source)
-    if not (isinstance(path[0], Arg) and path[0].index == 0):
-        return False  # globals, closures, per-call input objects: checked on every call
-    if (len(path) > 1 and isinstance(path[1], Attr) and path[1].attr == "__self__"
-            and isinstance(path[0].resolve(ctx, memo), types.MethodType)):
-        path = path[1:]  # a compiled bound method (`model.forward`): its `__self__` is fixed, the module is the root
-    for source in path[:-1]:
-        if isinstance(source, Attr) and source.attr == "__dict__":
-            continue  # the owner is watched: its __setattr__ writes this dict
-        if source.base() is not None and not isinstance(source, Attr) and not _instance_dict_item(source):
-            return False  # an item of a container: containers are not watched
-        obj = source.resolve(ctx, memo)
-        # Only modules: their state changes through __setattr__ and registries that bump the epoch. Other
-        # objects (configs, dicts, lists, namespaces) are written in too many ways; their guards run per call.
-        if obj is MISSING or not isinstance(obj, torch.nn.Module) or not watch.watch(obj):
-            return False
-    return True
-
-
 class _State:
     """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
     metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
 
-    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard", "unwritten")
+    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard", "unwritten", "anchors")
 
     def __init__(self, epoch: int, tensors: list, names: list, fixed: list, tensor_guard: Any,
-                 unwritten: Callable[[], bool]) -> None:
+                 unwritten: Callable[[], bool], anchors: tuple) -> None:
         self.epoch = epoch
+        self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
         self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
         self.tensors = tensors
         self.names = names
@@ -179,7 +134,8 @@ class _Entry:
     Guards whose value only a write to a watched object can change are checked after such a write (EPOCH
     moved); all others run on every call in one generated function, which also returns the lifted tensors
     that cannot be proven unchanged (globals, closures, tensors held by input objects or in containers):
-    those are read from their sources on every call, never reused from an earlier one."""
+    those are read from their sources on every call, never reused from an earlier one. That function starts
+    from anchors (objects reached through watched modules, resolved after each write), not from the root."""
 
     def __init__(self, cap: Capture, compiled: Callable, key: tuple, ctx: CallContext, watch: WriteWatch):
         self.capture = cap
@@ -212,16 +168,26 @@ class _Entry:
                     self.fixed_sources.append(None)
                     self.per_call_positions.append(position)
                     per_call.append(source)
+            self.anchors = Anchors(ctx, memo, watch)
+            always = anchored(always, self.anchors)
+            per_call = [self.anchors.rewrite(source) for source in per_call]
         self.always = compile_guards(always, per_call)
         self.tensor_sources = [g.source for g in tensors]
         self.state: _State | None = None
 
-    def refresh(self, ctx: CallContext) -> _State:
-        """After a full check passed: the current protected tensors, and a C++ check of their metadata."""
+    def refresh(self, ctx: CallContext) -> _State | None:
+        """After a full check passed: the current protected tensors, a C++ check of their metadata, and the
+        anchors; None when the anchors no longer hold (the entry is dropped from lookups)."""
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
             tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
             fixed = [None if s is None else s.resolve(ctx, memo) for s in self.fixed_sources]
+            anchors = self.anchors.resolve(ctx, memo)
+        if anchors is None:
+            log.info("a write made objects the per-call check shares differ; this entry is dropped")
+            self.key = None  # never matches a call again: a recapture makes an entry for the new world
+            self.state = None
+            return None
         # One entry per tensor object: tied weights (lm_head.weight is wte.weight) reach it by two paths,
         # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
         # the full check, after any write that could change it.
@@ -242,16 +208,14 @@ class _Entry:
                 name = getattr(source, "attr", getattr(source, "item", None))
                 if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
                     modules[id(obj)] = obj
+            modules.update((id(m), m) for m in self.anchors.holders(ctx, memo))
         state = _State(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
-                       tensor_guards(unique), dict_sentinel([m.__dict__ for m in modules.values()]))
+                       tensor_guards(unique), dict_sentinel([m.__dict__ for m in modules.values()]), anchors)
         self.state = state
         return state
 
     def admits(self, ctx: CallContext) -> tuple | None:
         """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
-        per_call = self.always(ctx.leaves, ctx.fn)
-        if per_call is False:
-            return None
         state = self.state
         if state is None or state.epoch != EPOCH.value or not state.unwritten():
             if self._full is None:
@@ -260,6 +224,11 @@ class _Entry:
                 if not self._full(ctx.leaves, ctx.fn):
                     return None
             state = self.refresh(ctx)
+            if state is None:
+                return None
+        per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
+        if per_call is False:
+            return None
         if not state.tensor_guard.check(*state.tensors):
             return None
         if per_call:
