@@ -66,3 +66,14 @@ def test_config_replaced_through_the_instance_dict_is_seen():
         m.layers[1].__dict__["cfg"] = type(m.cfg)(act="gelu")
     same(fn, reference, x)
     assert fn.stats.captures == 2
+
+
+def test_dropped_entry_is_explained(caplog):
+    model, reference, fn = compiled_pair()
+    x = torch.randn(3, 8)
+    same(fn, reference, x)
+    for m in (model, reference):
+        m.layers[2].cfg = copy.copy(m.cfg)
+    with caplog.at_level("INFO", logger="stampout.guards"):
+        same(fn, reference, x)
+    assert "objects its per-call check shared differ" in caplog.text

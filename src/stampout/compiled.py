@@ -247,6 +247,8 @@ class _Entry:
         return key if self.masked is None else (without_sizes(key[0], leaves, self.masked), key[1])
 
     def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
+        if self.key is None:
+            return "a write made objects its per-call check shared differ (the entry was dropped)"
         shapes = self.shapes
         if shapes is not None:
             key = self.key_for(key, ctx.leaves[1:])
