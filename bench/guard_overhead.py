@@ -121,14 +121,23 @@ def _model(name: str, layers: int, regions: bool | str) -> torch.nn.Module:
         import transformers
         from transformers.models.llama import modeling_llama
 
-        if regions == "nested" and not hasattr(modeling_llama.LlamaDecoderLayer, "_bench_nested"):
-            cls = modeling_llama.LlamaDecoderLayer
-            cls.forward = torch.compiler.nested_compile_region(cls.forward)
-            cls._bench_nested = True
         cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                                        use_cache=False)
-        return transformers.LlamaForCausalLM(cfg).eval()
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        if regions == "nested":  # class-level marking, on a subclass: other models in this process keep theirs
+            for layer in model.model.layers:
+                layer.__class__ = _nested_llama_layer(modeling_llama.LlamaDecoderLayer)
+        return model
+
+
+_NESTED: dict[type, type] = {}
+
+
+def _nested_llama_layer(cls: type) -> type:
+    if cls not in _NESTED:
+        _NESTED[cls] = type(cls.__name__, (cls,), {"forward": torch.compiler.nested_compile_region(cls.forward)})
+    return _NESTED[cls]
 
 
 def _build(name: str, variant: str, layers: int, grad: bool) -> tuple[Callable, list[fx.GraphModule], torch.nn.Module]:
@@ -217,6 +226,44 @@ def measure_one(name: str, variant: str, layers: int, grad_mode: str, calls: int
     del fn, model
     reset_all()
     return r
+
+
+def measure_interleaved(variants: list[str], models: list[str], layers: list[int], grad_modes: list[str],
+                        calls: int, batches: int, warmup: int, threads: int | None = None) -> dict[str, dict]:
+    """Every variant of one (model, layers, grad mode) built in this process, then timed in alternating
+    batches, so that load from other processes falls on all of them alike; the reported time is the minimum
+    over batches (the least disturbed one)."""
+    if threads:
+        torch.set_num_threads(threads)
+    out: dict[str, dict[str, Any]] = {v: {} for v in variants}
+    for name, n, gm, key in _keys(models, layers, grad_modes):
+        grad = gm == "grad"
+        vocab = LlamaConfig().vocab if name == "llama-like" else 256
+        ids = torch.randint(0, vocab, INPUT_SHAPE, generator=torch.Generator().manual_seed(0))
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        built: dict[str, tuple] = {}
+        with ctx:
+            for v in variants:
+                try:
+                    fn, compiled, _ = _build(name, v, n, grad)
+                    for _ in range(warmup + 1):
+                        fn(ids)
+                    built[v] = (fn, compiled, _captures(fn), len(compiled))
+                except Exception as e:  # noqa: BLE001 - report, don't stop
+                    out[v][key] = {"median_s": None, "error": short_error(e)}
+            times: dict[str, list[float]] = {v: [] for v in built}
+            for _ in range(batches):
+                for v, (fn, *_rest) in built.items():
+                    k = max(2, calls // 50) if v == "eager" else calls
+                    times[v].extend(_time_batches(fn, ids, k, 1))
+        for v, (fn, compiled, captures, graphs) in built.items():
+            r: dict[str, Any] = {"per_call_s": times[v], "median_s": min(times[v]), "error": None}
+            if v != "eager":
+                r["recompiled_while_timed"] = len(compiled) != graphs or _captures(fn) != captures
+            out[v][key] = r
+        del built
+        reset_all()
+    return out
 
 
 def _keys(models: list[str], layers: list[int], grad_modes: list[str]) -> list[tuple[str, int, str, str]]:
@@ -355,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed per variant's worker")
     p.add_argument("--quick", action="store_true", help="8 layers, no_grad, 100 calls x 3 batches")
     p.add_argument("--in-process", action="store_true", help="measure every variant in this process")
+    p.add_argument("--interleaved", action="store_true",
+                   help="in this process, all variants built first, then timed in alternating batches (minimum "
+                   "over batches reported): fair ratios on a shared machine")
     p.add_argument("--out", default=os.path.join(_HERE, "out", "guard_overhead.json"))
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -373,7 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     t_start = time.perf_counter()
-    if args.in_process:
+    if args.interleaved:
+        results = measure_interleaved(args.variants, args.models, args.layers, args.grad_modes, args.calls,
+                                      args.batches, args.warmup, args.threads)
+    elif args.in_process:
         results = {
             v: measure_variant(
                 v, args.models, args.layers, args.grad_modes, args.calls, args.batches, args.warmup, args.threads
