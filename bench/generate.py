@@ -3,6 +3,7 @@ after it — stampout's recipe vs torch.compile's recipe vs eager, in one run.
 
     python bench/generate.py                       # Llama(layers=16, hidden=256), prompt 24, 10 new tokens
     python bench/generate.py --layers 4 --cache static dynamic
+    python bench/generate.py --layers 4 --backend eager   # both compilers run the graph eagerly: guard + dispatch cost
 
 Recipes (transformers' documented one for torch.compile; stampout's is the same line):
 
@@ -67,9 +68,9 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     expected = generate()
     started = time.perf_counter()
     if cell["variant"] == "stampout":
-        model.forward = stampout.compile(model.forward, regions="auto")
+        model.forward = stampout.compile(model.forward, regions="auto", backend=cell["backend"])
     elif cell["variant"] == "torch":
-        model.forward = torch.compile(model.forward)
+        model.forward = torch.compile(model.forward, backend=cell["backend"])
     tokens = generate()
     first = time.perf_counter() - started
     per_token = []
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager", "eager"],
+                   help="for both compilers; eager: what is left per token is guards and dispatch")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -104,13 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants:
             cell = {"variant": variant, "cache": cache, "layers": args.layers, "hidden": args.hidden,
                     "prompt": args.prompt, "new_tokens": args.new_tokens, "repeat": args.repeat,
-                    "threads": args.threads}
+                    "threads": args.threads, "backend": args.backend}
             rows[f"{variant}/{cache}"] = run_cold_cell(__file__, cell)
             print(variant, cache, json.dumps(rows[f"{variant}/{cache}"])[:300], flush=True)
     from rich.table import Table
 
     table = Table(title=f"Llama(layers={args.layers}, hidden={args.hidden}), prompt {args.prompt}, "
-                        f"{args.new_tokens} new tokens, Inductor, cold")
+                        f"{args.new_tokens} new tokens, backend {args.backend}, cold")
     for column in ("variant", "cache", "first generate s", "ms / token", "tokens = eager", "captures",
                    "stampout first / this", "stampout per token / this"):
         table.add_column(column)

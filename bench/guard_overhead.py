@@ -1,8 +1,12 @@
 """Per-call dispatch overhead of an already compiled model: stampout vs torch.compile.
 
-    python bench/guard_overhead.py --layers 32 80 --calls 500 --batches 5
+    python bench/guard_overhead.py --layers 8 80 --models llama-like user hf-llama --calls 500 --batches 5
 
-Every variant compiles ``LlamaLike(layers=N)`` (ids [2, 16]) with a backend that computes nothing: it
+Models (``--models``): ``llama-like`` (the zoo's LlamaLike), ``user`` (a decoder defined in a user file,
+bench/user_model.py: user code is guarded as a user's model is), ``hf-llama`` (transformers'
+LlamaForCausalLM, small, ``use_cache=False``; regions marked by ``regions="auto"``, Dynamo's by wrapping
+the decoder layer class's forward in ``nested_compile_region``). Every variant compiles the model with N
+layers (ids [2, 16]) with a backend that computes nothing: it
 returns precomputed zero tensors, as many as the captured graph has outputs (read from the graph's
 output node). What is left of a call is the guard check and the dispatch around the compiled code:
 
@@ -45,6 +49,8 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from bench.common import console, environment, finish, reset_all, run_json_worker, short_error  # noqa: E402
 from stampout.tools.models import LlamaConfig, LlamaLike  # noqa: E402
+
+MODELS = ("llama-like", "user", "hf-llama")
 
 VARIANTS = ("stampout_regions", "stampout_flat", "torch_flat", "torch_nested", "eager")
 DEFAULT_VARIANTS = ("stampout_regions", "torch_flat", "torch_nested", "eager")
@@ -103,8 +109,39 @@ def make_noop_backend(compiled: list[fx.GraphModule]) -> Callable:
 # ---------------------------------------------------------------------------------------- timing
 
 
-def _build(variant: str, layers: int, grad: bool) -> tuple[Callable, list[fx.GraphModule], torch.nn.Module]:
-    model = LlamaLike(LlamaConfig(layers=layers), regions=REGIONS[variant], seed=0)
+def _model(name: str, layers: int, regions: bool | str) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        if name == "llama-like":
+            return LlamaLike(LlamaConfig(layers=layers), regions=regions, seed=0)
+        if name == "user":
+            from bench.user_model import Decoder
+
+            return Decoder(layers, regions=regions)
+        import transformers
+        from transformers.models.llama import modeling_llama
+
+        cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       use_cache=False)
+        model = transformers.LlamaForCausalLM(cfg).eval()
+        if regions == "nested":  # class-level marking, on a subclass: other models in this process keep theirs
+            for layer in model.model.layers:
+                layer.__class__ = _nested_llama_layer(modeling_llama.LlamaDecoderLayer)
+        return model
+
+
+_NESTED: dict[type, type] = {}
+
+
+def _nested_llama_layer(cls: type) -> type:
+    if cls not in _NESTED:
+        _NESTED[cls] = type(cls.__name__, (cls,), {"forward": torch.compiler.nested_compile_region(cls.forward)})
+    return _NESTED[cls]
+
+
+def _build(name: str, variant: str, layers: int, grad: bool) -> tuple[Callable, list[fx.GraphModule], torch.nn.Module]:
+    model = _model(name, layers, REGIONS[variant])
     model.requires_grad_(grad)
     compiled: list[fx.GraphModule] = []
     if variant == "eager":
@@ -113,8 +150,13 @@ def _build(variant: str, layers: int, grad: bool) -> tuple[Callable, list[fx.Gra
     if variant.startswith("stampout"):
         import stampout
 
-        return stampout.compile(model, backend=backend), compiled, model
+        auto = "auto" if name == "hf-llama" and REGIONS[variant] is True else None
+        return stampout.compile(model, backend=backend, regions=auto), compiled, model
     return torch.compile(model, backend=backend, fullgraph=True), compiled, model
+
+
+def _logits(y: Any) -> torch.Tensor:
+    return y.logits if hasattr(y, "logits") else y
 
 
 def _captures(fn: Any) -> int | None:
@@ -140,19 +182,21 @@ def _time_batches(fn: Callable, ids: torch.Tensor, calls: int, batches: int) -> 
     return out
 
 
-def measure_one(variant: str, layers: int, grad_mode: str, calls: int, batches: int, warmup: int) -> dict[str, Any]:
+def measure_one(name: str, variant: str, layers: int, grad_mode: str, calls: int, batches: int,
+                warmup: int) -> dict[str, Any]:
     reset_all()
     grad = grad_mode == "grad"
-    ids = torch.randint(0, LlamaConfig().vocab, INPUT_SHAPE, generator=torch.Generator().manual_seed(0))
+    vocab = LlamaConfig().vocab if name == "llama-like" else 256
+    ids = torch.randint(0, vocab, INPUT_SHAPE, generator=torch.Generator().manual_seed(0))
     if variant == "eager":  # the real forward: a few calls are enough to see its scale
         calls, batches, warmup = max(5, calls // 50), min(batches, 3), 2
     ctx = contextlib.nullcontext() if grad else torch.no_grad()
     with ctx:
-        fn, compiled, model = _build(variant, layers, grad)
+        fn, compiled, model = _build(name, variant, layers, grad)
         t0 = time.perf_counter()
         y = fn(ids)
         first_s = time.perf_counter() - t0
-        shape_ok = tuple(y.shape) == (*INPUT_SHAPE, model.config.vocab)
+        shape_ok = tuple(_logits(y).shape) == tuple(_logits(model(ids)).shape)
         for _ in range(warmup):
             fn(ids)
         captures_before, graphs_before = _captures(fn), len(compiled)
@@ -184,25 +228,66 @@ def measure_one(variant: str, layers: int, grad_mode: str, calls: int, batches: 
     return r
 
 
+def measure_interleaved(variants: list[str], models: list[str], layers: list[int], grad_modes: list[str],
+                        calls: int, batches: int, warmup: int, threads: int | None = None) -> dict[str, dict]:
+    """Every variant of one (model, layers, grad mode) built in this process, then timed in alternating
+    batches, so that load from other processes falls on all of them alike; the reported time is the minimum
+    over batches (the least disturbed one)."""
+    if threads:
+        torch.set_num_threads(threads)
+    out: dict[str, dict[str, Any]] = {v: {} for v in variants}
+    for name, n, gm, key in _keys(models, layers, grad_modes):
+        grad = gm == "grad"
+        vocab = LlamaConfig().vocab if name == "llama-like" else 256
+        ids = torch.randint(0, vocab, INPUT_SHAPE, generator=torch.Generator().manual_seed(0))
+        ctx = contextlib.nullcontext() if grad else torch.no_grad()
+        built: dict[str, tuple] = {}
+        with ctx:
+            for v in variants:
+                try:
+                    fn, compiled, _ = _build(name, v, n, grad)
+                    for _ in range(warmup + 1):
+                        fn(ids)
+                    built[v] = (fn, compiled, _captures(fn), len(compiled))
+                except Exception as e:  # noqa: BLE001 - report, don't stop
+                    out[v][key] = {"median_s": None, "error": short_error(e)}
+            times: dict[str, list[float]] = {v: [] for v in built}
+            for _ in range(batches):
+                for v, (fn, *_rest) in built.items():
+                    k = max(2, calls // 50) if v == "eager" else calls
+                    times[v].extend(_time_batches(fn, ids, k, 1))
+        for v, (fn, compiled, captures, graphs) in built.items():
+            r: dict[str, Any] = {"per_call_s": times[v], "median_s": min(times[v]), "error": None}
+            if v != "eager":
+                r["recompiled_while_timed"] = len(compiled) != graphs or _captures(fn) != captures
+            out[v][key] = r
+        del built
+        reset_all()
+    return out
+
+
+def _keys(models: list[str], layers: list[int], grad_modes: list[str]) -> list[tuple[str, int, str, str]]:
+    return [(m, n, gm, f"{m}/{n}/{gm}") for m in models for n in layers for gm in grad_modes]
+
+
 def measure_variant(
-    variant: str, layers: list[int], grad_modes: list[str], calls: int, batches: int, warmup: int,
-    threads: int | None = None,
+    variant: str, models: list[str], layers: list[int], grad_modes: list[str], calls: int, batches: int,
+    warmup: int, threads: int | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``{"<layers>/<grad_mode>": result}`` for one variant, in this process."""
+    """``{"<model>/<layers>/<grad_mode>": result}`` for one variant, in this process."""
     if threads:
         torch.set_num_threads(threads)
     out: dict[str, dict[str, Any]] = {}
-    for n in layers:
-        for gm in grad_modes:
-            try:
-                out[f"{n}/{gm}"] = measure_one(variant, n, gm, calls, batches, warmup)
-            except Exception as e:  # noqa: BLE001 - stampout is a work in progress; report, don't stop
-                out[f"{n}/{gm}"] = {
-                    "median_s": None,
-                    "error": short_error(e),
-                    "traceback": traceback.format_exc(limit=8),
-                }
-                reset_all()
+    for name, n, gm, key in _keys(models, layers, grad_modes):
+        try:
+            out[key] = measure_one(name, variant, n, gm, calls, batches, warmup)
+        except Exception as e:  # noqa: BLE001 - stampout is a work in progress; report, don't stop
+            out[key] = {
+                "median_s": None,
+                "error": short_error(e),
+                "traceback": traceback.format_exc(limit=8),
+            }
+            reset_all()
     return out
 
 
@@ -220,6 +305,8 @@ def _run_worker(variant: str, args: argparse.Namespace) -> dict[str, dict[str, A
         str(args.warmup),
         "--layers",
         *map(str, args.layers),
+        "--models",
+        *args.models,
         "--grad-modes",
         *args.grad_modes,
         "--threads",
@@ -227,7 +314,7 @@ def _run_worker(variant: str, args: argparse.Namespace) -> dict[str, dict[str, A
     ]
     res, err = run_json_worker(cmd, timeout=args.timeout)
     if err is not None:
-        return {f"{n}/{gm}": {"median_s": None, **err} for n in args.layers for gm in args.grad_modes}
+        return {key: {"median_s": None, **err} for *_, key in _keys(args.models, args.layers, args.grad_modes)}
     return res
 
 
@@ -257,15 +344,17 @@ def _cell(results: dict, variant: str, key: str) -> str:
     return cell
 
 
-def report(results: dict[str, dict[str, dict[str, Any]]], layers: list[int], grad_modes: list[str]) -> None:
+def report(results: dict[str, dict[str, dict[str, Any]]], models: list[str], layers: list[int],
+           grad_modes: list[str]) -> None:
     con = console()
     from rich.table import Table
 
     table = Table(
-        title="per-call overhead of a compiled LlamaLike, noop backend (ids [2, 16]; median µs/call)",
+        title="per-call overhead of a compiled model, noop backend (ids [2, 16]; median µs/call)",
         caption="noop backend: the compiled code returns precomputed zeros, so a call is guards + dispatch. "
         "Ratios: torch / stampout regions (>1: stampout is cheaper). eager fwd: the real forward, for scale.",
     )
+    table.add_column("model")
     table.add_column("layers", justify="right")
     table.add_column("grad mode")
     variants = [v for v in VARIANTS if v in results]
@@ -278,17 +367,15 @@ def report(results: dict[str, dict[str, dict[str, Any]]], layers: list[int], gra
         table.add_column(f"{LABELS[a]} / stampout", justify="right")
     if "eager" in results and "stampout_regions" in results:
         table.add_column("stampout % of eager fwd", justify="right")
-    for n in layers:
-        for gm in grad_modes:
-            key = f"{n}/{gm}"
-            row = [str(n), gm] + [_cell(results, v, key) for v in variants]
-            for a, b in pairs:
-                num, den = _get(results, a, key), _get(results, b, key)
-                row.append("-" if num is None or den is None or den == 0 else f"{num / den:.2f}x")
-            if "eager" in results and "stampout_regions" in results:
-                so, ea = _get(results, "stampout_regions", key), _get(results, "eager", key)
-                row.append("-" if so is None or not ea else f"{100 * so / ea:.1f}%")
-            table.add_row(*row)
+    for name, n, gm, key in _keys(models, layers, grad_modes):
+        row = [name, str(n), gm] + [_cell(results, v, key) for v in variants]
+        for a, b in pairs:
+            num, den = _get(results, a, key), _get(results, b, key)
+            row.append("-" if num is None or den is None or den == 0 else f"{num / den:.2f}x")
+        if "eager" in results and "stampout_regions" in results:
+            so, ea = _get(results, "stampout_regions", key), _get(results, "eager", key)
+            row.append("-" if so is None or not ea else f"{100 * so / ea:.1f}%")
+        table.add_row(*row)
     con.print(table)
     for v, per in results.items():
         for key, r in per.items():
@@ -300,7 +387,8 @@ def report(results: dict[str, dict[str, dict[str, Any]]], layers: list[int], gra
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", type=int, nargs="+", default=[32, 80])
+    p.add_argument("--layers", type=int, nargs="+", default=[8, 80])
+    p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--grad-modes", nargs="+", choices=GRAD_MODES, default=list(GRAD_MODES))
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
     p.add_argument("--calls", type=int, default=500, help="calls per timed batch")
@@ -314,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed per variant's worker")
     p.add_argument("--quick", action="store_true", help="8 layers, no_grad, 100 calls x 3 batches")
     p.add_argument("--in-process", action="store_true", help="measure every variant in this process")
+    p.add_argument("--interleaved", action="store_true",
+                   help="in this process, all variants built first, then timed in alternating batches (minimum "
+                   "over batches reported): fair ratios on a shared machine")
     p.add_argument("--out", default=os.path.join(_HERE, "out", "guard_overhead.json"))
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -325,36 +416,38 @@ def main(argv: list[str] | None = None) -> int:
         import json
 
         res = measure_variant(
-            args.worker, args.layers, args.grad_modes, args.calls, args.batches, args.warmup, args.threads
+            args.worker, args.models, args.layers, args.grad_modes, args.calls, args.batches, args.warmup,
+            args.threads,
         )
         print(json.dumps(res, default=str))
         return 0
 
     t_start = time.perf_counter()
-    if args.in_process:
+    if args.interleaved:
+        results = measure_interleaved(args.variants, args.models, args.layers, args.grad_modes, args.calls,
+                                      args.batches, args.warmup, args.threads)
+    elif args.in_process:
         results = {
             v: measure_variant(
-                v, args.layers, args.grad_modes, args.calls, args.batches, args.warmup, args.threads
+                v, args.models, args.layers, args.grad_modes, args.calls, args.batches, args.warmup, args.threads
             )
             for v in args.variants
         }
     else:
         results = {v: _run_worker(v, args) for v in args.variants}
     total = time.perf_counter() - t_start
-    report(results, args.layers, args.grad_modes)
+    report(results, args.models, args.layers, args.grad_modes)
     ratios: dict[str, dict[str, float | None]] = {}
-    for n in args.layers:
-        for gm in args.grad_modes:
-            key = f"{n}/{gm}"
-            so = _get(results, "stampout_regions", key)
-            ratios[key] = {}
-            for v in ("torch_flat", "torch_nested", "stampout_flat"):
-                if v in results:
-                    t = _get(results, v, key)
-                    ratios[key][f"{v}/stampout_regions"] = t / so if t is not None and so else None
+    for *_, key in _keys(args.models, args.layers, args.grad_modes):
+        so = _get(results, "stampout_regions", key)
+        ratios[key] = {}
+        for v in ("torch_flat", "torch_nested", "stampout_flat"):
+            if v in results:
+                t = _get(results, v, key)
+                ratios[key][f"{v}/stampout_regions"] = t / so if t is not None and so else None
     payload = {
         "bench": "guard_overhead",
-        "model": "LlamaLike",
+        "models": args.models,
         "input": list(INPUT_SHAPE),
         "layers": args.layers,
         "grad_modes": args.grad_modes,

@@ -1,10 +1,11 @@
 """stampout.compile: capture and compile on the first call; later calls check guards, then run.
 
 Per call: the input fingerprint and global state; guards that nothing can invalidate behind our back
-(globals, closures, objects we cannot watch) as one generated function; the metadata of every parameter
-and buffer the program read in one C++ check. Everything else the capture read (module attributes,
-`training` flags, which parameter objects are where, hooks) is re-checked only after a write to a watched
-object bumped the epoch (see tracking.WriteWatch). A failed guard recaptures, reusing the region cache.
+(globals, closures, objects we cannot watch) as one generated function; the metadata of every buffer and
+other tensor the program read in one C++ check (a parameter's metadata changes bump the epoch instead).
+Everything else the capture read (module attributes, `training` flags, which parameter objects are where,
+hooks) is re-checked only after a write to a watched object bumped the epoch (see tracking.WriteWatch).
+A failed guard recaptures, reusing the region cache.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .frames import failed_at, raised_by_user, user_location
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .names import root_module
 from .piecewise import GraphBreak, Pieces, first_line, split
+from .protection import Anchors, anchored, protected, protected_path
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
@@ -39,9 +41,9 @@ from .regions.fingerprint import (
     requires_grad_pattern,
     without_sizes,
 )
-from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
+from .sources import MISSING, Absolute, Arg, Attr, CallContext, Source, TypeOf
 from .structure import argument_names, build, flatten_inputs
-from .torch_internals import dict_sentinel, tensor_guards
+from .torch_internals import dict_sentinel, patch_parameter_writes, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
 log = logging.getLogger("stampout.guards")
@@ -54,12 +56,6 @@ class CompileStats:
 
     captures: int = 0
     traces: int = 0
-
-
-def _instance_dict_item(source: Source) -> bool:
-    """`obj.__dict__[name]`: written through `obj`'s own `__setattr__`, like an attribute."""
-    parent = source.base()
-    return isinstance(source, Item) and isinstance(parent, Attr) and parent.attr == "__dict__"
 
 
 def _values_in_dict(guard: Guard) -> bool:
@@ -119,52 +115,16 @@ def _relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list
     return out
 
 
-def _path(source: Source) -> list[Source]:
-    out = [source]
-    while (parent := out[-1].base()) is not None:
-        out.append(parent)
-    return out[::-1]
-
-
-def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
-    """Whether a write to a watched object is the only way this guard's value can change (watching the
-    objects on its path as a side effect)."""
-    if guard.kind is Kind.HOOKS and guard.expected != ((), (), (), ()):
-        return False  # hooks registered before compile may be removed through old handles
-    if guard.kind is Kind.SAME:
-        return False
-    if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
-        return False  # a mutable container: changed in place without any write to its holder
-    return protected_path(guard.source, ctx, memo, watch)
-
-
-def protected_path(source: Source, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
-    """Whether every step to `source` is an attribute of a watched object reached from the module itself."""
-    path = _path(source)
-    if not (isinstance(path[0], Arg) and path[0].index == 0):
-        return False  # globals, closures, per-call input objects: checked on every call
-    for source in path[:-1]:
-        if isinstance(source, Attr) and source.attr == "__dict__":
-            continue  # the owner is watched: its __setattr__ writes this dict
-        if source.base() is not None and not isinstance(source, Attr) and not _instance_dict_item(source):
-            return False  # an item of a container: containers are not watched
-        obj = source.resolve(ctx, memo)
-        # Only modules: their state changes through __setattr__ and registries that bump the epoch. Other
-        # objects (configs, dicts, lists, namespaces) are written in too many ways; their guards run per call.
-        if obj is MISSING or not isinstance(obj, torch.nn.Module) or not watch.watch(obj):
-            return False
-    return True
-
-
 class _State:
     """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
     metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
 
-    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard", "unwritten")
+    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard", "unwritten", "anchors")
 
     def __init__(self, epoch: int, tensors: list, names: list, fixed: list, tensor_guard: Any,
-                 unwritten: Callable[[], bool]) -> None:
+                 unwritten: Callable[[], bool], anchors: tuple) -> None:
         self.epoch = epoch
+        self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
         self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
         self.tensors = tensors
         self.names = names
@@ -178,7 +138,8 @@ class _Entry:
     Guards whose value only a write to a watched object can change are checked after such a write (EPOCH
     moved); all others run on every call in one generated function, which also returns the lifted tensors
     that cannot be proven unchanged (globals, closures, tensors held by input objects or in containers):
-    those are read from their sources on every call, never reused from an earlier one."""
+    those are read from their sources on every call, never reused from an earlier one. That function starts
+    from anchors (objects reached through watched modules, resolved after each write), not from the root."""
 
     def __init__(self, cap: Capture, compiled: Callable, key: tuple, ctx: CallContext, watch: WriteWatch):
         self.capture = cap
@@ -211,21 +172,36 @@ class _Entry:
                     self.fixed_sources.append(None)
                     self.per_call_positions.append(position)
                     per_call.append(source)
+            self.anchors = Anchors(ctx, memo, watch)
+            always = anchored(always, self.anchors)
+            per_call = [self.anchors.rewrite(source) for source in per_call]
         self.always = compile_guards(always, per_call)
         self.tensor_sources = [g.source for g in tensors]
         self.state: _State | None = None
 
-    def refresh(self, ctx: CallContext) -> _State:
-        """After a full check passed: the current protected tensors, and a C++ check of their metadata."""
+    def refresh(self, ctx: CallContext) -> _State | None:
+        """After a full check passed: the current protected tensors, a C++ check of their metadata, and the
+        anchors; None when the anchors no longer hold (the entry is dropped from lookups)."""
         memo: dict[Source, Any] = {}
         with torch._C.DisableTorchFunction():
             tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
             fixed = [None if s is None else s.resolve(ctx, memo) for s in self.fixed_sources]
+            anchors = self.anchors.resolve(ctx, memo)
+        if anchors is None:
+            log.info("a write made objects the per-call check shares differ; this entry is dropped")
+            self.key = None  # never matches a call again: a recapture makes an entry for the new world
+            self.state = None
+            return None
         # One entry per tensor object: tied weights (lm_head.weight is wte.weight) reach it by two paths,
         # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
         # the full check, after any write that could change it.
         names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
         unique = list({id(t): t for t in [*tensors, *fixed] if isinstance(t, torch.Tensor)}.values())
+        # Parameters change metadata only through writes that bump EPOCH (torch_internals.patch_parameter_writes):
+        # the full check covers them. One stays in the per-call check, as the sentinel of the thread's dispatch
+        # state (inference mode, autocast, functorch transforms), which the C++ check compares for every tensor.
+        parameters = [t for t in unique if isinstance(t, torch.nn.Parameter)]
+        unique = [t for t in unique if not isinstance(t, torch.nn.Parameter)] + parameters[:1]
         modules: dict[int, torch.nn.Module] = {}
         with torch._C.DisableTorchFunction():
             for source, absent in self.protected_sources:
@@ -236,16 +212,14 @@ class _Entry:
                 name = getattr(source, "attr", getattr(source, "item", None))
                 if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
                     modules[id(obj)] = obj
+            modules.update((id(m), m) for m in self.anchors.holders(ctx, memo))
         state = _State(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
-                       tensor_guards(unique), dict_sentinel([m.__dict__ for m in modules.values()]))
+                       tensor_guards(unique), dict_sentinel([m.__dict__ for m in modules.values()]), anchors)
         self.state = state
         return state
 
     def admits(self, ctx: CallContext) -> tuple | None:
         """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
-        per_call = self.always(ctx.leaves, ctx.fn)
-        if per_call is False:
-            return None
         state = self.state
         if state is None or state.epoch != EPOCH.value or not state.unwritten():
             if self._full is None:
@@ -254,6 +228,11 @@ class _Entry:
                 if not self._full(ctx.leaves, ctx.fn):
                     return None
             state = self.refresh(ctx)
+            if state is None:
+                return None
+        per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
+        if per_call is False:
+            return None
         if not state.tensor_guard.check(*state.tensors):
             return None
         if per_call:
@@ -272,6 +251,8 @@ class _Entry:
         return key if self.masked is None else (without_sizes(key[0], leaves, self.masked), key[1])
 
     def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
+        if self.key is None:
+            return "a write made objects its per-call check shared differ (the entry was dropped)"
         shapes = self.shapes
         if shapes is not None:
             key = self.key_for(key, ctx.leaves[1:])
@@ -356,6 +337,7 @@ class CompiledFunction:
         self._watch = WriteWatch()
         weakref.finalize(self, self._watch.release)
         install_registration_hooks()
+        patch_parameter_writes(EPOCH.bump)
         _LIVE.add(self)
 
     def reset(self) -> None:

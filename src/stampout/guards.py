@@ -291,12 +291,13 @@ class Guard:
 
 
 def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> Callable[[list[Any], Any], Any]:
-    """One generated function `check(leaves, fn)` testing every guard, shared prefixes resolved once.
+    """One generated function `check(leaves, fn, anchors=())` testing every guard, shared prefixes resolved once
+(`Anchor` sources read `anchors`).
 
     It returns False when a guard fails; otherwise True, or, with `results`, the tuple of the values at
     those sources (stamping needs the parameters the guards just resolved)."""
     namespace: dict[str, Any] = dict(_HELPERS)
-    lines = ["def check(leaves, fn):"]
+    lines = ["def check(leaves, fn, anchors=()):"]
     var_of: dict[Source, str] = {}
     # Modules whose class an earlier guard fixes: their attributes are read the way nn.Module resolves them,
     # from the instance dict and the registries, without the Python-level attribute hooks.

@@ -159,6 +159,32 @@ class Absolute(Source):
         raise AssertionError("Absolute sources are bound as constants by the guard compiler")
 
 
+class Anchor(Source):
+    """An object a per-call check reaches through watched modules, resolved once per epoch by the compiled
+    function and passed to the generated check as `anchors[index]` (see compiled._anchored)."""
+
+    __slots__ = ("index", "label")
+
+    def __init__(self, index: int, label: str) -> None:
+        self.index = index
+        self.label = label
+
+    def key(self) -> tuple:
+        return ("anchor", self.index)
+
+    def name(self) -> str:
+        return self.label
+
+    def rebase(self, fn):
+        return fn(self)
+
+    def _step(self, ctx, memo):
+        raise AssertionError("an Anchor is resolved by its compiled function, not from a call context")
+
+    def expr(self, base_expr: str = "") -> str:
+        return f"anchors[{self.index}]"
+
+
 class Closure(Source):
     """Closure cell `var` (position `index`) of the called function."""
 

@@ -141,6 +141,9 @@ class RegionFrame:
         self._keep: list[Any] = []
         self.guards: list[Guard] = []
         self._guarded: set[tuple[Source, Kind]] = set()
+        # Per (entry, region function) imported once: the entry's guards on class, global and closure facts,
+        # which rebase to the same guards on every stamped call; later calls import only the per-call ones.
+        self._facts_imported: dict[tuple[int, int], tuple[Any, list[Guard]]] = {}
         self.ineligible: list[str] = []
         self.reads_requires_grad = False
         self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
@@ -594,7 +597,14 @@ class RegionFrame:
                 return Attr(Absolute(fn, fn.__qualname__), root.attr)
             return root
 
-        for guard in entry.guards:
+        key = (id(entry), id(fn))
+        imported = self._facts_imported.get(key)
+        if imported is None:
+            guards = entry.guards
+            self._facts_imported[key] = (fn, [g for g in entry.guards if _reads_arguments(g)])  # fn kept alive
+        else:
+            guards = imported[1]
+        for guard in guards:
             source = guard.source.rebase(translate)
             expected = guard.expected.rebase(translate) if guard.kind is Kind.SAME else guard.expected
             if source is None or expected is None:
@@ -610,6 +620,18 @@ class RegionFrame:
                 source = spec.source.rebase(translate) if spec.source is not None else None
                 if source is not None:
                     self._name(value, source)
+
+
+def _rooted_in_arguments(source: Source) -> bool:
+    if any(_rooted_in_arguments(s) for s in source.operands()):
+        return True
+    parent = source.base()
+    return isinstance(source, Arg) if parent is None else _rooted_in_arguments(parent)
+
+
+def _reads_arguments(guard: Guard) -> bool:
+    """Whether a guard's source (or, for SAME, the other side) starts from a call argument."""
+    return _rooted_in_arguments(guard.source) or guard.kind is Kind.SAME and _rooted_in_arguments(guard.expected)
 
 
 def _made_here(obj: Any, watch: Watch) -> bool:
