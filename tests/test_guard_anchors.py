@@ -26,7 +26,7 @@ def test_shared_config_is_checked_once_per_call():
     for n in (2, 24):
         model, reference, fn = compiled_pair(n)
         same(fn, reference, torch.randn(3, 8))
-        (entry,) = fn._entries
+        (entry,) = getattr(fn, "_compiled", fn)._entries  # a CompiledModule wraps its CompiledFunction
         assert entry.always.source_code.count("'act', _MISSING)") == 1  # the instance's; its class's default too
 
 
