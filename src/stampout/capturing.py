@@ -33,6 +33,7 @@ from .sources import Arg, Attr, CallContext, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
 from .tracking import Watch
+from .world import RandomStates, autograd_refusal, clear_fakes
 
 log = logging.getLogger("stampout.capture")
 
@@ -85,7 +86,11 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[C
             hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
                                                   _capturing_here)
             with hooks, entered(ctx), tracer.fake_mode, tracer.mode:
-                yield ctx
+                handler.start()
+                try:
+                    yield ctx
+                finally:
+                    handler.stop()
         finally:
             while handler.frames:
                 handler.pop()
@@ -115,6 +120,13 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     for tensors the program reads through its input objects (a KV cache's `layers[0].keys`). `ranges` bounds
     symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
     symbols during the capture (inputs of the graph, read per call)."""
+    refusal = autograd_refusal(fn)
+    if refusal is not None:
+        raise CaptureError(message(
+            f"stampout.capture cannot keep the gradients of this program: {refusal}", user_location(),
+            "capture under torch.no_grad(), remove the hook, or use stampout.compile (which runs such a "
+            "program eagerly)",
+        ))
     signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
     names = positional_names(signature_of)
     if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
@@ -159,6 +171,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     plan = None
     held = _held_by_inputs(leaves, labels) if not guard_program else _Held()
     before = {id(obj): _fields(obj) for obj in held}
+    states = RandomStates.save()
     try:
         with _capturing(tracer, handler, watch) as ctx:
             if guard_program or symbolic:  # (a symbolic capture: to find every size the Python stored)
@@ -180,6 +193,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
         _unplant(planted)
+        _restore_world(handler, states, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
         raise
     else:
         if program is not None and guard_program:
@@ -187,6 +201,13 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         elif program is not None:
             _concrete_stores(program, held)
         _unplant(planted)
+        if guard_program:  # what no replayed effect would store again: compiled calls cannot repeat it
+            left_behind = _restore_world(handler, states, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+            if left_behind:
+                program.mark_ineligible(f"stores traced values outside the objects stampout replays: "
+                                        f"{left_behind}")
+        else:
+            _restore_world(handler, states, [])
     if not guard_program:
         plan, program = None, None
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
@@ -230,6 +251,19 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             _make_real(cap, [(s.resolve(CallContext([fn, *leaves], None), {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
     return cap
+
+
+def _restore_world(handler: RegionCalls, states: RandomStates, objects: list[Any]) -> str:
+    """Put back the random generators, and take every fake tensor and symbolic size out of what the program's
+    code could reach (globals, memo caches, class dicts; the attributes of `objects`). Returns what held
+    traced values other than in caches (empty: nothing). See world.py."""
+    states.restore()
+    with torch._C.DisableTorchFunction():
+        repairs = handler.snapshot.repair()
+        repairs.places.extend(clear_fakes(objects))
+    if repairs.caches or repairs.places:
+        log.info("after the capture: put right %s", repairs.describe())
+    return ", ".join(repairs.places)
 
 
 def _concrete_stores(program: RegionFrame, held: _Held) -> None:

@@ -39,6 +39,7 @@ from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, Ty
 from .structure import build, flatten_inputs
 from .torch_internals import dict_sentinel, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
+from .world import autograd_refusal
 
 log = logging.getLogger("stampout.guards")
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -399,6 +400,10 @@ class CompiledFunction:
         return None
 
     def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> tuple[Any, tuple]:
+        refusal = autograd_refusal(self.fn)
+        if refusal is not None:
+            log.warning("%s runs eagerly for these inputs: %s", _name(self.fn), refusal)
+            return self._add(_EagerEntry(key, refusal)), ()
         self._watch.release()  # capture watches reads with its own shims
         try:
             root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled

@@ -17,18 +17,20 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from ..capture import RegionEvent, RegionStats
 from ..context import listeners
 from ..errors import RegionError, message
-from ..frames import user_location
+from ..frames import user_frame, user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..sources import MISSING, Absolute, CallContext
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier, map_tensors
 from ..tracking import Watch
+from ..world import Snapshot
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
-from .code import is_user_code
+from .code import code_facts, is_user_code
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
+from .purity import impure_call, location, reseeds_torch, user_caller, watched_file
 
 log = logging.getLogger("stampout.regions")
 
@@ -45,7 +47,10 @@ class RegionCalls:
         self.stats = RegionStats()
         self.events: list[RegionEvent] = []
         self._previous_trace: Any = None
+        self._previous_profile: Any = None
         self.trace_hook = self._on_call  # one bound method, so the tracer can tell it is ours
+        self.profile_hook = self._on_c_call
+        self.snapshot = Snapshot()  # what the user code it runs could reach, as it was (see world.py)
         cache.generation += 1  # entries made by earlier captures (of a compiled function) may be evicted
 
     # ---- entry point ------------------------------------------------------------------------
@@ -89,21 +94,54 @@ class RegionCalls:
                     f"takes a Python decision on the value of a tensor computed outside it (at {user_location(4)})"
                 )
 
+    def note_hook(self, reason: str) -> None:
+        """The program registers an autograd hook: a reused trace would register the traced call's function,
+        and a compiled program runs eagerly (AOTAutograd backends do not keep the registration)."""
+        for frame in self.frames:
+            frame.mark_ineligible(reason)
+
     def frame_ids(self) -> frozenset[int]:
         return frozenset(id(f) for f in self.frames)
 
     # ---- frames and the profile hook that shows them the Python code that runs -----------------------
+    def start(self) -> None:
+        """Show the Python code the capture runs to the open frames and to the world snapshot (a trace
+        function), and its C calls to the open frames (a profile function), until `stop`; a tracer or
+        profiler the user had set keeps getting its events."""
+        self._previous_trace = sys.gettrace()
+        self._previous_profile = sys.getprofile()
+        sys.settrace(self.trace_hook)
+        sys.setprofile(self.profile_hook)
+
+    def stop(self) -> None:
+        sys.setprofile(self._previous_profile)
+        sys.settrace(self._previous_trace)
+        self._previous_trace = self._previous_profile = None
+
     def push(self, frame: RegionFrame) -> None:
-        if not self.frames:
-            self._previous_trace = sys.gettrace()
-            sys.settrace(self.trace_hook)
         self.frames.append(frame)
 
     def pop(self) -> None:
         self.frames.pop()
-        if not self.frames:
-            sys.settrace(self._previous_trace)
-            self._previous_trace = None
+
+    def _on_c_call(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        """A profile function: a C call that is not known pure (`random.random`, `time.time`) makes every open
+        frame's trace ineligible (its result would be baked into reused and compiled calls)."""
+        previous = self._previous_profile
+        if previous is not None:
+            previous(frame, event, arg)
+        if event != "c_call" or not self.frames:
+            return
+        if watched_file(frame.f_code.co_filename):
+            what = impure_call(arg)
+            caller = user_caller(frame) if what is not None else None
+        else:  # (torch's Python reseeding its generator for the user: torch.manual_seed)
+            what = "a torch.Generator method (torch.manual_seed?)" if reseeds_torch(arg) else None
+            caller = user_frame(1) if what is not None else None
+        if caller is not None:
+            reason = f"calls {what}, which is not known to be pure (at {location(caller)})"
+            for f in self.frames:
+                f.mark_ineligible(reason)
 
     def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         """A trace function (called once per Python call, on this thread only): user code that is about to
@@ -115,9 +153,12 @@ class RegionCalls:
             local = self.frames[-1].slots.on_call(frame) or local
         if event == "call" and is_user_code(code):
             g = frame.f_globals
-            with torch._C.DisableTorchFunction(), listeners(None, None):
-                for f in self.frames:
-                    f.on_code(code, g)
+            snapshot = self.snapshot
+            if self.frames or not snapshot.saw(code, g):
+                with torch._C.DisableTorchFunction(), listeners(None, None):
+                    snapshot.note_code(code, g, code_facts(code).names)
+                    for f in self.frames:
+                        f.on_code(code, g)
         return local
 
     def note_autograd_read(self) -> None:
