@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import functools
 import logging
 import os
 import random
