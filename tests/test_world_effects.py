@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import logging
 import os
 import random
@@ -236,3 +237,304 @@ def test_torch_manual_seed_in_a_compiled_program_runs_eagerly() -> None:
     torch.rand(5)
     b = fn(_x())
     assert torch.equal(a, b) and fn.last_capture is None
+
+
+# ------------------------------------------------------------------ family 1: fakes left in user state
+
+metrics = types.ModuleType("metrics_for_world_effects")  # a module used as a namespace by the program
+metrics.LAST = None
+MEMO: dict = {}
+LIST_MEMO: list = []
+LAST_SUM = None
+
+
+@functools.cache
+def rope_table(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float32) / 10
+
+
+@functools.cache
+def causal(n: int) -> torch.Tensor:
+    return torch.ones(n) * 0.5
+
+
+def dict_memo(n: int) -> torch.Tensor:
+    if n not in MEMO:
+        MEMO[n] = torch.ones(n) * 3
+    return MEMO[n]
+
+
+def list_memo(n: int) -> torch.Tensor:
+    if not LIST_MEMO:
+        LIST_MEMO.append(torch.ones(n) * 0.25)
+    return LIST_MEMO[0]
+
+
+class Memo(nn.Module):
+    """One memo pattern per subclass (`body`), used by a region layer."""
+
+    _masks: dict = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) + self.body(x))
+
+
+class LruGlobal(Memo):
+    def body(self, x):
+        return rope_table(D)
+
+
+class CacheGlobal(Memo):
+    def body(self, x):
+        return causal(D)
+
+
+class DictGlobal(Memo):
+    def body(self, x):
+        return dict_memo(D)
+
+
+class ListGlobal(Memo):
+    def body(self, x):
+        return list_memo(D)
+
+
+class ClassDict(Memo):
+    def body(self, x):
+        if D not in self._masks:
+            self._masks[D] = torch.ones(D) * 4
+        return self._masks[D]
+
+
+class LruMethod(Memo):
+    @functools.cache  # noqa: B019 - the pattern under test
+    def table(self, n: int) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32) / 7
+
+    def body(self, x):
+        return self.table(D)
+
+
+class CachedProperty(Memo):
+    @functools.cached_property
+    def scale(self) -> torch.Tensor:
+        return torch.ones(D) * 2
+
+    def body(self, x):
+        return self.scale
+
+
+class NamespaceStore(Memo):
+    def body(self, x):
+        metrics.LAST = x.shape[0]
+        return 0.0
+
+
+class GlobalStore(Memo):
+    def body(self, x):
+        global LAST_SUM
+        LAST_SUM = x.sum()
+        return 0.0
+
+
+MEMOS = [LruGlobal, CacheGlobal, DictGlobal, ListGlobal, ClassDict, LruMethod, CachedProperty, NamespaceStore,
+         GlobalStore]
+
+
+def _reset_memos() -> None:
+    global LAST_SUM
+    MEMO.clear()
+    LIST_MEMO.clear()
+    Memo._masks.clear()
+    rope_table.cache_clear()
+    causal.cache_clear()
+    LruMethod.table.cache_clear()
+    metrics.LAST = None
+    LAST_SUM = None
+
+
+def _memo_world(model: nn.Module) -> list:
+    return [MEMO, LIST_MEMO, Memo._masks, metrics.LAST, LAST_SUM, *(vars(m) for m in model.modules())]
+
+
+def _memo_stack(cls: type) -> nn.Module:
+    _reset_memos()
+    torch.manual_seed(0)
+    return nn.Sequential(*[cls() for _ in range(3)])
+
+
+@pytest.mark.parametrize("cls", MEMOS, ids=lambda c: c.__name__)
+def test_capture_leaves_no_fake_in_user_state(cls: type) -> None:
+    model = _memo_stack(cls)
+    ref = copy.deepcopy(model)
+    x = _x(grad=True)
+    cap = stampout.capture(model, x)
+    assert_clean(_memo_world(model), rope_table.cache_info(), causal.cache_info())
+    for fn in (rope_table, causal, LruMethod.table):  # a cache keeps no result computed on fakes
+        assert fn.cache_info().currsize == 0 or cls not in (LruGlobal, CacheGlobal, LruMethod)
+    tree_assert_close(cap(_x()), ref(_x()), **TOL)
+    tree_assert_close(model(_x()), ref(_x()), **TOL)  # the next eager call works and matches
+    assert_clean(_memo_world(model))
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("cls", MEMOS, ids=lambda c: c.__name__)
+def test_compile_leaves_the_world_as_eager(cls: type, dynamic) -> None:
+    model = _memo_stack(cls)
+    ref = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=dynamic)
+    for rows in (2, 3, 5, 3):
+        x = torch.randn(rows, D)
+        expected = ref(x)
+        stored = (metrics.LAST, LAST_SUM)
+        metrics.LAST = None
+        out = fn(x)
+        assert_clean(_memo_world(model))
+        tree_assert_close(out, expected, **TOL)
+        tree_assert_close((metrics.LAST, LAST_SUM), stored, **TOL)  # stored per call, as eager stores them
+    tree_assert_close(model(x), ref(x), **TOL)
+
+
+def test_failed_capture_leaves_no_fake_in_user_state() -> None:
+    class Fails(DictGlobal):
+        def forward(self, x):
+            h = self.body(x) + self.fc(x)
+            if h.sum() > 0:  # data-dependent: the capture fails after the memo was filled
+                h = h + 1
+            return h
+
+    _reset_memos()
+    with pytest.raises(stampout.StampoutError):
+        stampout.capture(Fails(), _x())
+    assert_clean(_memo_world(nn.Module()))
+
+
+# ------------------------------------------------------------------------ family 3: autograd registrations
+
+
+class Hooked(nn.Module):
+    """Registers a gradient hook inside forward: on an intermediate, on its input, or on a parameter."""
+
+    def __init__(self, where: str, region: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.where = where
+        self.scale = -3.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.where == "intermediate":
+            h.register_hook(lambda g: g * self.scale)
+        elif self.where == "input":
+            x.register_hook(lambda g: g * 0.5)
+        elif self.where == "parameter":
+            self.fc.weight.register_hook(lambda g: g * 2.0)
+        return torch.tanh(h) * x
+
+
+class HookedRegion(Hooked):
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
+
+
+def _grads_of(run, model: nn.Module) -> tuple:
+    for p in model.parameters():
+        p.grad = None
+    x = _x(grad=True)
+    out = run(x)
+    (out.float() ** 2).sum().backward()
+    return out.detach(), x.grad, {n: p.grad for n, p in model.named_parameters()}
+
+
+WHERE = ["intermediate", "input", "parameter"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_tensor_hook_in_forward_capture(where: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(Hooked(where), Hooked("none"))
+    ref = copy.deepcopy(model)
+    cap = stampout.capture(model, _x(grad=True))
+    tree_assert_close(_grads_of(cap, model), _grads_of(ref, ref), **TOL)
+    tree_assert_close(_grads_of(cap, model), _grads_of(ref, ref), **TOL)  # a second call registers again
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_tensor_hook_in_a_region_is_traced_per_call(where: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[HookedRegion(where) for _ in range(3)])
+    ref = copy.deepcopy(model)
+    cap = stampout.capture(model, _x(grad=True))
+    assert cap.stats.reuses == 0, cap.explain()
+    tree_assert_close(_grads_of(cap, model), _grads_of(ref, ref), **TOL)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("where", WHERE)
+def test_tensor_hook_in_forward_compile(where: str, backend: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[HookedRegion(where) for _ in range(2)])
+    ref = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    for _ in range(2):
+        tree_assert_close(_grads_of(fn, model), _grads_of(ref, ref), **TOL)
+
+
+def test_hook_closing_over_a_traced_tensor_is_refused() -> None:
+    def program(x):
+        h = x * 2
+        mask = h > 0
+        h.register_hook(lambda g: g * mask)
+        return h.sum()
+
+    with pytest.raises(stampout.StampoutError, match="closes over a tensor"):
+        stampout.capture(program, _x(grad=True))
+
+
+def _backward_hooked(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(Hooked("none"), Hooked("none"))
+    if kind == "full":
+        model[0].register_full_backward_hook(lambda m, gi, go: (gi[0] * 3,))
+    else:
+        model[1].register_full_backward_pre_hook(lambda m, go: (go[0] * -1,))
+    return model
+
+
+@pytest.mark.parametrize("kind", ["full", "pre"])
+def test_module_backward_hook_capture_refuses(kind: str) -> None:
+    with pytest.raises(stampout.StampoutError, match="backward hook"):
+        stampout.capture(_backward_hooked(kind), _x(grad=True))
+    with torch.no_grad():  # without gradients there is nothing to lose
+        stampout.capture(_backward_hooked(kind), _x())
+
+
+@pytest.mark.parametrize("kind", ["full", "pre"])
+def test_module_backward_hook_compile_runs_eagerly(kind: str, caplog) -> None:
+    model = _backward_hooked(kind)
+    ref = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        tree_assert_close(_grads_of(fn, model), _grads_of(ref, ref), **TOL)
+    assert "backward hook" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["full", "pre"])
+def test_module_backward_hook_added_after_compile(kind: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(Hooked("none"), Hooked("none"))
+    ref = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    tree_assert_close(_grads_of(fn, model), _grads_of(ref, ref), **TOL)
+    for m in (model, ref):
+        if kind == "full":
+            m[0].register_full_backward_hook(lambda m, gi, go: (gi[0] * 3,))
+        else:
+            m[1].register_full_backward_pre_hook(lambda m, go: (go[0] * -1,))
+    tree_assert_close(_grads_of(fn, model), _grads_of(ref, ref), **TOL)

@@ -250,6 +250,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if plan.extra or held:  # the caller's objects end up as one eager call leaves them
             _make_real(cap, [(s.resolve(CallContext([fn, *leaves], None), {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
+        with torch._C.DisableTorchFunction():  # what the graph could not compute (a region's cached_property)
+            removed = clear_fakes([*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+        if removed:
+            log.info("after the capture: removed the traced values left in %s", ", ".join(removed))
     return cap
 
 

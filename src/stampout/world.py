@@ -84,12 +84,17 @@ class Snapshot:
     def saw(self, code: types.CodeType, g: dict) -> bool:
         return (id(code), id(g)) in self._seen
 
-    def note_code(self, code: types.CodeType, g: dict, names: tuple[str, ...]) -> None:
-        """User code is about to run with globals `g`: remember its globals dict and what its names reach."""
+    def note_code(self, frame: types.FrameType, names: tuple[str, ...]) -> None:
+        """User code is about to run in `frame`: remember its globals dict, what its global names reach, and
+        the class of its `self` (memo dicts and caches kept on the class)."""
+        code, g = frame.f_code, frame.f_globals
         key = (id(code), id(g))
         if key in self._seen:
             return
         self._seen.add(key)
+        if code.co_argcount and code.co_varnames[0] in ("self", "cls"):
+            first = frame.f_locals.get(code.co_varnames[0])
+            self.note(first if isinstance(first, type) else type(first), 1)
         self.note(g, 0)
         for name in names:
             value = g.get(name)
@@ -119,8 +124,24 @@ class Snapshot:
         if isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__)):
             for klass in value.__mro__[:-1]:
                 for item in list(vars(klass).values()):
+                    item = item.__func__ if isinstance(item, (staticmethod, classmethod)) else item
                     if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                         self.note(item, depth + 1)
+
+    def cache_misses(self) -> dict[int, int]:
+        return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
+
+    def clear_caches(self, since: dict[int, int]) -> None:
+        """Clear the caches that stored results since `since` was taken (a region trace's fakes must not be
+        handed to the next call of the function, which runs in another graph)."""
+        for key, (wrapper, noted) in self.caches.items():
+            if wrapper.cache_info().misses != since.get(key, noted):
+                wrapper.cache_clear()
+                self.caches[key] = (wrapper, -1)  # (repair reports it as cleared)
+
+    def contents(self) -> list[Any]:
+        """The memo containers as they are now (what a trace may have stored in them)."""
+        return [container for container, _ in self.containers.values() if "__builtins__" not in container]
 
     def repair(self) -> Repairs:
         """Undo what put a fake where user state keeps it: caches that stored results computed during the

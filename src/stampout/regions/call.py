@@ -156,7 +156,7 @@ class RegionCalls:
             snapshot = self.snapshot
             if self.frames or not snapshot.saw(code, g):
                 with torch._C.DisableTorchFunction(), listeners(None, None):
-                    snapshot.note_code(code, g, code_facts(code).names)
+                    snapshot.note_code(frame, code_facts(code).names)
                     for f in self.frames:
                         f.on_code(code, g)
         return local
@@ -265,6 +265,7 @@ class RegionCalls:
         parent = tracer.builder
         with torch._C.DisableTorchFunction():
             frame = RegionFrame(region.fn, leaves, labels, self.watch)
+            frame.cache_misses = self.snapshot.cache_misses()
             for i, arg in enumerate(args):
                 frame.note_input_containers(arg, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]")
             for k, arg in kwargs.items():
@@ -309,7 +310,15 @@ class RegionCalls:
             else:
                 outputs.append(("out", len(returned)))
                 returned.append(node)
-        escaped = self._escaped(child, frame, template, returned)
+        self.snapshot.clear_caches(frame.cache_misses)  # (a cache is transparent: later calls compute again)
+        places = [*template_constants(template), *(c[0] for c in frame.containers), *(s[2] for s in frame.stores)]
+        escaped = self._escaped(child, places, returned)
+        hidden = [t for t in self._escaped(child, self.snapshot.contents(), returned)
+                  if not any(t is e for e in escaped)]
+        if hidden:  # kept by a memo dict or list the guards do not watch (a class attribute's)
+            frame.mark_ineligible(f"keeps a tensor of shape {tuple(hidden[0].shape)} it computed in Python state "
+                                  "outside its arguments (a memo dict or list)")
+            escaped.extend(hidden)
         for t in escaped:  # tensors the region handed out by side channels: outputs too
             outputs.append(("out", len(returned)))
             returned.append(child.nodes[id(t)][1])
@@ -383,11 +392,10 @@ class RegionCalls:
         return tuple(stores)
 
     @staticmethod
-    def _escaped(child: Builder, frame: RegionFrame, template: Any, returned: list[fx.Node]) -> list[torch.Tensor]:
-        """Tensors computed in the region that leave it other than as outputs: inside a returned object,
-        appended to a container it was given, stored on an object."""
+    def _escaped(child: Builder, places: list[Any], returned: list[fx.Node]) -> list[torch.Tensor]:
+        """Tensors computed in the region that leave it other than as outputs, found in `places`: inside a
+        returned object, appended to a container it was given, stored on an object."""
         found: dict[int, torch.Tensor] = {}
-        places = [*template_constants(template), *(c[0] for c in frame.containers), *(s[2] for s in frame.stores)]
         for t in tensors_within(places):
             hit = child.nodes.get(id(t))
             if hit is not None and hit[1].op != "placeholder" and hit[1] not in returned:

@@ -128,6 +128,7 @@ class RegionFrame:
         self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
         self.lifted: list[LiftedInput] = []
         self.slots: SlotTracker | None = None  # int attributes this region trace follows (created on first read)
+        self.cache_misses: dict[int, int] = {}  # functools caches known when the trace began: misses then
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
                 if not isinstance(leaf, torch.Tensor):
