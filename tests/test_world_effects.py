@@ -538,3 +538,39 @@ def test_module_backward_hook_added_after_compile(kind: str) -> None:
         else:
             m[1].register_full_backward_pre_hook(lambda m, go: (go[0] * -1,))
     tree_assert_close(_grads_of(fn, model), _grads_of(ref, ref), **TOL)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
+def test_fsdp2_model_never_loses_gradients(caplog) -> None:
+    """FSDP2 reduces gradients with autograd hooks on the unsharded parameters each call makes: capture
+    refuses, compile runs eagerly (one gloo rank)."""
+    import datetime as dt
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=dt.timedelta(seconds=60))
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(D, D), nn.Tanh(), nn.Linear(D, D))
+        ref = copy.deepcopy(model)
+        for layer in (model[0], model[2], model):
+            fully_shard(layer)
+        with pytest.raises(stampout.StampoutError, match="fully_shard"):
+            stampout.capture(model, _x(grad=True))
+        fn = stampout.compile(model, backend="eager")
+        with caplog.at_level(logging.WARNING, logger="stampout"):
+            out = fn(_x())
+        (out ** 2).sum().backward()
+        (ref(_x()) ** 2).sum().backward()
+        assert "fully_shard" in caplog.text
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert p.grad is not None
+            torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL)
+    finally:
+        dist.destroy_process_group()

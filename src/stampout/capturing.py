@@ -33,7 +33,7 @@ from .sources import Arg, Attr, CallContext, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
 from .tracking import Watch
-from .world import RandomStates, autograd_refusal, clear_fakes
+from .world import RandomStates, autograd_refusal, check_left_over, clear_fakes
 
 log = logging.getLogger("stampout.capture")
 
@@ -193,7 +193,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
         _unplant(planted)
-        _restore_world(handler, states, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+        objects = [*_modules_of(fn), *_held_by_inputs(leaves, labels)]
+        _restore_world(handler, states, objects)
+        with torch._C.DisableTorchFunction():
+            check_left_over(handler.snapshot, objects)
         raise
     else:
         if program is not None and guard_program:
@@ -254,6 +257,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             removed = clear_fakes([*_modules_of(fn), *_held_by_inputs(leaves, labels)])
         if removed:
             log.info("after the capture: removed the traced values left in %s", ", ".join(removed))
+    with torch._C.DisableTorchFunction():
+        check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     return cap
 
 

@@ -17,6 +17,7 @@ are put right afterwards, whether the capture succeeded or failed:
 from __future__ import annotations
 
 import functools
+import os
 import random
 import sys
 import types
@@ -172,6 +173,24 @@ class Snapshot:
                 container[:] = before
                 repairs.places.append("the items of a list")
         return repairs
+
+
+def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
+    """With STAMPOUT_CHECK_WORLD=1 (the test suite sets it): raise if a fake tensor or symbolic size is still
+    reachable from the user state a capture touched, after the repairs (a bug in them, never silent)."""
+    if os.environ.get("STAMPOUT_CHECK_WORLD") != "1":
+        return
+    places = [("a memo container", c) for c, _ in snapshot.containers.values()]
+    places += [(f"{type(o).__name__}.__dict__", getattr(o, "__dict__", None)) for o in objects]
+    for label, place in places:
+        if isinstance(place, dict):
+            bad = [k for k, v in list(place.items()) if holds_fake(v)]
+        elif isinstance(place, list):
+            bad = [i for i, v in enumerate(place) if holds_fake(v)]
+        else:
+            continue
+        if bad:
+            raise AssertionError(f"stampout left traced values in {label}: {bad[:5]}")
 
 
 @dataclass
