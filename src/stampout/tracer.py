@@ -303,8 +303,8 @@ class RegionHooks(Protocol):
 
     def frame_ids(self) -> frozenset[int]: ...
 
-    trace_hook: Callable[..., Any]  # the trace function it sets while region frames are open (and a profile
-    # function beside it)
+    trace_hook: Callable[..., Any]  # the trace function it sets while the capture runs
+    profile_hook: Callable[..., Any]  # the profile function it sets while region frames are open
 
 
 class CaptureMode(PreDispatchTorchFunctionMode):
@@ -417,10 +417,10 @@ class Tracer:
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         # The region handler's trace function shows it the user code that runs; torch's own Python under
         # this call is not user code, and skipping it keeps a trace fast.
-        hook = sys.gettrace()
-        if hook is None or self.regions is None or hook is not self.regions.trace_hook:
+        hook, profile = sys.gettrace(), sys.getprofile()
+        regions = self.regions
+        if regions is None or (hook is not regions.trace_hook and profile is not regions.profile_hook):
             return self._on_call(func, args, kwargs)
-        profile = sys.getprofile()
         sys.settrace(None)
         sys.setprofile(None)
         try:

@@ -55,6 +55,18 @@ class RegionCalls:
 
     # ---- entry point ------------------------------------------------------------------------
     def call(self, region: Region, args: tuple, kwargs: dict) -> Any:
+        # (stampout's own Python runs without the trace and profile functions: a stamped call stays cheap;
+        # they are back on while a traced region's code runs)
+        trace, profile = sys.gettrace(), sys.getprofile()
+        sys.settrace(None)
+        sys.setprofile(None)
+        try:
+            return self._call(region, args, kwargs)
+        finally:
+            sys.setprofile(profile)
+            sys.settrace(trace)
+
+    def _call(self, region: Region, args: tuple, kwargs: dict) -> Any:
         with torch._C.DisableTorchFunction():
             leaves, spec, labels = flatten_inputs(args, kwargs, region.arg_names)
             fp = fingerprint(spec, leaves)
@@ -105,24 +117,28 @@ class RegionCalls:
 
     # ---- frames and the profile hook that shows them the Python code that runs -----------------------
     def start(self) -> None:
-        """Show the Python code the capture runs to the open frames and to the world snapshot (a trace
-        function), and its C calls to the open frames (a profile function), until `stop`; a tracer or
+        """Show the Python code the capture runs to the world snapshot and the open frames (a trace function),
+        and, while frames are open, its C calls to them (a profile function), until `stop`; a tracer or
         profiler the user had set keeps getting its events."""
         self._previous_trace = sys.gettrace()
         self._previous_profile = sys.getprofile()
         sys.settrace(self.trace_hook)
-        sys.setprofile(self.profile_hook)
 
     def stop(self) -> None:
+        self.frames.clear()
         sys.setprofile(self._previous_profile)
         sys.settrace(self._previous_trace)
         self._previous_trace = self._previous_profile = None
 
     def push(self, frame: RegionFrame) -> None:
         self.frames.append(frame)
+        if len(self.frames) == 1:
+            sys.setprofile(self.profile_hook)
 
     def pop(self) -> None:
         self.frames.pop()
+        if not self.frames:
+            sys.setprofile(self._previous_profile)
 
     def _on_c_call(self, frame: types.FrameType, event: str, arg: Any) -> None:
         """A profile function: a C call that is not known pure (`random.random`, `time.time`) makes every open
@@ -282,7 +298,13 @@ class RegionCalls:
         self.push(frame)
         try:
             with listeners(self.on_read, self.on_write):
-                out = region.fn(*args, **kwargs)
+                sys.settrace(self.trace_hook)
+                sys.setprofile(self.profile_hook)
+                try:
+                    out = region.fn(*args, **kwargs)
+                finally:
+                    sys.setprofile(None)
+                    sys.settrace(None)
         except BaseException:
             if frame.slots is not None:
                 frame.slots.close()  # stop following per-layer indices (the trace failed)
@@ -405,6 +427,14 @@ class RegionCalls:
     def on_read(self, obj: Any, name: str, value: Any) -> Any:
         """Every open frame records the read; an int attribute of a module read by the innermost region is
         returned as a SlotIndex when that region can follow its uses (per-layer indices)."""
+        profile = sys.getprofile()
+        sys.setprofile(None)  # (stampout's own bookkeeping: no C call of it is the program's)
+        try:
+            return self._on_read(obj, name, value)
+        finally:
+            sys.setprofile(profile)
+
+    def _on_read(self, obj: Any, name: str, value: Any) -> Any:
         with torch._C.DisableTorchFunction(), listeners(None, None):
             frames = self.frames
             inner = frames[-1] if frames else None
