@@ -210,7 +210,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 program.mark_ineligible(f"stores traced values outside the objects stampout replays: "
                                         f"{left_behind}")
         else:
-            _restore_world(handler, states, [])
+            states.restore()  # (the rest of the world after the graph computed what it can: below)
     if not guard_program:
         plan, program = None, None
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
@@ -220,6 +220,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if made and not unreplayable:
             unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
         left = _left_over_fakes([h for h in [*made, *holders, *_modules_of(fn)] if h not in held], tracer, plan)
+        left += handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals: real too
     nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
     if not guard_program:
         _warn_unnamed(tracer, program)
@@ -253,20 +254,19 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if plan.extra or held:  # the caller's objects end up as one eager call leaves them
             _make_real(cap, [(s.resolve(CallContext([fn, *leaves], None), {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
-        with torch._C.DisableTorchFunction():  # what the graph could not compute (a region's cached_property)
-            removed = clear_fakes([*_modules_of(fn), *_held_by_inputs(leaves, labels)])
-        if removed:
-            log.info("after the capture: removed the traced values left in %s", ", ".join(removed))
+        # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
+        _restore_world(handler, None, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     with torch._C.DisableTorchFunction():
         check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     return cap
 
 
-def _restore_world(handler: RegionCalls, states: RandomStates, objects: list[Any]) -> str:
+def _restore_world(handler: RegionCalls, states: RandomStates | None, objects: list[Any]) -> str:
     """Put back the random generators, and take every fake tensor and symbolic size out of what the program's
     code could reach (globals, memo caches, class dicts; the attributes of `objects`). Returns what held
     traced values other than in caches (empty: nothing). See world.py."""
-    states.restore()
+    if states is not None:
+        states.restore()
     with torch._C.DisableTorchFunction():
         repairs = handler.snapshot.repair()
         repairs.places.extend(clear_fakes(objects))

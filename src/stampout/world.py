@@ -141,8 +141,28 @@ class Snapshot:
                 self.caches[key] = (wrapper, -1)  # (repair reports it as cleared)
 
     def contents(self) -> list[Any]:
-        """The memo containers as they are now (what a trace may have stored in them)."""
-        return [container for container, _ in self.containers.values() if "__builtins__" not in container]
+        """The memo containers as they are now (what a trace may have stored in them); of a module's globals,
+        the tensors it holds."""
+        out: list[Any] = []
+        for container, _ in self.containers.values():
+            if type(container) is dict and "__builtins__" in container:
+                out.extend(v for v in list(container.values()) if isinstance(v, torch.Tensor))
+            else:
+                out.append(container)
+        return out
+
+    def graph_values(self, nodes: dict[int, Any], extra: list[Any]) -> list[tuple[Any, Any, str]]:
+        """Fake tensors of the outer graph (`nodes`) that a memo container or a module's globals holds, as
+        (container, key, "item"), each appended to `extra`: the capture stores their real values, as eager
+        leaves them."""
+        found = []
+        for container, _ in self.containers.values():
+            items = container.items() if type(container) is dict else enumerate(container)
+            for key, value in list(items):
+                if type(value) is FakeTensor and id(value) in nodes:
+                    found.append((container, key, "item"))
+                    extra.append(value)
+        return found
 
     def repair(self) -> Repairs:
         """Undo what put a fake where user state keeps it: caches that stored results computed during the

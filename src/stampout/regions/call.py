@@ -430,24 +430,24 @@ class RegionCalls:
         profile = sys.getprofile()
         sys.setprofile(None)  # (stampout's own bookkeeping: no C call of it is the program's)
         try:
-            return self._on_read(obj, name, value)
+            with torch._C.DisableTorchFunction(), listeners(None, None):
+                return self._record_read(obj, name, value, sys._getframe(2))
         finally:
             sys.setprofile(profile)
 
-    def _on_read(self, obj: Any, name: str, value: Any) -> Any:
-        with torch._C.DisableTorchFunction(), listeners(None, None):
-            frames = self.frames
-            inner = frames[-1] if frames else None
-            slot = None
-            if inner is not None and not inner.program:
-                if type(value) is int and isinstance(obj, torch.nn.Module):
-                    slot = inner.slot_read(obj, name, value, sys._getframe(2))
-                elif type(value) in (list, tuple):
-                    inner.container_read(obj, name, value, sys._getframe(2))
-            for frame in frames:
-                if frame is not inner or slot is None:
-                    frame.on_read(obj, name, value)
-            return slot
+    def _record_read(self, obj: Any, name: str, value: Any, user: types.FrameType) -> Any:
+        frames = self.frames
+        inner = frames[-1] if frames else None
+        slot = None
+        if inner is not None and not inner.program:
+            if type(value) is int and isinstance(obj, torch.nn.Module):
+                slot = inner.slot_read(obj, name, value, user)
+            elif type(value) in (list, tuple):
+                inner.container_read(obj, name, value, user)
+        for frame in frames:
+            if frame is not inner or slot is None:
+                frame.on_read(obj, name, value)
+        return slot
 
     def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
         with torch._C.DisableTorchFunction(), listeners(None, None):
