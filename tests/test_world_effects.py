@@ -574,3 +574,59 @@ def test_fsdp2_model_never_loses_gradients(caplog) -> None:
             torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL)
     finally:
         dist.destroy_process_group()
+
+
+class Stateful(nn.Module):
+    """Draws from state the module holds: a NumPy Generator, an itertools.count, a random.Random."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        import itertools
+
+        self.fc = nn.Linear(D, D)
+        self.kind = kind
+        self.gen = np.random.default_rng(0)
+        self.counter = itertools.count()
+        self.rng = random.Random(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.kind == "numpy_generator":
+            return h * float(self.gen.random())
+        if self.kind == "count":
+            return h * next(self.counter)
+        return h * self.rng.random()
+
+
+@pytest.mark.parametrize("kind", ["numpy_generator", "count", "random_instance"])
+def test_compile_capture_consumes_nothing_of_held_state(kind: str) -> None:
+    """The compiled program runs eagerly, and its capture stopped before drawing: every call sees eager's
+    state (the capture did not advance the generator or the iterator first)."""
+    torch.manual_seed(0)
+    model = Stateful(kind)
+    ref = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    for _ in range(3):
+        tree_assert_close(fn(_x()), ref(_x()), **TOL)
+    assert fn.last_capture is None
+
+
+def test_compile_does_not_consume_an_iterator_argument() -> None:
+    def program(x, it):
+        return x * next(it)
+
+    fn = stampout.compile(program, backend="eager")
+    mine, theirs = iter(range(10)), iter(range(10))
+    for _ in range(3):
+        tree_assert_close(fn(_x(), mine), program(_x(), theirs), **TOL)
+
+
+def test_symbolic_size_stored_in_a_namespace_is_concrete_after_capture() -> None:
+    def program(x):
+        metrics.LAST = x.shape[0]
+        return x * 2
+
+    x = _x()
+    torch._dynamo.mark_dynamic(x, 0)
+    stampout.capture(program, x)
+    assert type(metrics.LAST) is int and metrics.LAST == x.shape[0]

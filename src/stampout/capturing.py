@@ -25,7 +25,7 @@ from .guards import is_constant
 from .names import TensorNames, root_module
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
-from .regions.frame import RegionFrame
+from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
 from .shapes import SIZES, ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
@@ -177,10 +177,15 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             if guard_program or symbolic:  # (a symbolic capture: to find every size the Python stored)
                 program = RegionFrame(frame_function(fn), [fn, *fake_leaves], ["self", *labels], watch,
                                       program=True)
+                if guard_program and program.ineligible:
+                    raise ProgramIneligible(program.ineligible[0])
+                program.abandon = guard_program
                 handler.program = program
                 handler.push(program)
                 ctx.read, ctx.write = handler.on_read, handler.on_write
             out = fn(*fake_args, **fake_kwargs)
+            if program is not None:
+                program.abandon = False
             slots: list[torch.Tensor] = []
             template = to_template(out, slots, _input_objects(leaves), sizes=True)
             _check_no_hidden_tensors(template)

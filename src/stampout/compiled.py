@@ -35,6 +35,7 @@ from .regions.fingerprint import (
     requires_grad_pattern,
     without_sizes,
 )
+from .regions.frame import ProgramIneligible
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, Item, Source, TypeOf
 from .structure import build, flatten_inputs
 from .torch_internals import dict_sentinel, tensor_guards
@@ -415,9 +416,15 @@ class CompiledFunction:
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
             ints = self._automatic_ints(structure, ctx)
             with marking:
-                cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
-                                      dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
-                                      dynamic_ints=ints)
+                try:
+                    cap = capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
+                                          dynamic=self.dynamic, automatic=automatic, dynamic_sources=held,
+                                          dynamic_ints=ints)
+                except ProgramIneligible as why:  # (the capture stopped there: nothing was drawn or consumed)
+                    self.stats.captures += 1
+                    log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),
+                                why.reason)
+                    return self._add(_EagerEntry(key, why.reason)), ()
             self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
