@@ -630,3 +630,21 @@ def test_symbolic_size_stored_in_a_namespace_is_concrete_after_capture() -> None
     torch._dynamo.mark_dynamic(x, 0)
     stampout.capture(program, x)
     assert type(metrics.LAST) is int and metrics.LAST == x.shape[0]
+
+
+def _flat_helpers(x: torch.Tensor) -> torch.Tensor:
+    return rope_table(D) + dict_memo(D) + list_memo(D) + causal(D)
+
+
+def test_flat_capture_leaves_no_fake_in_memos() -> None:
+    """No region: the snapshot notes the program's code, and the helpers its globals name, before it runs."""
+
+    def program(x):
+        return x * _flat_helpers(x)
+
+    _reset_memos()
+    cap = stampout.capture(program, _x())
+    assert_clean(_memo_world(nn.Module()))
+    assert rope_table.cache_info().currsize == 0 and causal.cache_info().currsize == 0
+    tree_assert_close(MEMO, {D: torch.ones(D) * 3}, **TOL)  # the real value, as eager leaves it
+    tree_assert_close(cap(_x()), program(_x()), **TOL)

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -172,6 +173,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     held = _held_by_inputs(leaves, labels) if not guard_program else _Held()
     before = {id(obj): _fields(obj) for obj in held}
     states = RandomStates.save()
+    handler.snapshot.note_program([frame_function(fn), *_methods_of(_modules_of(fn))])
     try:
         with _capturing(tracer, handler, watch) as ctx:
             if guard_program or symbolic:  # (a symbolic capture: to find every size the Python stored)
@@ -454,6 +456,19 @@ def _held_by_inputs(leaves: list[Any], labels: list[str], depth: int = 3) -> _He
         if id(leaf) in _input_objects(leaves):
             walk(leaf, Arg(i + 1, label), 0)
     return held
+
+
+def _methods_of(modules: list[Any]) -> list[Any]:
+    """The functions the classes of `modules` define (their forwards and helpers), each class once."""
+    seen: set[type] = set()
+    out = []
+    for m in modules:
+        for klass in type(m).__mro__:
+            if klass in seen:
+                continue
+            seen.add(klass)
+            out.extend(v for v in vars(klass).values() if isinstance(v, types.FunctionType))
+    return out
 
 
 def _modules_of(fn: Callable) -> list[Any]:

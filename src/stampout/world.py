@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .regions.code import code_facts, is_user_code, is_user_file
 from .shapes import concrete
 
 _MAX_DEPTH = 3
@@ -81,6 +82,25 @@ class Snapshot:
     containers: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id -> (dict | list, shallow copy)
     caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
     _seen: set[tuple[int, int]] = field(default_factory=set)
+
+    def note_program(self, fns: list[Any], depth: int = 3) -> None:
+        """Before the program runs: the code of `fns` (its function, the methods of its modules' classes) and
+        of the user functions their globals name, `depth` calls deep, as `note_code` would see them run."""
+        for fn in fns:
+            code, g = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+            if code is None or g is None or (id(code), id(g)) in self._seen or not is_user_code(code):
+                continue
+            self._seen.add((id(code), id(g)))
+            self.note(g, 0)
+            called = []
+            for name in code_facts(code).names:
+                value = g.get(name)
+                if value is not None:
+                    self.note(value, 1)
+                    if isinstance(value, types.FunctionType):
+                        called.append(value)
+            if depth:
+                self.note_program(called, depth - 1)
 
     def saw(self, code: types.CodeType, g: dict) -> bool:
         return (id(code), id(g)) in self._seen
@@ -228,7 +248,6 @@ class Repairs:
 
 
 def _is_user_module(module: Any) -> bool:
-    from .regions.code import is_user_file
 
     filename = getattr(module, "__file__", None) or "<module>"
     return module is not None and is_user_file(filename)

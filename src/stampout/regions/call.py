@@ -117,12 +117,12 @@ class RegionCalls:
 
     # ---- frames and the profile hook that shows them the Python code that runs -----------------------
     def start(self) -> None:
-        """Show the Python code the capture runs to the world snapshot and the open frames (a trace function),
-        and, while frames are open, its C calls to them (a profile function), until `stop`; a tracer or
-        profiler the user had set keeps getting its events."""
+        """While frames are open, show the Python code that runs to them and to the world snapshot (a trace
+        function) and its C calls to them (a profile function), until `stop`; a tracer or profiler the user
+        had set keeps getting its events. (Outside frames nothing is hooked: a stamped layer stays cheap; the
+        snapshot notes the program's code before it runs, see Snapshot.note_program.)"""
         self._previous_trace = sys.gettrace()
         self._previous_profile = sys.getprofile()
-        sys.settrace(self.trace_hook)
 
     def stop(self) -> None:
         self.frames.clear()
@@ -133,12 +133,14 @@ class RegionCalls:
     def push(self, frame: RegionFrame) -> None:
         self.frames.append(frame)
         if len(self.frames) == 1:
+            sys.settrace(self.trace_hook)
             sys.setprofile(self.profile_hook)
 
     def pop(self) -> None:
         self.frames.pop()
         if not self.frames:
             sys.setprofile(self._previous_profile)
+            sys.settrace(self._previous_trace)
 
     def _on_c_call(self, frame: types.FrameType, event: str, arg: Any) -> None:
         """A profile function: a C call that is not known pure (`random.random`, `time.time`) makes every open
