@@ -6,6 +6,7 @@
   capture left nothing behind — no TorchFunctionMode or TorchDispatchMode on the stacks, no fake mode,
   grad mode back on, and ``torch.nn.Module`` / ``torch.Tensor`` / ``torch.nn.functional`` not patched.
   Anything leaked is cleaned up before failing, so one bad test does not poison the next.
+* ``STAMPOUT_CHECK_WORLD=1``: a capture that leaves a fake tensor in user state raises.
 * Hypothesis: a default profile without deadlines and without the function-scoped-fixture health
   check (the autouse fixture runs once per test, not per example; call ``stampout.reset()`` in the
   test body when examples must not share caches).
@@ -19,6 +20,9 @@ import sys
 import pytest
 import torch
 from torch._guards import detect_fake_mode
+
+# A fake tensor or symbolic size left in user state after a capture fails the test that made it (world.py).
+os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_TESTS)

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,7 +27,7 @@ from .names import TensorNames, root_module
 from .op_errors import quiet_fake_kernels
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
-from .regions.frame import RegionFrame
+from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .runner import as_call_modules
 from .shapes import SIZES, ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
@@ -34,6 +35,7 @@ from .sources import Arg, Attr, CallContext, Input, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
 from .tracking import Watch
+from .world import RandomStates, autograd_refusal, check_left_over, clear_fakes
 
 log = logging.getLogger("stampout.capture")
 
@@ -86,7 +88,11 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[C
             hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
                                                   _capturing_here)
             with hooks, quiet_fake_kernels(lambda: current() is not None), entered(ctx), tracer.fake_mode, tracer.mode:
-                yield ctx
+                handler.start()
+                try:
+                    yield ctx
+                finally:
+                    handler.stop()
         finally:
             while handler.frames:
                 handler.pop()
@@ -117,6 +123,13 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
     symbols during the capture (inputs of the graph, read per call). With `real=False` (export) the graph is
     not run to store real values on the caller's objects: the caller puts its objects back itself."""
+    refusal = autograd_refusal(fn)
+    if refusal is not None:
+        raise CaptureError(message(
+            f"stampout.capture cannot keep the gradients of this program: {refusal}", user_location(),
+            "capture under torch.no_grad(), remove the hook, or use stampout.compile (which runs such a "
+            "program eagerly)",
+        ))
     signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
     names = positional_names(signature_of)
     if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
@@ -168,11 +181,16 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     if not guard_program:  # the lists and dicts the call was given (rebuilt for the capture): what it stores in them
         _hold_input_containers(held, signature_of, fn, fake_args, fake_kwargs)
     before = {id(obj): _fields(obj) for obj in held}
+    states = RandomStates.save()
+    handler.snapshot.note_program([frame_function(fn), *_methods_of(_modules_of(fn))])
     try:
         with _capturing(tracer, handler, watch) as ctx:
             if guard_program or symbolic:  # (a symbolic capture: to find every size the Python stored)
                 program = RegionFrame(frame_function(fn), [fn, *fake_leaves], ["self", *labels], watch,
                                       program=True)
+                if guard_program and program.ineligible:
+                    raise ProgramIneligible(program.ineligible[0])
+                program.abandon = guard_program
                 handler.program = program
                 handler.push(program)
                 if guard_program:
@@ -181,6 +199,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     program.note_tensor_fields(i + 1, keys, fields, "attributes of the input tensors")
                 ctx.read, ctx.write = handler.on_read, handler.on_write
             out = fn(*fake_args, **fake_kwargs)
+            if program is not None:
+                program.abandon = False
             slots: list[torch.Tensor] = []
             template = to_template(out, slots, _input_objects(leaves), sizes=True)
             _check_no_hidden_tensors(template)
@@ -193,6 +213,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
         _unplant(planted)
+        objects = [*_modules_of(fn), *_held_by_inputs(leaves, labels)]
+        _restore_world(handler, states, objects)
+        with torch._C.DisableTorchFunction():
+            check_left_over(handler.snapshot, objects)
         raise
     else:
         if program is not None and guard_program:
@@ -200,6 +224,13 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         elif program is not None:
             _concrete_stores(program, held)
         _unplant(planted)
+        if guard_program:  # what no replayed effect would store again: compiled calls cannot repeat it
+            left_behind = _restore_world(handler, states, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+            if left_behind:
+                program.mark_ineligible(f"stores traced values outside the objects stampout replays: "
+                                        f"{left_behind}")
+        else:
+            states.restore()  # (the rest of the world after the graph computed what it can: below)
     if not guard_program:
         plan, program = None, None
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
@@ -209,6 +240,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if made and not unreplayable:
             unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
         left = _left_over_fakes([h for h in [*made, *holders, *_modules_of(fn)] if h not in held], tracer, plan)
+        left += handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals: real too
     nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
     if not guard_program:
         _warn_unnamed(tracer, program)
@@ -251,6 +283,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if real and (plan.extra or held):  # the caller's objects end up as one eager call leaves them
             _make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
+        # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
+        _restore_world(handler, None, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+    with torch._C.DisableTorchFunction():
+        check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     return cap
 
 
@@ -289,6 +325,20 @@ def _note_input_containers(program: RegionFrame, signature_of: Callable, fn: Cal
         program.note_input_containers(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
     for key, value in kwargs.items():
         program.note_input_containers(value, Input(key, key))
+
+
+def _restore_world(handler: RegionCalls, states: RandomStates | None, objects: list[Any]) -> str:
+    """Put back the random generators, and take every fake tensor and symbolic size out of what the program's
+    code could reach (globals, memo caches, class dicts; the attributes of `objects`). Returns what held
+    traced values other than in caches (empty: nothing). See world.py."""
+    if states is not None:
+        states.restore()
+    with torch._C.DisableTorchFunction():
+        repairs = handler.snapshot.repair()
+        repairs.places.extend(clear_fakes(objects))
+    if repairs.caches or repairs.places:
+        log.info("after the capture: put right %s", repairs.describe())
+    return ", ".join(repairs.places)
 
 
 def _concrete_stores(program: RegionFrame, held: _Held) -> None:
@@ -470,6 +520,19 @@ def _held_by_inputs(leaves: list[Any], labels: list[str], depth: int = 3) -> _He
 def held_by_inputs(leaves: list[Any], labels: list[str]) -> list[Any]:
     """The objects and containers the call's input objects reach (what the program may change on them)."""
     return list(_held_by_inputs(leaves, labels))
+
+
+def _methods_of(modules: list[Any]) -> list[Any]:
+    """The functions the classes of `modules` define (their forwards and helpers), each class once."""
+    seen: set[type] = set()
+    out = []
+    for m in modules:
+        for klass in type(m).__mro__:
+            if klass in seen:
+                continue
+            seen.add(klass)
+            out.extend(v for v in vars(klass).values() if isinstance(v, types.FunctionType))
+    return out
 
 
 def _modules_of(fn: Callable) -> list[Any]:

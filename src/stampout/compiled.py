@@ -41,10 +41,12 @@ from .regions.fingerprint import (
     requires_grad_pattern,
     without_sizes,
 )
+from .regions.frame import ProgramIneligible
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, Source, TypeOf
 from .structure import argument_names, build, flatten_inputs
 from .torch_internals import dict_sentinel, patch_parameter_writes, tensor_guards
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
+from .world import autograd_refusal
 
 log = logging.getLogger("stampout.guards")
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -404,6 +406,10 @@ class CompiledFunction:
         return None
 
     def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> tuple[Any, tuple]:
+        refusal = autograd_refusal(self.fn)
+        if refusal is not None:
+            log.warning("%s runs eagerly for these inputs: %s", _name(self.fn), refusal)
+            return self._add(_EagerEntry(key, refusal)), ()
         self._watch.release()  # capture watches reads with its own shims
         try:
             root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
@@ -419,6 +425,9 @@ class CompiledFunction:
                     cap = self._capture(args, kwargs, structure, automatic, held, ints)
                 except GuardError:
                     raise
+                except ProgramIneligible as why:  # (the capture stopped there: nothing was drawn or consumed)
+                    self.stats.captures += 1
+                    return self._cannot_guard(key, why.reason, why), ()
                 except Exception as error:  # a CaptureError, or torch's own on the fakes
                     if raised_by_user(error):
                         raise  # the program's own error, unchanged (as eager raises it)
@@ -440,18 +449,7 @@ class CompiledFunction:
                 "tensors, list appends and dict stores are replayed), or use stampout.capture",
             ))
         if program.ineligible:
-            if self.fullgraph:
-                raise CaptureError(message(
-                    f"{_name(self.fn)} cannot be compiled whole (fullgraph=True): stampout cannot guard it: it "
-                    f"{program.ineligible[0]}", user_location(),
-                    "remove what the message names from the compiled code, or pass fullgraph=False to run "
-                    "such calls eagerly",
-                ))
-            log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn),
-                        program.ineligible[0])
-            return self._add(_EagerEntry(key, program.ineligible[0],
-                                         split(self, self._piece, f"cannot be guarded: it {program.ineligible[0]}",
-                                               None))), ()
+            return self._cannot_guard(key, program.ineligible[0], None), ()
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
@@ -487,6 +485,20 @@ class CompiledFunction:
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
+
+    def _cannot_guard(self, key: tuple, reason: str, stopped: BaseException | None) -> _EagerEntry:
+        """The entry for inputs whose program reads what stampout cannot guard (`reason`): it runs eagerly, at
+        module granularity where the capture `stopped` inside a child; fullgraph=True refuses."""
+        if self.fullgraph:
+            raise CaptureError(message(
+                f"{_name(self.fn)} cannot be compiled whole (fullgraph=True): stampout cannot guard it: it {reason}",
+                user_location(),
+                "remove what the message names from the compiled code, or pass fullgraph=False to run such calls "
+                "eagerly",
+            ))
+        log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn), reason)
+        return self._add(_EagerEntry(key, reason, split(self, self._piece, f"cannot be guarded: it {reason}",
+                                                        stopped)))
 
     def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:
         """The compiled function of a child this function's eager code calls (one per child)."""

@@ -25,7 +25,7 @@ from .sources import MISSING, Arg, CallContext, Source
 class Value:
     """How a replayed value is obtained: a constant, extra graph output `index`, or a source."""
 
-    kind: str  # "const" | "out" | "source" | "missing"
+    kind: str  # "const" | "out" | "out_constant" (no autograd) | "source" | "missing"
     value: Any = None
 
     def get(self, ctx: CallContext, outputs: list[Any]) -> Any:
@@ -33,6 +33,9 @@ class Value:
             return self.value
         if self.kind == "out":
             return outputs[self.value]
+        if self.kind == "out_constant":  # (AOTAutograd hands back every output as requiring grad)
+            out = outputs[self.value]
+            return out.detach() if out.requires_grad else out
         if self.kind == "source":
             return self.value.resolve(ctx, {})
         if self.kind == "seq":  # a tuple or torch.Size holding sizes the graph computes
@@ -102,7 +105,8 @@ class Plan:
             return Value("source", sources[id(value)])
         if isinstance(value, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)):  # computed by the graph
             self.extra.append(value)
-            return Value("out", len(self.extra) - 1)
+            constant = isinstance(value, FakeTensor) and not value.requires_grad
+            return Value("out_constant" if constant else "out", len(self.extra) - 1)
         if type(value) in (tuple, torch.Size) and any_symbolic(value):
             items = [self._value(v, where) for v in value]
             return None if any(i is None for i in items) else Value("seq", (type(value), tuple(items)))

@@ -38,6 +38,7 @@ from .shapes import SIZES, SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
 from .structure import tensors_of
 from .torch_internals import check_message
+from .world import holds_traced_tensor
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,9 @@ _FUNCTORCH_STATE = {
     torch._functorch.predispatch.lazy_load_decompositions,
 }
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+# Autograd registrations on a tensor: graph nodes (see Tracer._record_hook).
+_HOOK_REGISTRATIONS = {_T.register_hook: "register_hook",
+                       _T.register_post_accumulate_grad_hook: "register_post_accumulate_grad_hook"}
 _FIX_DATA = (
     "keep the decision in the graph: use torch.where(cond, a, b) for values or torch.cond for branches, "
     "or move the check outside the captured function"
@@ -296,11 +300,14 @@ class RegionHooks(Protocol):
 
     def note_value_decision(self, scope: frozenset[int]) -> None: ...
 
+    def note_hook(self, reason: str) -> None: ...
+
     def lift_symbol(self, builder: Builder, symbol: Any) -> fx.Node: ...
 
     def frame_ids(self) -> frozenset[int]: ...
 
-    trace_hook: Callable[..., Any]  # the trace function it sets while region frames are open
+    trace_hook: Callable[..., Any]  # the trace function it sets while the capture runs
+    profile_hook: Callable[..., Any]  # the profile function it sets while region frames are open
 
 
 class CaptureMode(PreDispatchTorchFunctionMode):
@@ -418,13 +425,16 @@ class Tracer:
 
             if higher_order.handles(func):  # its functions run as user code (the region hook sees them)
                 return higher_order.call(self, func, args, kwargs)
-        hook = sys.gettrace()
-        if hook is None or self.regions is None or hook is not self.regions.trace_hook:
+        hook, profile = sys.gettrace(), sys.getprofile()
+        regions = self.regions
+        if regions is None or (hook is not regions.trace_hook and profile is not regions.profile_hook):
             return self._on_call(func, args, kwargs)
         sys.settrace(None)
+        sys.setprofile(None)
         try:
             return self._on_call(func, args, kwargs)
         finally:
+            sys.setprofile(profile)
             sys.settrace(hook)
 
     def _on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -467,6 +477,8 @@ class Tracer:
             builder.graph.call_function(builtins.setattr, (target, func.__self__.__name__, value))
             return None
 
+        if func in _HOOK_REGISTRATIONS:
+            return self._record_hook(func, args, kwargs)
         tensors_in = has_tensor(args) or has_tensor(kwargs)
         if self.symbols is not None and (any_symbolic(args) or any_symbolic(kwargs) or self._dynamic_in(args, kwargs)):
             return self._on_symbolic_call(func, args, kwargs, tensors_in)
@@ -485,6 +497,27 @@ class Tracer:
         if not has_tensor(out) and not (out is None and tensors_in and not _is_property_get(func)):
             return out
         self.record(func, args, kwargs, out)
+        return out
+
+    def _record_hook(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        """`t.register_hook(fn)` (and post-accumulate-grad hooks): a graph node, so every run of the graph
+        registers `fn` on its real tensor, as eager does; the traces it is part of are not reused (their
+        stamped calls would register the first call's function)."""
+        tensor, *rest = args
+        hook = rest[0] if rest else next(iter(kwargs.values()))
+        where = user_location(3)
+        if holds_traced_tensor(hook):
+            raise CaptureError(message(
+                f"a gradient hook ({_HOOK_REGISTRATIONS[func]}) closes over a tensor the captured program computed",
+                where, "register the hook outside the captured function, or make it use only its gradient argument "
+                "and tensors held by the module",
+            ))
+        if self.regions is not None:
+            self.regions.note_hook(f"registers a gradient hook ({_HOOK_REGISTRATIONS[func]}) at {where}")
+        out = func(self.fake_of(tensor), hook)
+        builder = self.builder
+        node = builder.graph.call_method(_HOOK_REGISTRATIONS[func], (builder.node_for(tensor), builder.literal(hook)))
+        node.meta["stack_trace"] = f"  File {where}\n"
         return out
 
     def _dynamic_in(self, args: tuple, kwargs: dict) -> bool:

@@ -18,18 +18,20 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from ..capture import RegionEvent, RegionStats
 from ..context import listeners
 from ..errors import RegionError, message
-from ..frames import user_location
+from ..frames import user_frame, user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier, map_tensors
 from ..tracking import Watch
+from ..world import Snapshot
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
-from .code import is_user_code
+from .code import code_facts, is_user_code
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
+from .purity import impure_call, location, reseeds_torch, user_caller, watched_file
 
 log = logging.getLogger("stampout.regions")
 _NN_MODULES = os.path.dirname(torch.nn.modules.__file__) + os.sep  # nn.GELU.forward reads F.gelu: guarded too
@@ -47,11 +49,26 @@ class RegionCalls:
         self.stats = RegionStats()
         self.events: list[RegionEvent] = []
         self._previous_trace: Any = None
+        self._previous_profile: Any = None
         self.trace_hook = self._on_call  # one bound method, so the tracer can tell it is ours
+        self.profile_hook = self._on_c_call
+        self.snapshot = Snapshot()  # what the user code it runs could reach, as it was (see world.py)
         cache.generation += 1  # entries made by earlier captures (of a compiled function) may be evicted
 
     # ---- entry point ------------------------------------------------------------------------
     def call(self, region: Region, args: tuple, kwargs: dict) -> Any:
+        # (stampout's own Python runs without the trace and profile functions: a stamped call stays cheap;
+        # they are back on while a traced region's code runs)
+        trace, profile = sys.gettrace(), sys.getprofile()
+        sys.settrace(None)
+        sys.setprofile(None)
+        try:
+            return self._call(region, args, kwargs)
+        finally:
+            sys.setprofile(profile)
+            sys.settrace(trace)
+
+    def _call(self, region: Region, args: tuple, kwargs: dict) -> Any:
         with torch._C.DisableTorchFunction():
             leaves, spec, labels = flatten_inputs(args, kwargs, region.arg_names)
             fp = fingerprint(spec, leaves)
@@ -91,21 +108,60 @@ class RegionCalls:
                     f"takes a Python decision on the value of a tensor computed outside it (at {user_location(4)})"
                 )
 
+    def note_hook(self, reason: str) -> None:
+        """The program registers an autograd hook: a reused trace would register the traced call's function,
+        and a compiled program runs eagerly (AOTAutograd backends do not keep the registration)."""
+        for frame in self.frames:
+            frame.mark_ineligible(reason)
+
     def frame_ids(self) -> frozenset[int]:
         return frozenset(id(f) for f in self.frames)
 
     # ---- frames and the profile hook that shows them the Python code that runs -----------------------
+    def start(self) -> None:
+        """While frames are open, show the Python code that runs to them and to the world snapshot (a trace
+        function) and its C calls to them (a profile function), until `stop`; a tracer or profiler the user
+        had set keeps getting its events. (Outside frames nothing is hooked: a stamped layer stays cheap; the
+        snapshot notes the program's code before it runs, see Snapshot.note_program.)"""
+        self._previous_trace = sys.gettrace()
+        self._previous_profile = sys.getprofile()
+
+    def stop(self) -> None:
+        self.frames.clear()
+        sys.setprofile(self._previous_profile)
+        sys.settrace(self._previous_trace)
+        self._previous_trace = self._previous_profile = None
+
     def push(self, frame: RegionFrame) -> None:
-        if not self.frames:
-            self._previous_trace = sys.gettrace()
-            sys.settrace(self.trace_hook)
         self.frames.append(frame)
+        if len(self.frames) == 1:
+            sys.settrace(self.trace_hook)
+            sys.setprofile(self.profile_hook)
 
     def pop(self) -> None:
         self.frames.pop()
         if not self.frames:
+            sys.setprofile(self._previous_profile)
             sys.settrace(self._previous_trace)
-            self._previous_trace = None
+
+    def _on_c_call(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        """A profile function: a C call that is not known pure (`random.random`, `time.time`) makes every open
+        frame's trace ineligible (its result would be baked into reused and compiled calls)."""
+        previous = self._previous_profile
+        if previous is not None:
+            previous(frame, event, arg)
+        if event != "c_call" or not self.frames:
+            return
+        if watched_file(frame.f_code.co_filename):
+            what = impure_call(arg)
+            caller = user_caller(frame) if what is not None else None
+        else:  # (torch's Python reseeding its generator for the user: torch.manual_seed)
+            what = "a torch.Generator method (torch.manual_seed?)" if reseeds_torch(arg) else None
+            caller = user_frame(1) if what is not None else None
+        if caller is not None:
+            reason = f"calls {what}, which is not known to be pure (at {location(caller)})"
+            for f in self.frames:
+                f.mark_ineligible(reason)
 
     def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         """A trace function (called once per Python call, on this thread only): user code that is about to
@@ -117,10 +173,13 @@ class RegionCalls:
             local = self.frames[-1].slots.on_call(frame) or local
         if event == "call" and is_user_code(code):
             g = frame.f_globals
-            with torch._C.DisableTorchFunction(), listeners(None, None):
-                for f in self.frames:
-                    f.on_code(code, g)
-        elif event == "call" and code.co_filename.startswith(_NN_MODULES):
+            snapshot = self.snapshot
+            if self.frames or not snapshot.saw(code, g):
+                with torch._C.DisableTorchFunction(), listeners(None, None):
+                    snapshot.note_code(frame, code_facts(code).names)
+                    for f in self.frames:
+                        f.on_code(code, g)
+        elif event == "call" and self.frames and code.co_filename.startswith(_NN_MODULES):
             g = frame.f_globals
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:
@@ -231,6 +290,7 @@ class RegionCalls:
         parent = tracer.builder
         with torch._C.DisableTorchFunction():
             frame = RegionFrame(region.fn, leaves, labels, self.watch)
+            frame.cache_misses = self.snapshot.cache_misses()
             for i, arg in enumerate(args):
                 frame.note_input_containers(
                     arg, Input(i, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]"))
@@ -248,7 +308,13 @@ class RegionCalls:
         self.push(frame)
         try:
             with listeners(self.on_read, self.on_write):
-                out = region.fn(*args, **kwargs)
+                sys.settrace(self.trace_hook)
+                sys.setprofile(self.profile_hook)
+                try:
+                    out = region.fn(*args, **kwargs)
+                finally:
+                    sys.setprofile(None)
+                    sys.settrace(None)
         except BaseException:
             if frame.slots is not None:
                 frame.slots.close()  # stop following per-layer indices (the trace failed)
@@ -276,7 +342,15 @@ class RegionCalls:
             else:
                 outputs.append(("out", len(returned)))
                 returned.append(node)
-        escaped = self._escaped(child, frame, template, returned)
+        self.snapshot.clear_caches(frame.cache_misses)  # (a cache is transparent: later calls compute again)
+        places = [*template_constants(template), *(c[0] for c in frame.containers), *(s[2] for s in frame.stores)]
+        escaped = self._escaped(child, places, returned)
+        hidden = [t for t in self._escaped(child, self.snapshot.contents(), returned)
+                  if not any(t is e for e in escaped)]
+        if hidden:  # kept by a memo dict or list the guards do not watch (a class attribute's)
+            frame.mark_ineligible(f"keeps a tensor of shape {tuple(hidden[0].shape)} it computed in Python state "
+                                  "outside its arguments (a memo dict or list)")
+            escaped.extend(hidden)
         for t in escaped:  # tensors the region handed out by side channels: outputs too
             outputs.append(("out", len(returned)))
             returned.append(child.nodes[id(t)][1])
@@ -350,11 +424,10 @@ class RegionCalls:
         return tuple(stores)
 
     @staticmethod
-    def _escaped(child: Builder, frame: RegionFrame, template: Any, returned: list[fx.Node]) -> list[torch.Tensor]:
-        """Tensors computed in the region that leave it other than as outputs: inside a returned object,
-        appended to a container it was given, stored on an object."""
+    def _escaped(child: Builder, places: list[Any], returned: list[fx.Node]) -> list[torch.Tensor]:
+        """Tensors computed in the region that leave it other than as outputs, found in `places`: inside a
+        returned object, appended to a container it was given, stored on an object."""
         found: dict[int, torch.Tensor] = {}
-        places = [*template_constants(template), *(c[0] for c in frame.containers), *(s[2] for s in frame.stores)]
         for t in tensors_within(places):
             hit = child.nodes.get(id(t))
             if hit is not None and hit[1].op != "placeholder" and hit[1] not in returned:
@@ -364,19 +437,27 @@ class RegionCalls:
     def on_read(self, obj: Any, name: str, value: Any) -> Any:
         """Every open frame records the read; an int attribute of a module read by the innermost region is
         returned as a SlotIndex when that region can follow its uses (per-layer indices)."""
-        with torch._C.DisableTorchFunction(), listeners(None, None):
-            frames = self.frames
-            inner = frames[-1] if frames else None
-            slot = None
-            if inner is not None and not inner.program:
-                if type(value) is int and isinstance(obj, torch.nn.Module):
-                    slot = inner.slot_read(obj, name, value, sys._getframe(2))
-                elif type(value) in (list, tuple):
-                    inner.container_read(obj, name, value, sys._getframe(2))
-            for frame in frames:
-                if frame is not inner or slot is None:
-                    frame.on_read(obj, name, value)
-            return slot
+        profile = sys.getprofile()
+        sys.setprofile(None)  # (stampout's own bookkeeping: no C call of it is the program's)
+        try:
+            with torch._C.DisableTorchFunction(), listeners(None, None):
+                return self._record_read(obj, name, value, sys._getframe(2))
+        finally:
+            sys.setprofile(profile)
+
+    def _record_read(self, obj: Any, name: str, value: Any, user: types.FrameType) -> Any:
+        frames = self.frames
+        inner = frames[-1] if frames else None
+        slot = None
+        if inner is not None and not inner.program:
+            if type(value) is int and isinstance(obj, torch.nn.Module):
+                slot = inner.slot_read(obj, name, value, user)
+            elif type(value) in (list, tuple):
+                inner.container_read(obj, name, value, user)
+        for frame in frames:
+            if frame is not inner or slot is None:
+                frame.on_read(obj, name, value)
+        return slot
 
     def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
         with torch._C.DisableTorchFunction(), listeners(None, None):

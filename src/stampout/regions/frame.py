@@ -127,6 +127,15 @@ def _is_user_class(obj: Any, name: str) -> bool:
     return False
 
 
+class ProgramIneligible(BaseException):  # noqa: N818 - control flow, not an error (user code must not catch it)
+    """Raised out of the program a compile captures as soon as its frame is ineligible: the program will run
+    eagerly, and the rest of the capture would only consume state (an iterator, an RNG) eager must see."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 class RegionFrame:
     """Reads recorded while one region call is traced, and why its trace may not be reusable."""
 
@@ -160,6 +169,8 @@ class RegionFrame:
         self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
         self.lifted: list[LiftedInput] = []
         self.slots: SlotTracker | None = None  # int attributes this region trace follows (created on first read)
+        self.cache_misses: dict[int, int] = {}  # functools caches known when the trace began: misses then
+        self.abandon = False  # raise ProgramIneligible when made ineligible (a compiled program's frame)
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
                 if not isinstance(leaf, torch.Tensor):
@@ -577,6 +588,8 @@ class RegionFrame:
     def mark_ineligible(self, reason: str) -> None:
         if reason not in self.ineligible:
             self.ineligible.append(reason)
+        if self.abandon:  # (a compiled program that cannot be guarded runs eagerly: stop its capture here,
+            raise ProgramIneligible(reason)  # before the call it is about to make draws or consumes anything)
 
     # ---- a nested region call that was stamped out instead of traced -----------------------------
     def import_entry(self, entry: Any, leaves: list[Any], fn: Callable, lifted_values: list[Any]) -> None:

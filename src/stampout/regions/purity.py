@@ -1,0 +1,156 @@
+"""Which C calls a traced program may make: an allowlist of callables known to be pure.
+
+A trace runs the program's Python once; a call whose result is not a function of what the guards see
+(`random.random()`, `time.time()`, `os.urandom`, a `random.Random` method) would be baked into every reuse
+and every compiled call. While region (or program) frames are open, a `sys.setprofile` hook sees each C call
+made from user code and from the standard library's Python (so `random.randint`, Python calling the C
+`getrandbits`, and `uuid.uuid4`, Python calling `os.urandom`, are caught too); a callable outside the allowlist
+makes every open frame ineligible. Torch functions are allowed: they reach the TorchFunctionMode and are graph
+nodes (their Python runs with the hook off). Cython callables (`numpy.random.*`) raise no C-call event: the
+objects they are reached through (a `RandomState`, a cython function) have state stampout cannot guard, which
+makes the trace ineligible when it reads them (see RegionFrame.adopt).
+
+# Note: why an allowlist and not a list of known-impure functions
+Fail closed: a C extension we have never heard of may keep state; it costs a trace (or an eager run), not a
+wrong result. The allowlist covers what models call in forward: builtins without state, `math`, `operator`,
+methods of plain containers, strings and numbers, torch and numpy (less their RNGs), and locks.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import functools
+import os
+import re
+import sysconfig
+import threading
+import types
+import weakref
+from typing import Any
+
+import torch
+
+from .code import is_user_file
+
+_PURE_MODULES = frozenset({
+    "builtins", "math", "cmath", "_operator", "operator", "_functools", "functools", "_collections", "_abc",
+    "_weakref", "_heapq", "_bisect", "_struct", "_string", "_sre", "re", "_json", "binascii", "zlib",
+    "unicodedata", "_codecs", "_thread", "sys", "_warnings", "_imp", "marshal", "itertools", "_hashlib", "_md5",
+    "_sha1", "_sha256", "_sha512", "_sha3", "_blake2", "_contextvars", "_typing", "copyreg", "_pickle", "gc",
+})
+# Builtins with effects a compiled call would not repeat (I/O) or that read the outside world.
+_IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint"})
+_PURE_POSIX = frozenset({"fspath", "getpid", "fsencode", "fsdecode"})
+_PURE_TYPES = frozenset({
+    object, type, int, bool, float, complex, str, bytes, bytearray, memoryview, tuple, list, dict, set, frozenset,
+    slice, range, type(None), types.SimpleNamespace, types.MappingProxyType, types.FunctionType, types.MethodType,
+    types.CodeType, types.ModuleType, property, staticmethod, classmethod, collections.OrderedDict,
+    collections.defaultdict, collections.deque, type({}.keys()), type({}.values()), type({}.items()), re.Pattern,
+    re.Match, type(threading.Lock()), type(threading.RLock()), functools.partial, contextvars.ContextVar,
+    contextvars.Token, weakref.ref, weakref.ProxyType, weakref.CallableProxyType, enumerate, zip, map, filter,
+    reversed, type(iter([])), type(iter(())), type(iter("")),
+})
+_RNG_MODULES = ("numpy.random", "random", "_random")
+_torch_generator = torch._C.Generator
+_MODULE_VERDICTS: dict[Any, bool] = {}
+_METHOD_VERDICTS: dict[tuple[type, str], bool] = {}
+
+
+def _pure_module(module: str, name: str) -> bool:
+    root = module.split(".")[0]
+    if root == "torch":
+        return True
+    if root == "numpy":
+        return not module.startswith("numpy.random")
+    if module == "builtins":
+        return name not in _IMPURE_BUILTINS
+    if module in ("posix", "os", "nt"):
+        return name in _PURE_POSIX
+    return module in _PURE_MODULES
+
+
+def _owner(cls: type, name: str) -> type:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass
+    return cls
+
+
+def _pure_type(owner: type) -> bool:
+    if owner in _PURE_TYPES:
+        return True
+    module = getattr(owner, "__module__", "") or ""
+    if module.split(".")[0] == "torch":
+        return not issubclass(owner, _torch_generator)
+    return module.split(".")[0] == "numpy" and not module.startswith(_RNG_MODULES)
+
+
+def impure_call(fn: Any) -> str | None:
+    """None when `fn` (the callable of a 'c_call' profile event) is known pure; else how to name it."""
+    name = getattr(fn, "__name__", "?")
+    module = getattr(fn, "__module__", None)
+    owner = getattr(fn, "__self__", None)
+    if isinstance(module, str) or owner is None or isinstance(owner, types.ModuleType):
+        if module is None:
+            module = getattr(owner, "__name__", "?")
+        try:
+            pure = _MODULE_VERDICTS[fn]
+        except (KeyError, TypeError):
+            pure = _pure_module(module, name)
+            try:
+                _MODULE_VERDICTS[fn] = pure
+            except TypeError:
+                pass
+        return None if pure else f"{module}.{name}"
+    cls = owner if isinstance(owner, type) else type(owner)
+    key = (cls, name)
+    pure = _METHOD_VERDICTS.get(key)
+    if pure is None:
+        pure = _METHOD_VERDICTS[key] = _pure_type(_owner(cls, name))
+    return None if pure else f"{cls.__module__}.{cls.__qualname__}.{name}"
+
+
+def reseeds_torch(fn: Any) -> bool:
+    """A method of a torch Generator (torch.manual_seed calls one from torch's own Python)."""
+    return type(getattr(fn, "__self__", None)) is _torch_generator
+
+
+_STDLIB = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+                | dict.fromkeys(sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")))
+# Standard-library code whose C calls are its own business: output (logging's timestamps), imports, source
+# lines for messages, waiting with timeouts.
+_QUIET_STDLIB = ("logging" + os.sep, "importlib" + os.sep, "warnings.py", "linecache.py", "tokenize.py",
+                 "traceback.py", "threading.py")
+_WATCHED: dict[str, bool] = {}
+
+
+def watched_file(filename: str) -> bool:
+    """Whether C calls made by code of this file are checked: user code, and the standard library's Python
+    (less the modules in _QUIET_STDLIB). Torch's and stampout's are not."""
+    watched = _WATCHED.get(filename)
+    if watched is None:
+        if is_user_file(filename):
+            watched = True
+        else:
+            inner = next((filename[len(d):] for d in _STDLIB if filename.startswith(d)), None)
+            watched = inner is not None and not inner.startswith(_QUIET_STDLIB) and "-packages" not in inner
+        _WATCHED[filename] = watched
+    return watched
+
+
+def user_caller(frame: types.FrameType) -> types.FrameType | None:
+    """The user frame that called the standard library's code running in `frame` (None: torch or stampout
+    called it, as when FX names a temporary file)."""
+    f: types.FrameType | None = frame
+    while f is not None and not is_user_file(f.f_code.co_filename):
+        if not watched_file(f.f_code.co_filename):
+            return None
+        f = f.f_back
+    return f
+
+
+def location(frame: types.FrameType) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+
+

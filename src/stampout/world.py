@@ -1,0 +1,310 @@
+"""The world outside the watched objects, as a capture leaves it.
+
+A capture runs the program's Python once, on fake tensors. Two things outside the objects stampout watches
+are put right afterwards, whether the capture succeeded or failed:
+
+- the random number generators the Python may have drawn from (Python's `random`, NumPy's global state,
+  torch's CPU generator) are put back as they were before the capture: the capture is not a call, and a
+  seeded program gives eager's numbers afterwards (the draws themselves make a trace ineligible, see
+  regions/purity.py);
+- no fake tensor or symbolic size stays reachable from the state the program's code could reach: memo
+  caches (`functools.lru_cache` wrappers, dicts and lists in module globals, class dicts), module globals and
+  namespace modules (`metrics.LAST = n`). `Snapshot` remembers, for each user code the capture runs, what it
+  may reach before it runs; `Snapshot.repair` restores the containers and slots that now hold a fake (or
+  clears the cache that does) and says what it repaired.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import sys
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .regions.code import code_facts, is_user_code, is_user_file
+from .shapes import concrete
+
+_MAX_DEPTH = 3
+_MAX_ITEMS = 512
+
+
+@dataclass
+class RandomStates:
+    """The states of the process-wide generators, to put back after a capture."""
+
+    python: Any
+    numpy: Any
+    torch_cpu: torch.Tensor
+
+    @staticmethod
+    def save() -> RandomStates:
+        numpy = sys.modules.get("numpy")
+        state = numpy.random.get_state(legacy=False) if numpy is not None else None
+        return RandomStates(random.getstate(), state, torch.random.get_rng_state())
+
+    def restore(self) -> None:
+        random.setstate(self.python)
+        if self.numpy is not None:
+            sys.modules["numpy"].random.set_state(self.numpy)
+        torch.random.set_rng_state(self.torch_cpu)
+
+
+def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
+    """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (containers and
+    plain objects, a few levels deep)."""
+    t = type(value)
+    if t is FakeTensor or isinstance(value, FakeTensor):
+        return True
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return not tensors_only
+    if depth >= _MAX_DEPTH or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
+        return False
+    if t in (list, tuple, set, frozenset) or isinstance(value, (list, tuple)):
+        return len(value) <= _MAX_ITEMS and any(holds_fake(v, depth + 1, tensors_only) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= _MAX_ITEMS and any(holds_fake(v, depth + 1, tensors_only) for v in value.values())
+    fields = getattr(value, "__dict__", None)
+    if type(fields) is dict and not callable(value):
+        return len(fields) <= _MAX_ITEMS and any(holds_fake(v, depth + 1, tensors_only) for v in fields.values())
+    return False
+
+
+@dataclass
+class Snapshot:
+    """What user code run by a capture could reach by name, as it was before that code first ran."""
+
+    containers: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id -> (dict | list, shallow copy)
+    caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
+    _seen: set[tuple[int, int]] = field(default_factory=set)
+
+    def note_program(self, fns: list[Any], depth: int = 3) -> None:
+        """Before the program runs: the code of `fns` (its function, the methods of its modules' classes) and
+        of the user functions their globals name, `depth` calls deep, as `note_code` would see them run."""
+        for fn in fns:
+            code, g = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+            if code is None or g is None or (id(code), id(g)) in self._seen or not is_user_code(code):
+                continue
+            self._seen.add((id(code), id(g)))
+            self.note(g, 0)
+            called = []
+            for name in code_facts(code).names:
+                value = g.get(name)
+                if value is not None:
+                    self.note(value, 1)
+                    if isinstance(value, types.FunctionType):
+                        called.append(value)
+            if depth:
+                self.note_program(called, depth - 1)
+
+    def saw(self, code: types.CodeType, g: dict) -> bool:
+        return (id(code), id(g)) in self._seen
+
+    def note_code(self, frame: types.FrameType, names: tuple[str, ...]) -> None:
+        """User code is about to run in `frame`: remember its globals dict, what its global names reach, and
+        the class of its `self` (memo dicts and caches kept on the class)."""
+        code, g = frame.f_code, frame.f_globals
+        key = (id(code), id(g))
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        if code.co_argcount and code.co_varnames[0] in ("self", "cls"):
+            first = frame.f_locals.get(code.co_varnames[0])
+            self.note(first if isinstance(first, type) else type(first), 1)
+        self.note(g, 0)
+        for name in names:
+            value = g.get(name)
+            if value is not None:
+                self.note(value, 1)
+
+    def note(self, value: Any, depth: int) -> None:
+        """Remember `value` (and what it holds, a few levels deep) if it is a container or a memo cache."""
+        if depth > _MAX_DEPTH or id(value) in self.containers or id(value) in self.caches:
+            return
+        if isinstance(value, functools._lru_cache_wrapper):
+            self.caches[id(value)] = (value, value.cache_info().misses)
+            return
+        t = type(value)
+        if t is dict or t is list:
+            if len(value) > _MAX_ITEMS:
+                return
+            self.containers[id(value)] = (value, dict(value) if t is dict else list(value))
+            for item in list(value.values() if t is dict else value):
+                if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
+                    self.note(item, depth + 1)
+            return
+        if isinstance(value, types.ModuleType):
+            if not value.__name__.startswith(("torch", "numpy", "stampout")) and _is_user_module(value):
+                self.note(value.__dict__, depth)
+            return
+        if isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__)):
+            for klass in value.__mro__[:-1]:
+                for item in list(vars(klass).values()):
+                    item = item.__func__ if isinstance(item, (staticmethod, classmethod)) else item
+                    if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
+                        self.note(item, depth + 1)
+
+    def cache_misses(self) -> dict[int, int]:
+        return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
+
+    def clear_caches(self, since: dict[int, int]) -> None:
+        """Clear the caches that stored results since `since` was taken (a region trace's fakes must not be
+        handed to the next call of the function, which runs in another graph)."""
+        for key, (wrapper, noted) in self.caches.items():
+            if wrapper.cache_info().misses != since.get(key, noted):
+                wrapper.cache_clear()
+                self.caches[key] = (wrapper, -1)  # (repair reports it as cleared)
+
+    def contents(self) -> list[Any]:
+        """The memo containers as they are now (what a trace may have stored in them); of a module's globals,
+        the tensors it holds."""
+        out: list[Any] = []
+        for container, _ in self.containers.values():
+            if type(container) is dict and "__builtins__" in container:
+                out.extend(v for v in list(container.values()) if isinstance(v, torch.Tensor))
+            else:
+                out.append(container)
+        return out
+
+    def graph_values(self, nodes: dict[int, Any], extra: list[Any]) -> list[tuple[Any, Any, str]]:
+        """Fake tensors of the outer graph (`nodes`) that a memo container or a module's globals holds, as
+        (container, key, "item"), each appended to `extra`: the capture stores their real values, as eager
+        leaves them."""
+        found = []
+        for container, _ in self.containers.values():
+            items = container.items() if type(container) is dict else enumerate(container)
+            for key, value in list(items):
+                if type(value) is FakeTensor and id(value) in nodes:
+                    found.append((container, key, "item"))
+                    extra.append(value)
+        return found
+
+    def repair(self) -> Repairs:
+        """Undo what put a fake where user state keeps it: caches that stored results computed during the
+        capture are cleared (a cache is transparent); a dict item or list holding a fake is put back as it was
+        (a symbolic size alone becomes its value for the capture's inputs, as eager would have stored it)."""
+        repairs = Repairs()
+        for wrapper, misses in self.caches.values():
+            if wrapper.cache_info().misses != misses:
+                wrapper.cache_clear()
+                repairs.caches.append(_name(wrapper))
+        known = self.containers
+        for container, before in known.values():
+            items = container.items() if type(container) is dict else enumerate(container)
+            # (an item that is a container of its own snapshot is repaired on its own)
+            if not any(id(v) not in known and holds_fake(v) for _, v in list(items)):
+                continue
+            if type(container) is dict:
+                name = container.get("__name__") if "__builtins__" in container else None
+                for k in [k for k, v in container.items() if id(v) not in known and holds_fake(v)]:
+                    if not holds_fake(container[k], tensors_only=True):
+                        container[k] = concrete(container[k])
+                    elif k in before and not holds_fake(before[k]):
+                        container[k] = before[k]
+                    else:
+                        del container[k]
+                    repairs.places.append(f"{name}.{k}" if name else f"the item {k!r} of a dict")
+            else:
+                container[:] = before
+                repairs.places.append("the items of a list")
+        return repairs
+
+
+def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
+    """With STAMPOUT_CHECK_WORLD=1 (the test suite sets it): raise if a fake tensor or symbolic size is still
+    reachable from the user state a capture touched, after the repairs (a bug in them, never silent)."""
+    if os.environ.get("STAMPOUT_CHECK_WORLD") != "1":
+        return
+    places = [("a memo container", c) for c, _ in snapshot.containers.values()]
+    places += [(f"{type(o).__name__}.__dict__", getattr(o, "__dict__", None)) for o in objects]
+    for label, place in places:
+        if isinstance(place, dict):
+            bad = [k for k, v in list(place.items()) if holds_fake(v)]
+        elif isinstance(place, list):
+            bad = [i for i, v in enumerate(place) if holds_fake(v)]
+        else:
+            continue
+        if bad:
+            raise AssertionError(f"stampout left traced values in {label}: {bad[:5]}")
+
+
+@dataclass
+class Repairs:
+    """What `Snapshot.repair` put right: functools caches cleared, and places that held traced values."""
+
+    caches: list[str] = field(default_factory=list)
+    places: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        parts = [f"the traced value it stored in {', '.join(self.places)}"] if self.places else []
+        if self.caches:
+            parts.append(f"the cache of {', '.join(self.caches)}")
+        return " and ".join(parts)
+
+
+def _is_user_module(module: Any) -> bool:
+
+    filename = getattr(module, "__file__", None) or "<module>"
+    return module is not None and is_user_file(filename)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def clear_fakes(objects: list[Any]) -> list[str]:
+    """Attributes of `objects` (modules, the call's input objects) that hold a fake tensor or a symbolic size
+    written behind their `__setattr__` (`functools.cached_property`, `obj.__dict__[k] = v`): removed.
+    Returns their names."""
+    removed = []
+    for obj in objects:
+        fields = getattr(obj, "__dict__", None)
+        if type(fields) is not dict:
+            continue
+        for key in [k for k, v in fields.items() if not k.startswith("_") and holds_fake(v)]:
+            del fields[key]
+            removed.append(f"{type(obj).__name__}.{key}")
+    return removed
+
+
+def holds_traced_tensor(fn: Any) -> bool:
+    """Whether a callable closes over (or defaults to, or is bound to) a fake tensor of the capture."""
+    parts = [getattr(fn, "__self__", None), getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None)]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            parts.append(cell.cell_contents)
+        except ValueError:
+            continue
+    if isinstance(fn, functools.partial):
+        parts.extend([fn.func, fn.args, fn.keywords])
+    return any(holds_fake(p, tensors_only=True) for p in parts if p is not None)
+
+
+def autograd_refusal(fn: Any) -> str | None:
+    """Why stampout cannot keep the autograd registrations a call of `fn` makes behind the tensors' backs, or
+    None: module backward hooks (torch registers them on the autograd nodes of the call's own tensors) and
+    FSDP2's post-backward reduce-scatter (registered on the unsharded parameters each call makes)."""
+    from .names import root_module
+
+    root = root_module(fn)
+    if root is None or not torch.is_grad_enabled():
+        return None
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp_module = getattr(fsdp, "FSDPModule", None)
+    from torch.nn.modules import module as nn_module
+
+    if nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks:
+        return "a global module backward hook is registered (register_module_full_backward_hook)"
+    for name, m in root.named_modules():
+        label = f"{type(root).__name__}.{name}" if name else type(root).__name__
+        if fsdp_module is not None and isinstance(m, fsdp_module):
+            return f"{label} is sharded with fully_shard (FSDP2): its gradients are reduced by autograd hooks"
+        d = m.__dict__
+        if d.get("_backward_hooks") or d.get("_backward_pre_hooks"):
+            return f"{label} has a module backward hook (register_full_backward_hook / _pre_hook)"
+    return None
