@@ -408,8 +408,7 @@ class CompiledFunction:
     def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> tuple[Any, tuple]:
         refusal = autograd_refusal(self.fn)
         if refusal is not None:
-            log.warning("%s runs eagerly for these inputs: %s", _name(self.fn), refusal)
-            return self._add(_EagerEntry(key, refusal)), ()
+            return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None), ()
         self._watch.release()  # capture watches reads with its own shims
         try:
             root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
@@ -427,7 +426,7 @@ class CompiledFunction:
                     raise
                 except ProgramIneligible as why:  # (the capture stopped there: nothing was drawn or consumed)
                     self.stats.captures += 1
-                    return self._cannot_guard(key, why.reason, why), ()
+                    return self._run_eagerly(key, f"stampout cannot guard it: it {why.reason}", why), ()
                 except Exception as error:  # a CaptureError, or torch's own on the fakes
                     if raised_by_user(error):
                         raise  # the program's own error, unchanged (as eager raises it)
@@ -449,7 +448,7 @@ class CompiledFunction:
                 "tensors, list appends and dict stores are replayed), or use stampout.capture",
             ))
         if program.ineligible:
-            return self._cannot_guard(key, program.ineligible[0], None), ()
+            return self._run_eagerly(key, f"stampout cannot guard it: it {program.ineligible[0]}", None), ()
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
@@ -486,19 +485,17 @@ class CompiledFunction:
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
 
-    def _cannot_guard(self, key: tuple, reason: str, stopped: BaseException | None) -> _EagerEntry:
-        """The entry for inputs whose program reads what stampout cannot guard (`reason`): it runs eagerly, at
-        module granularity where the capture `stopped` inside a child; fullgraph=True refuses."""
+    def _run_eagerly(self, key: tuple, why: str, stopped: BaseException | None) -> _EagerEntry:
+        """The entry for inputs whose program stampout cannot guard or keep the gradients of (`why`): it runs
+        eagerly, at module granularity where the capture `stopped` inside a child; fullgraph=True refuses."""
         if self.fullgraph:
             raise CaptureError(message(
-                f"{_name(self.fn)} cannot be compiled whole (fullgraph=True): stampout cannot guard it: it {reason}",
-                user_location(),
+                f"{_name(self.fn)} cannot be compiled whole (fullgraph=True): {why}", user_location(),
                 "remove what the message names from the compiled code, or pass fullgraph=False to run such calls "
                 "eagerly",
             ))
-        log.warning("%s runs eagerly for these inputs: stampout cannot guard it: it %s", _name(self.fn), reason)
-        return self._add(_EagerEntry(key, reason, split(self, self._piece, f"cannot be guarded: it {reason}",
-                                                        stopped)))
+        log.warning("%s runs eagerly for these inputs: %s", _name(self.fn), why)
+        return self._add(_EagerEntry(key, why, split(self, self._piece, why, stopped)))
 
     def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:
         """The compiled function of a child this function's eager code calls (one per child)."""
