@@ -500,7 +500,7 @@ class CompiledFunction:
     def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:
         """The compiled function of a child this function's eager code calls (one per child)."""
         piece = self.pieces.get(path)
-        if piece is None:
+        if piece is None or piece.fn is not module:  # (a layer swapped in at that path is a module of its own)
             piece = CompiledFunction(module, self.backend, self.max_entries, self.regions, self.dynamic)
             piece._cache, piece.path, piece.breaks = self._cache, path, self.breaks
             self.pieces[path] = piece
