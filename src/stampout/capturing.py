@@ -285,8 +285,9 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         _restore_world(handler, None, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
-    with torch._C.DisableTorchFunction():
-        check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+    if real:  # (export puts its objects back itself, after this)
+        with torch._C.DisableTorchFunction():
+            check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     return cap
 
 
@@ -559,10 +560,13 @@ def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tup
             found.append((obj, key, kind))
             plan.extra.append(value)
 
-    for holder in holders:
+    walked: set[int] = set()
+
+    def walk(holder: Any, depth: int) -> None:
         fields = getattr(holder, "__dict__", None)
-        if type(fields) is not dict:
-            continue
+        if type(fields) is not dict or id(holder) in walked:
+            return
+        walked.add(id(holder))
         for key, value in list(fields.items()):
             t = type(value)
             if t is list:
@@ -573,7 +577,18 @@ def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tup
                     note(value, k, "item", item)
             else:
                 note(holder, key, "attr", value)
+                if depth < 2 and _plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
+                    walk(value, depth + 1)
+
+    for holder in holders:
+        walk(holder, 0)
     return found
+
+
+def _plain_object(value: Any) -> bool:
+    """A user object with attributes of its own (not a module, tensor, class, function or namespace)."""
+    return (type(getattr(value, "__dict__", None)) is dict and not callable(value)
+            and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))
 
 
 _REGISTRIES = ("_parameters", "_buffers")

@@ -86,6 +86,7 @@ PRIVATE_NAMES = (
     "torch._check_tensor_all_with",
     "torch._prims_common.suggest_memory_format",
     "torch._C.DisableTorchFunction",
+    "torch._C.Generator",
     "torch._C.TensorBase",
     "torch._C._FunctionBase",
     "torch._C._dynamo.guards.RootGuardManager",

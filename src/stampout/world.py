@@ -75,6 +75,12 @@ def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
     return False
 
 
+def _identities(container: Any) -> tuple:
+    if type(container) is dict:
+        return tuple((k, id(v)) for k, v in list(container.items()))
+    return tuple(id(v) for v in container)
+
+
 @dataclass
 class Snapshot:
     """What user code run by a capture could reach by name, as it was before that code first ran."""
@@ -148,6 +154,21 @@ class Snapshot:
                     item = item.__func__ if isinstance(item, (staticmethod, classmethod)) else item
                     if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                         self.note(item, depth + 1)
+
+    def state(self) -> dict[int, tuple]:
+        """What each noted container holds now, by identity (to tell whether a region trace changed it)."""
+        return {key: _identities(container) for key, (container, _) in self.containers.items()}
+
+    def changed_since(self, state: dict[int, tuple]) -> list[str]:
+        """The containers (module globals, memo dicts and lists) whose items changed since `state` (those noted
+        since: since they were noted), by name where a module's globals."""
+        changed = []
+        for key, (container, before) in self.containers.items():
+            then = state.get(key)
+            if (_identities(before) if then is None else then) != _identities(container):
+                name = container.get("__name__") if type(container) is dict and "__builtins__" in container else None
+                changed.append(f"the globals of {name}" if name else f"a {type(container).__name__} memo")
+        return changed
 
     def cache_misses(self) -> dict[int, int]:
         return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
@@ -267,6 +288,11 @@ def clear_fakes(objects: list[Any]) -> list[str]:
         if type(fields) is not dict:
             continue
         for key in [k for k, v in fields.items() if not k.startswith("_") and holds_fake(v)]:
+            value = fields[key]
+            inner = getattr(value, "__dict__", None)
+            if type(inner) is dict and not callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module)):
+                removed.extend(f"{type(obj).__name__}.{name}" for name in clear_fakes([value]))  # its fields only
+                continue
             del fields[key]
             removed.append(f"{type(obj).__name__}.{key}")
     return removed

@@ -291,6 +291,7 @@ class RegionCalls:
         with torch._C.DisableTorchFunction():
             frame = RegionFrame(region.fn, leaves, labels, self.watch)
             frame.cache_misses = self.snapshot.cache_misses()
+            frame.world_state = self.snapshot.state()
             for i, arg in enumerate(args):
                 frame.note_input_containers(
                     arg, Input(i, region.arg_names[i] if i < len(region.arg_names) else f"args[{i}]"))
@@ -343,6 +344,10 @@ class RegionCalls:
                 outputs.append(("out", len(returned)))
                 returned.append(node)
         self.snapshot.clear_caches(frame.cache_misses)  # (a cache is transparent: later calls compute again)
+        changed = self.snapshot.changed_since(frame.world_state)
+        if changed:  # a stamped call runs no Python: it would not change them
+            frame.mark_ineligible(f"changes {changed[0]} (state outside its arguments that a stamped call would "
+                                  "not change)")
         places = [*template_constants(template), *(c[0] for c in frame.containers), *(s[2] for s in frame.stores)]
         escaped = self._escaped(child, places, returned)
         hidden = [t for t in self._escaped(child, self.snapshot.contents(), returned)

@@ -26,6 +26,7 @@ class CodeFacts:
     names: tuple[str, ...]  # names it may load as globals (attribute names included: a superset)
     chains: tuple[tuple[str, ...], ...]  # `g.a.b` loads: global name, then attributes
     stores: tuple[str, ...]  # globals it assigns or deletes
+    attribute_stores: tuple[tuple[str, ...], ...]  # `g.a.b = v` / `del g.a.b`: global name, attributes, stored one
     nested: tuple[types.CodeType, ...]  # code objects of functions it defines
 
 
@@ -58,6 +59,7 @@ def code_facts(code: types.CodeType) -> CodeFacts:
 def _analyse(code: types.CodeType) -> CodeFacts:
     chains: list[tuple[str, ...]] = []
     stores: list[str] = []
+    attribute_stores: list[tuple[str, ...]] = []
     chain: list[str] | None = None
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_GLOBAL":
@@ -70,10 +72,13 @@ def _analyse(code: types.CodeType) -> CodeFacts:
             continue
         if chain is not None and len(chain) > 1:
             chains.append(tuple(chain))
+        if chain is not None and ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
+            attribute_stores.append((*chain, ins.argval))
         chain = None
         if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
             stores.append(ins.argval)
     if chain is not None and len(chain) > 1:
         chains.append(tuple(chain))
     nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores), nested)
+    return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores),
+                     tuple(dict.fromkeys(attribute_stores)), nested)

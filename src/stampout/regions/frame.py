@@ -170,6 +170,7 @@ class RegionFrame:
         self.lifted: list[LiftedInput] = []
         self.slots: SlotTracker | None = None  # int attributes this region trace follows (created on first read)
         self.cache_misses: dict[int, int] = {}  # functools caches known when the trace began: misses then
+        self.world_state: dict[int, tuple] = {}  # what the memo containers and module globals held then
         self.abandon = False  # raise ProgramIneligible when made ineligible (a compiled program's frame)
         for i, leaf in enumerate(leaves):
             if not is_constant(leaf):
@@ -473,6 +474,10 @@ class RegionFrame:
                     self._adopt_module_chains(value, source, name, facts.chains, where)
                 else:
                     self.adopt(value, source, where=where)
+        for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again
+            if isinstance(g.get(chain[0]), types.ModuleType):
+                self.mark_ineligible(f"stores {'.'.join(chain)} in a module's namespace (at {code.co_qualname}), "
+                                     "a Python side effect stampout does not replay")
         for name in facts.stores:
             self.global_stores.append((g, name))
             self.writes.append(f"global {name} (assigned by {code.co_qualname})")

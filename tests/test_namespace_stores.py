@@ -1,0 +1,129 @@
+"""Stores the traced Python makes outside its arguments are never silently dropped by compiled or stamped calls,
+and a plain capture leaves a config object the module holds as one eager call leaves it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import stores_namespace as metrics
+import torch
+from helpers import tree_assert_close
+from torch import nn
+
+import stampout
+
+
+class StoresShape(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        metrics.LAST = x.shape[0]
+        return self.lin(x)
+
+
+class RegionStoresShape(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x) + self.body(x))
+
+    def body(self, x: torch.Tensor) -> float:
+        metrics.LAST = x.shape[0]
+        return 0.0
+
+
+def test_a_compiled_call_stores_into_a_module_namespace_on_every_call():
+    """The same shape twice, the namespace reset in between: each call stores, as eager does."""
+    fn = stampout.compile(StoresShape(), backend="eager")
+    for _ in range(3):
+        metrics.LAST = None
+        fn(torch.randn(2, 4))
+        assert metrics.LAST == 2
+
+
+def test_stamped_region_calls_do_not_skip_a_namespace_store():
+    model = nn.Sequential(*[RegionStoresShape() for _ in range(3)])
+    ref = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    for rows in (2, 3, 5, 3):
+        x = torch.randn(rows, 4)
+        metrics.LAST = None
+        tree_assert_close(fn(x), ref(x))
+        assert metrics.LAST == rows
+
+
+def test_a_region_that_stores_into_a_namespace_is_traced_per_call():
+    model = nn.Sequential(*[RegionStoresShape() for _ in range(3)])
+    cap = stampout.capture(model, torch.randn(2, 4))
+    assert cap.stats.reuses == 0
+    assert any("module's namespace" in (e.ineligible or "") for e in cap.events)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    seq: int = 0
+    scale: float = 1.0
+    last: object = None
+
+
+class WritesConfig(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.cfg = RunConfig()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.cfg.seq = x.shape[0]
+        self.cfg.last = x.sum(0).detach()
+        return self.lin(x) * self.cfg.scale
+
+
+def test_capture_stores_real_values_on_a_config_object_the_module_holds():
+    model = WritesConfig()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 4)
+    stampout.capture(model, x)
+    ref(x)
+    assert model.cfg.seq == 2 and type(model.cfg.last) is torch.Tensor
+    tree_assert_close(model.cfg.last, ref.cfg.last)
+    tree_assert_close(model(x), ref(x))  # the next eager call works
+
+
+def test_piecewise_children_follow_layers_swapped_between_calls():
+    """A program that runs eagerly around compiled children: after two layers swap places (and a new input
+    structure splits it again), each child runs its own module."""
+
+    class Scaled(nn.Module):
+        def __init__(self, k: float) -> None:
+            super().__init__()
+            self.k = k
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.lin(x)) * self.k
+
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([Scaled(0.5), Scaled(2.0)])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            metrics.LAST = x.shape[0]  # the stack's own code cannot be compiled whole: its children are
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Stack()
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(3, 4)
+    tree_assert_close(fn(x), model(x))
+    model.layers[0], model.layers[1] = model.layers[1], model.layers[0]
+    x = torch.randn(3, 4, requires_grad=True)  # a new input structure: the stack is split again
+    tree_assert_close(fn(x), model(x))
