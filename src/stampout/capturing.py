@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from . import torch_internals
+from . import higher_order, torch_internals
 from .capture import Capture
 from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
 from .effects import Plan, Value, undo
@@ -141,7 +141,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     dynamic_held = _held_dynamic(fn, leaves, dynamic_sources or {})
     symbolic = any(dims) or bool(dynamic_held) or bool(dynamic_ints)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv() if symbolic else None)
-    tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels))
+    tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels), higher_order.call_if_handled)
     tracer.dynamic_tensors = dynamic_held
     if symbolic:
         tracer.symbols = Symbols(fake_mode.shape_env, fake_mode)

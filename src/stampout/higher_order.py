@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 
 from .errors import CaptureError, message
 from .frames import user_location
+from .meta import NOT_HANDLED
 from .shapes import SIZES, SymbolicValues
 from .tracer import Builder, Tracer, identifier, map_tensors
 
@@ -102,6 +103,11 @@ _SIGNATURES: dict[Any, OpSignature] = {
 
 def handles(func: Any) -> bool:
     return func in _SIGNATURES
+
+
+def call_if_handled(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """The tracer's hook for higher-order ops: `call` for those handled here, else NOT_HANDLED."""
+    return call(tracer, func, args, kwargs) if handles(func) else NOT_HANDLED
 
 
 def _fresh(value: Any) -> Any:

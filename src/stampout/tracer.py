@@ -323,8 +323,11 @@ class CaptureMode(PreDispatchTorchFunctionMode):
 class Tracer:
     """State of one capture: the fake mode, the stack of graphs being built, the names of lifted tensors."""
 
-    def __init__(self, fake_mode: FakeTensorMode, names: Any) -> None:
+    def __init__(self, fake_mode: FakeTensorMode, names: Any,
+                 higher_order: Callable[[Tracer, Any, tuple, dict], Any] | None = None) -> None:
         self.fake_mode = fake_mode
+        # torch.cond and friends: (tracer, op, args, kwargs) -> result, or NOT_HANDLED (see higher_order.py)
+        self.higher_order = higher_order
         self.names = names  # .get(real tensor) -> (placeholder name, source from the root) | None
         self.root = Builder(self)
         self.builders: list[Builder] = [self.root]
@@ -420,11 +423,10 @@ class Tracer:
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         # The region handler's trace function shows it the user code that runs; torch's own Python under
         # this call is not user code, and skipping it keeps a trace fast.
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            from . import higher_order  # it builds on this module
-
-            if higher_order.handles(func):  # its functions run as user code (the region hook sees them)
-                return higher_order.call(self, func, args, kwargs)
+        if isinstance(func, torch._ops.HigherOrderOperator) and self.higher_order is not None:
+            out = self.higher_order(self, func, args, kwargs)  # its functions run as user code (the hook sees them)
+            if out is not NOT_HANDLED:
+                return out
         hook, profile = sys.gettrace(), sys.getprofile()
         regions = self.regions
         if regions is None or (hook is not regions.trace_hook and profile is not regions.profile_hook):
