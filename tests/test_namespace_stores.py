@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 
 import stores_namespace as metrics
 import torch
@@ -127,3 +128,47 @@ def test_piecewise_children_follow_layers_swapped_between_calls():
     model.layers[0], model.layers[1] = model.layers[1], model.layers[0]
     x = torch.randn(3, 4, requires_grad=True)  # a new input structure: the stack is split again
     tree_assert_close(fn(x), model(x))
+
+
+class LruMethod(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @functools.lru_cache(maxsize=4)  # noqa: B019 - the pattern under test
+    def bias_for(self, n: int) -> torch.Tensor:
+        return torch.arange(n, dtype=torch.float32)[:, None] * 0.1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.bias_for(x.shape[0])
+
+
+def test_an_lru_cache_method_keeps_no_traced_value():
+    model = LruMethod()
+    LruMethod.bias_for.cache_clear()
+    x = torch.randn(3, 4)
+    fn = stampout.compile(model, backend="eager")
+    tree_assert_close(fn(x), model(x))  # the next eager call gets a real tensor from the cache
+    tree_assert_close(model(x), fn(x))
+
+
+class CountsOnItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.seen_by = getattr(x, "seen_by", 0) + 1
+        return self.lin(x) * x.seen_by
+
+
+def test_an_attribute_the_program_sets_on_its_input_is_guarded_on_later_calls():
+    torch.manual_seed(0)
+    model = CountsOnItsInput()
+    fn = stampout.compile(model, backend="eager")
+    inputs = [torch.randn(2, 4) for _ in range(2)]
+    references = [t.clone() for t in inputs]
+    for x, ref in zip(inputs, references):
+        for _ in range(2):  # the second call on the same tensor reads the attribute the first one set
+            tree_assert_close(fn(x), model(ref))
+            assert x.seen_by == ref.seen_by

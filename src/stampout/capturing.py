@@ -182,7 +182,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         _hold_input_containers(held, signature_of, fn, fake_args, fake_kwargs)
     before = {id(obj): _fields(obj) for obj in held}
     states = RandomStates.save()
-    handler.snapshot.note_program([frame_function(fn), *_methods_of(_modules_of(fn))])
+    modules = _modules_of(fn)
+    handler.snapshot.note_program([frame_function(fn), *_methods_of(modules)])
+    for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
+        handler.snapshot.note(klass, 1)
     try:
         with _capturing(tracer, handler, watch) as ctx:
             if guard_program or symbolic:  # (a symbolic capture: to find every size the Python stored)

@@ -312,7 +312,9 @@ class RegionFrame:
                     continue
                 target = f"{self.labels[i]}.{name}"
                 self.writes.append(f"{target} (set on an input tensor)")
-                if self.program:
+                if self.program:  # replayed on each call's input, which must have the attributes this one had
+                    self.guard(Attr(Arg(i, self.labels[i]), "__dict__"), Kind.KEYS,
+                               tuple(k for k in before if k not in internal), f"{target} is set by the program")
                     self.stores.append((t, name, new, old, target))
                 else:
                     self.mark_ineligible(f"sets {target}, an attribute of its input tensor (a Python side effect)")
