@@ -172,3 +172,29 @@ def test_an_attribute_the_program_sets_on_its_input_is_guarded_on_later_calls():
         for _ in range(2):  # the second call on the same tensor reads the attribute the first one set
             tree_assert_close(fn(x), model(ref))
             assert x.seen_by == ref.seen_by
+
+
+def masks(n: int, _memo: dict = {}) -> torch.Tensor:  # noqa: B006 - a default-argument memo, the pattern under test
+    if n not in _memo:
+        _memo[n] = torch.eye(n) * 0.5
+    return _memo[n]
+
+
+class DefaultMemo(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) @ masks(x.shape[-1])
+
+
+def test_a_default_argument_memo_keeps_no_traced_value():
+    masks.__defaults__[0].clear()
+    model = DefaultMemo()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 3)
+    for fn in (stampout.compile(model, backend="eager"), lambda t: stampout.capture(model, t)(t)):
+        tree_assert_close(fn(x), ref(x))
+        tree_assert_close(model(x), ref(x))  # the next eager call: no fake in the memo
+        assert all(type(v) is torch.Tensor for v in masks.__defaults__[0].values())

@@ -127,6 +127,10 @@ class Snapshot:
             value = g.get(name)
             if value is not None:
                 self.note(value, 1)
+        if code.co_freevars:  # containers it closes over (a list the forward appends to)
+            cells = frame.f_locals
+            for name in code.co_freevars:
+                self.note(cells.get(name), 1)
 
     def note(self, value: Any, depth: int) -> None:
         """Remember `value` (and what it holds, a few levels deep) if it is a container or a memo cache."""
@@ -141,6 +145,17 @@ class Snapshot:
                 return
             self.containers[id(value)] = (value, dict(value) if t is dict else list(value))
             for item in list(value.values() if t is dict else value):
+                if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
+                    self.note(item, depth + 1)
+            return
+        if isinstance(value, types.FunctionType):  # memo containers in its defaults and closure cells
+            held = [*(value.__defaults__ or ()), *(value.__kwdefaults__ or {}).values()]
+            for cell in value.__closure__ or ():
+                try:
+                    held.append(cell.cell_contents)
+                except ValueError:  # an empty cell
+                    continue
+            for item in held:
                 if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                     self.note(item, depth + 1)
             return
