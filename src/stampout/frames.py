@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from types import FrameType
 
 import torch
@@ -84,3 +85,17 @@ def raised_by_user(error: BaseException) -> bool:
         dispatched = dispatched or tb.tb_frame.f_code.co_filename == _DISPATCH
         tb = tb.tb_next
     return not dispatched and is_user_file(tb.tb_frame.f_code.co_filename)
+
+
+@contextlib.contextmanager
+def python_hooks_off() -> Iterator[None]:
+    """Run stampout's or torch's own Python without this thread's trace and profile functions (the capture's,
+    which watch only user code), and put them back after."""
+    trace, profile = sys.gettrace(), sys.getprofile()
+    sys.settrace(None)
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(profile)
+        sys.settrace(trace)

@@ -28,7 +28,7 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
 from .constants import ConstantValues, mutating
 from .errors import CaptureError, message
-from .frames import user_frame, user_location, user_source_line
+from .frames import python_hooks_off, user_frame, user_location, user_source_line
 from .guards import is_constant
 from .kernels import Specializer, is_symbolic_limit
 from .meta import NOT_HANDLED, MetaRunner, meta_like
@@ -431,13 +431,8 @@ class Tracer:
         regions = self.regions
         if regions is None or (hook is not regions.trace_hook and profile is not regions.profile_hook):
             return self._on_call(func, args, kwargs)
-        sys.settrace(None)
-        sys.setprofile(None)
-        try:
+        with python_hooks_off():
             return self._on_call(func, args, kwargs)
-        finally:
-            sys.setprofile(profile)
-            sys.settrace(hook)
 
     def _on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         if slots.LIVE[0]:  # a per-layer index a region follows, passed to torch: used by value

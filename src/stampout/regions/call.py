@@ -18,7 +18,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from ..capture import RegionEvent, RegionStats
 from ..context import listeners
 from ..errors import RegionError, message
-from ..frames import user_frame, user_location
+from ..frames import python_hooks_off, user_frame, user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
@@ -59,14 +59,8 @@ class RegionCalls:
     def call(self, region: Region, args: tuple, kwargs: dict) -> Any:
         # (stampout's own Python runs without the trace and profile functions: a stamped call stays cheap;
         # they are back on while a traced region's code runs)
-        trace, profile = sys.gettrace(), sys.getprofile()
-        sys.settrace(None)
-        sys.setprofile(None)
-        try:
+        with python_hooks_off():
             return self._call(region, args, kwargs)
-        finally:
-            sys.setprofile(profile)
-            sys.settrace(trace)
 
     def _call(self, region: Region, args: tuple, kwargs: dict) -> Any:
         with torch._C.DisableTorchFunction():
