@@ -165,19 +165,27 @@ class Plan:
             self.effects.append(Effect("extend", source, None, tuple(values), where))
 
 
+def put_back(container: Any, before: Any) -> None:
+    """A dict, list or set as it was (`before`: a copy of its items); a dict untouched is left alone (compared by
+    identity: values may be tensors, whose == compares elements)."""
+    if isinstance(container, dict):
+        if list(container) != list(before) or any(container[k] is not v for k, v in before.items()):
+            container.clear()
+            container.update(before)
+    elif isinstance(container, list):
+        container[:] = before
+    elif isinstance(container, set):
+        container.clear()
+        container.update(before)
+
+
 def undo(program: Any) -> None:
     """Put back what the capture's Python changed on objects that outlive it (newest first), and the state
     of opaque objects that can say theirs (a `random.Random` the program drew from)."""
     for obj, state in reversed(program.states):
         obj.setstate(state)
     for container, _, _, before in reversed(program.containers):
-        if isinstance(container, dict):
-            # (compared by identity: values may be tensors, whose == compares elements)
-            if list(container) != list(before) or any(container[k] is not v for k, v in before.items()):
-                container.clear()
-                container.update(before)
-        elif isinstance(container, list):
-            container[:] = before
+        put_back(container, before)
     for obj, name, _, old, _ in reversed(program.stores):
         if old is not MISSING:
             setattr(obj, name, old)

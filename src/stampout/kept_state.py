@@ -9,43 +9,18 @@ registries of the modules, the objects and containers the inputs hold, and the r
 from __future__ import annotations
 
 import contextlib
-import random
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
+from .effects import put_back
 from .names import root_module
+from .world import RandomStates
 
 _REGISTRIES = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
 
 
 def _contents(obj: Any) -> Any:
     return dict(obj) if isinstance(obj, dict) else list(obj) if isinstance(obj, list) else set(obj)
-
-
-def _put_back(obj: Any, before: Any) -> None:
-    if isinstance(obj, dict):
-        if list(obj) != list(before) or any(obj[k] is not v for k, v in before.items()):
-            obj.clear()
-            obj.update(before)
-    elif isinstance(obj, list):
-        obj[:] = before
-    else:
-        obj.clear()
-        obj.update(before)
-
-
-def _rng_states() -> list[tuple[Callable[[Any], None], Any]]:
-    states: list[tuple[Callable[[Any], None], Any]] = [(torch.set_rng_state, torch.get_rng_state()),
-                                                      (random.setstate, random.getstate())]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states.append((torch.cuda.set_rng_state_all, torch.cuda.get_rng_state_all()))
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        states.append((numpy.random.set_state, numpy.random.get_state()))
-    return states
 
 
 @contextlib.contextmanager
@@ -79,11 +54,10 @@ def kept_state(fn: Callable, held: list[Any]) -> Iterator[None]:
                 keep(registry)
     for obj in held:
         keep(obj)
-    rng = _rng_states()
+    rng = RandomStates.save()
     try:
         yield
     finally:
         for obj, before in reversed(saved):
-            _put_back(obj, before)
-        for setter, state in rng:
-            setter(state)
+            put_back(obj, before)
+        rng.restore()

@@ -41,18 +41,22 @@ class RandomStates:
     python: Any
     numpy: Any
     torch_cpu: torch.Tensor
+    torch_cuda: Any = None  # (only where CUDA is initialized)
 
     @staticmethod
     def save() -> RandomStates:
         numpy = sys.modules.get("numpy")
         state = numpy.random.get_state(legacy=False) if numpy is not None else None
-        return RandomStates(random.getstate(), state, torch.random.get_rng_state())
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        return RandomStates(random.getstate(), state, torch.random.get_rng_state(), cuda)
 
     def restore(self) -> None:
         random.setstate(self.python)
         if self.numpy is not None:
             sys.modules["numpy"].random.set_state(self.numpy)
         torch.random.set_rng_state(self.torch_cpu)
+        if self.torch_cuda is not None:
+            torch.cuda.set_rng_state_all(self.torch_cuda)
 
 
 def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
