@@ -76,23 +76,31 @@ class CallContext:
         self.inputs = inputs  # the call's (args, kwargs): its lists and dicts, which no leaf names
 
 
-class Arg(Source):
-    """The `index`-th flat leaf of the call's `(args, kwargs)`; `label` is how a user would write it."""
+class _Root(Source):
+    """A source that starts a path: the `index`-th of something its kind names (`key`), written as `label`."""
 
     __slots__ = ("index", "label")
+    KIND = ""
 
-    def __init__(self, index: int, label: str) -> None:
+    def __init__(self, index: Any, label: str) -> None:
         self.index = index
         self.label = label
 
     def key(self) -> tuple:
-        return ("arg", self.index)
+        return (self.KIND, self.index)
 
     def name(self) -> str:
         return self.label
 
     def rebase(self, fn):
         return fn(self)
+
+
+class Arg(_Root):
+    """The `index`-th flat leaf of the call's `(args, kwargs)`; `label` is how a user would write it."""
+
+    __slots__ = ()
+    KIND = "arg"
 
     def _step(self, ctx, memo):
         leaves = ctx.leaves
@@ -102,33 +110,21 @@ class Arg(Source):
         return f"_leaf(leaves, {self.index})"
 
 
-class Input(Source):
-    """A positional (`position` an int) or keyword argument of the call, as passed: a list or dict the program
-    may fill (opened into leaves, so no Arg names it). Replayed effects resolve it; guards never read it (the
-    fingerprint holds the containers' structure)."""
+class Input(_Root):
+    """A positional (`index` an int) or keyword (`index` a str) argument of the call, as passed: a list or dict
+    the program may fill (opened into leaves, so no Arg names it). Replayed effects resolve it; guards never read
+    it (the fingerprint holds the containers' structure)."""
 
-    __slots__ = ("position", "label")
-
-    def __init__(self, position: int | str, label: str) -> None:
-        self.position = position
-        self.label = label
-
-    def key(self) -> tuple:
-        return ("input", self.position)
-
-    def name(self) -> str:
-        return self.label
-
-    def rebase(self, fn):
-        return fn(self)
+    __slots__ = ()
+    KIND = "input"
 
     def _step(self, ctx, memo):
         if ctx.inputs is None:
             return MISSING
         args, kwargs = ctx.inputs
-        if type(self.position) is int:
-            return args[self.position] if self.position < len(args) else MISSING
-        return kwargs.get(self.position, MISSING)
+        if type(self.index) is int:
+            return args[self.index] if self.index < len(args) else MISSING
+        return kwargs.get(self.index, MISSING)
 
     def expr(self, base_expr: str) -> str:
         return "_MISSING"
@@ -159,24 +155,12 @@ class Absolute(Source):
         raise AssertionError("Absolute sources are bound as constants by the guard compiler")
 
 
-class Anchor(Source):
+class Anchor(_Root):
     """An object a per-call check reaches through watched modules, resolved once per epoch by the compiled
     function and passed to the generated check as `anchors[index]` (see compiled._anchored)."""
 
-    __slots__ = ("index", "label")
-
-    def __init__(self, index: int, label: str) -> None:
-        self.index = index
-        self.label = label
-
-    def key(self) -> tuple:
-        return ("anchor", self.index)
-
-    def name(self) -> str:
-        return self.label
-
-    def rebase(self, fn):
-        return fn(self)
+    __slots__ = ()
+    KIND = "anchor"
 
     def _step(self, ctx, memo):
         raise AssertionError("an Anchor is resolved by its compiled function, not from a call context")
