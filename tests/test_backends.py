@@ -14,7 +14,6 @@ from helpers import named_grads
 from torch import nn
 
 import stampout
-from stampout.backends import inductor as inductor_backend
 
 
 class Block(nn.Module):
@@ -107,7 +106,7 @@ def test_inductor_flat_and_regions_inference():
 
 @pytest.mark.inductor
 @pytest.mark.parametrize("glue", ["whole", "auto"], ids=["whole_graph", "regions_apart"])
-def test_inductor_training_on_reused_regions_gives_eager_gradients(glue, monkeypatch):
+def test_inductor_training_on_reused_regions_gives_eager_gradients(glue):
     """Regression test for torch 2.13's wrong gradients through reused subgraphs (TORCH_NOTES.md).
 
     On this llama-like stack, Inductor without stampout's workaround returns gradients 36 % off on
@@ -117,16 +116,16 @@ def test_inductor_training_on_reused_regions_gives_eager_gradients(glue, monkeyp
     """
     from stampout.tools.models import LlamaConfig, LlamaLike
 
-    assert inductor_backend.AVOID_REUSED_SUBGRAPH_BUFFER_BUG
-    monkeypatch.setattr(inductor_backend, "GLUE", glue)
+    assert stampout.config.avoid_reused_subgraph_buffer_bug
     torch.manual_seed(0)
     model = LlamaLike(LlamaConfig(layers=2), regions=True)
     reference = copy.deepcopy(model)
     ids = torch.randint(0, 128, (2, 16))
     fn = stampout.compile(model, backend="inductor")
-    out, expected = fn(ids), reference(ids)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
-    out.float().pow(2).mean().backward()
+    with stampout.config.patch(glue=glue):
+        out, expected = fn(ids), reference(ids)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        out.float().pow(2).mean().backward()
     expected.float().pow(2).mean().backward()
     got, want = named_grads(model), named_grads(reference)
     for name in want:
@@ -150,7 +149,7 @@ def test_inductor_training_sd3_blocks_gives_eager_gradients():
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1]))
     from bench.common import diffusers_model
 
-    assert inductor_backend.AVOID_HORIZONTAL_FUSION_BUG
+    assert stampout.config.avoid_horizontal_fusion_bug
     model, kwargs, _ = diffusers_model("sd3", layers=2)
     model.train()
     reference = copy.deepcopy(model)
@@ -355,10 +354,10 @@ def test_timing_phases_are_exclusive_and_add_up():
 
 _RESTART = """
 import json, sys, torch, stampout
-from stampout.backends import inductor, toolchain
+from stampout.backends import toolchain
 from stampout.tools.models import LlamaConfig, LlamaLike
 from torch._dynamo.utils import counters
-inductor.GLUE = sys.argv[1]
+stampout.config.glue = sys.argv[1]
 fn = stampout.compile(LlamaLike(LlamaConfig(layers=2), regions=True), backend="inductor")
 fn(torch.randint(0, 128, (2, 8))).float().pow(2).mean().backward()
 print(json.dumps({**{k: v for g in ("aot_autograd", "inductor") for k, v in counters[g].items() if "cache" in k},

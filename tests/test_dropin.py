@@ -481,15 +481,14 @@ def test_autograd_function_apply_is_patched_and_restored():
     tree_assert_close(y.grad, x2.grad)
 
 
-def test_progress_line_on_a_terminal_only(monkeypatch):
+def test_progress_line_on_a_terminal_only():
     import io
     import time
 
-    from stampout import progress
+    from stampout import config, progress
 
-    monkeypatch.setattr(progress, "DELAY", 0.0)
     terminal = io.StringIO()
-    with progress.compiling("Net", stream=terminal, force=True) as line:
+    with config.patch(progress_delay=0.0), progress.compiling("Net", stream=terminal, force=True) as line:
         progress.expect(2)
         progress.compiled()
         progress.compiled(from_cache=True)

@@ -5,15 +5,15 @@ does), with the valid ones."""
 from __future__ import annotations
 
 import logging
-import os
 
+from . import config
 from .errors import StampoutError, message
 
 NAMES = ("regions", "guards", "capture", "backends", "timing", "breaks")
 
 
 def configure(spec: str | None = None) -> None:
-    spec = os.environ.get("STAMPOUT_LOGS", "") if spec is None else spec
+    spec = config.logs if spec is None else spec
     items = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [item for item in items if item.lstrip("+-") not in (*NAMES, "all")]
     if unknown:

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from . import config
 from .structure import tensors_of
 
 _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",
            "geometric", "cauchy", "log_normal", "random", "empty", "seed")
-_MAX_NUMEL = 1 << 20
 
 
 def _name(func: Callable) -> str:
@@ -118,7 +118,7 @@ class ConstantValues:
                 self._known.clear()
             return
         outs = tensors_of(out)
-        if not outs or not deterministic(func) or any(t.numel() > _MAX_NUMEL for t in outs):
+        if not outs or not deterministic(func) or any(t.numel() > config.constant_max_numel for t in outs):
             return
         try:
             real = self.evaluate(func, args, kwargs)

@@ -26,14 +26,12 @@ import torch.fx as fx
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from . import config
 from .errors import ExportError, StampoutError, message
 from .shapes import has_symbols, size_key, sizes_key
 from .torch_internals import INVOKE_SUBGRAPH
 
 _CUSTOM_FUNCTION_CALL = torch.ops.higher_order.custom_function_call
-# False: every region call goes through torch's invoke_subgraph rule and every input through make_fx (the
-# reference the fast path is tested against; same graph, slower).
-STAMP_OUT = True
 
 
 def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: list[Any],
@@ -51,7 +49,7 @@ def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: lis
     captured = source.graph.find_nodes(op="placeholder")
     # (a symbolic input stays with make_fx, which must see the symbols its sizes define)
     operands_only = {feeds[i] for i, node in enumerate(captured)
-                     if STAMP_OUT and _operand_only(node) and not has_symbols(fakes[feeds[i]])}
+                     if config.stamp_out_lowering and _operand_only(node) and not has_symbols(fakes[feeds[i]])}
     traced = [k for k in tensors if k in feeds and k not in operands_only]
     lowering = _Lowering(fake_mode)
     added: dict[int, fx.Node] = {}
@@ -272,7 +270,7 @@ class _Lowering:
         from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
         identifier, operands = args[1], args[2:]
-        if not STAMP_OUT:
+        if not config.stamp_out_lowering:
             return lower_call()
         cache = get_invoke_subgraph_cache()
         graph = cache.get_proxy_dispatch_entry(identifier) if cache is not None else None

@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 
+from . import config
 from .sources import Absolute, Arg, Attr, Item, Source, module_path
-
-_MAX_DEPTH = 3
 
 
 def root_module(fn: Callable) -> torch.nn.Module | None:
@@ -56,7 +55,7 @@ class TensorNames:
             self._add(value, name, source, "")
         elif isinstance(value, torch.nn.Module):
             self._walk(value, f"{name}.", source)
-        elif callable(value) and depth < _MAX_DEPTH:
+        elif callable(value) and depth < config.names_max_depth:
             marked = getattr(value, "__stampout_region__", None)
             self._walk_function(marked.fn if marked is not None else value, depth + 1)
 
@@ -94,7 +93,7 @@ class TensorNames:
         if isinstance(obj, torch.nn.Module):
             self._walk(obj, f"{label}.", root, path)
             return
-        if depth >= _MAX_DEPTH:
+        if depth >= config.names_max_depth:
             return
         source = module_path(root, path.rstrip("."))
         if isinstance(obj, (list, tuple, dict)):

@@ -17,11 +17,11 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from . import config
 from .errors import CaptureError, message
 from .frames import user_location, user_source_line
 
 _FAKE_LOGGER = logging.getLogger("torch._subclasses.fake_tensor")
-_MAX_BYTES = 1 << 30  # replaying on real tensors larger than this in all is skipped (the fake message is used)
 
 
 class _Skip(Exception):
@@ -65,7 +65,7 @@ def _eager_error(func: Callable, args: tuple, kwargs: dict) -> BaseException | N
         if value.device.type != "cpu" or not all(type(s) is int for s in (*value.shape, *value.stride())):
             raise _Skip
         total += value.numel() * value.element_size()
-        if total > _MAX_BYTES:
+        if total > config.replay_max_bytes:
             raise _Skip
         return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype)
 

@@ -8,14 +8,14 @@ record and never written to pipes or files; `STAMPOUT_PROGRESS=0` turns it off. 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-DELAY = 2.0  # seconds a compile runs before the line appears
+from . import config
+
 _local = threading.local()
 
 
@@ -70,7 +70,7 @@ def compiled(from_cache: bool = False) -> None:
 
 
 def _wanted(stream: TextIO) -> bool:
-    if os.environ.get("STAMPOUT_PROGRESS", "1") == "0":
+    if not config.progress:
         return False
     try:
         return stream.isatty()
@@ -80,8 +80,8 @@ def _wanted(stream: TextIO) -> bool:
 
 @contextlib.contextmanager
 def compiling(what: str, stream: TextIO | None = None, force: bool = False) -> Iterator[Progress]:
-    """Open a compile on this thread; after DELAY seconds a live line shows its progress on `stream` (stderr)
-    if that is a terminal (`force`: on any stream, for tests)."""
+    """Open a compile on this thread; after `config.progress_delay` seconds a live line shows its progress on
+    `stream` (stderr) if that is a terminal (`force`: on any stream, for tests)."""
     stream = sys.stderr if stream is None else stream
     progress = Progress(what)
     outer = current()
@@ -104,7 +104,7 @@ def compiling(what: str, stream: TextIO | None = None, force: bool = False) -> I
             live.append(display)
             progress.shown = True
 
-    timer = threading.Timer(DELAY, show) if outer is None and (force or _wanted(stream)) else None
+    timer = threading.Timer(config.progress_delay, show) if outer is None and (force or _wanted(stream)) else None
     if timer is not None:
         timer.daemon = True
         timer.start()

@@ -17,7 +17,6 @@ are put right afterwards, whether the capture succeeded or failed:
 from __future__ import annotations
 
 import functools
-import os
 import random
 import sys
 import types
@@ -27,11 +26,9 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from . import config
 from .regions.code import code_facts, is_user_code, is_user_file
 from .shapes import concrete
-
-_MAX_DEPTH = 3
-_MAX_ITEMS = 512
 
 
 @dataclass
@@ -67,15 +64,15 @@ def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
         return True
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return not tensors_only
-    if depth >= _MAX_DEPTH or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
+    if depth >= config.scan_depth or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
         return False
     if t in (list, tuple, set, frozenset) or isinstance(value, (list, tuple)):
-        return len(value) <= _MAX_ITEMS and any(holds_fake(v, depth + 1, tensors_only) for v in value)
+        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value)
     if isinstance(value, dict):
-        return len(value) <= _MAX_ITEMS and any(holds_fake(v, depth + 1, tensors_only) for v in value.values())
+        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value.values())
     fields = getattr(value, "__dict__", None)
     if type(fields) is dict and not callable(value):
-        return len(fields) <= _MAX_ITEMS and any(holds_fake(v, depth + 1, tensors_only) for v in fields.values())
+        return len(fields) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in fields.values())
     return False
 
 
@@ -138,14 +135,14 @@ class Snapshot:
 
     def note(self, value: Any, depth: int) -> None:
         """Remember `value` (and what it holds, a few levels deep) if it is a container or a memo cache."""
-        if depth > _MAX_DEPTH or id(value) in self.containers or id(value) in self.caches:
+        if depth > config.scan_depth or id(value) in self.containers or id(value) in self.caches:
             return
         if isinstance(value, functools._lru_cache_wrapper):
             self.caches[id(value)] = (value, value.cache_info().misses)
             return
         t = type(value)
         if t is dict or t is list:
-            if len(value) > _MAX_ITEMS:
+            if len(value) > config.scan_items:
                 return
             self.containers[id(value)] = (value, dict(value) if t is dict else list(value))
             for item in list(value.values() if t is dict else value):
@@ -258,7 +255,7 @@ class Snapshot:
 def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
     """With STAMPOUT_CHECK_WORLD=1 (the test suite sets it): raise if a fake tensor or symbolic size is still
     reachable from the user state a capture touched, after the repairs (a bug in them, never silent)."""
-    if os.environ.get("STAMPOUT_CHECK_WORLD") != "1":
+    if not config.check_world:
         return
     places = [("a memo container", c) for c, _ in snapshot.containers.values()]
     places += [(f"{type(o).__name__}.__dict__", getattr(o, "__dict__", None)) for o in objects]

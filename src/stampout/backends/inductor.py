@@ -38,23 +38,18 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .. import progress, timing
+from .. import config, progress, timing
 from ..torch_internals import INVOKE_SUBGRAPH
 from . import pipeline, split, toolchain
 
 log = logging.getLogger("stampout.backends")
 
-# Set to False only to reproduce the torch bugs (see the module docstring and the regression tests).
-AVOID_REUSED_SUBGRAPH_BUFFER_BUG = True
-AVOID_HORIZONTAL_FUSION_BUG = True
-# "auto": regions apart with eager glue when split.reason_to_compile_whole finds no reason not to;
-# "whole": always hand Inductor the whole graph; "apart": regions apart wherever possible (even thick glue).
-GLUE = "auto"
-# Graphs without region calls inside (a region compiled apart, a flat graph) on CPU compile with Inductor's
-# C++ wrapper: wrapper and kernels in one C++ file, one compiler run per graph instead of three per kernel
-# (about half the compiler time); Inductor has no C++-wrapper code for invoke_subgraph. A graph the C++
-# wrapper cannot compile is compiled again without it.
-CPP_WRAPPER = True
+# Switches (config.py): avoid_reused_subgraph_buffer_bug and avoid_horizontal_fusion_bug (False only to reproduce
+# the torch bugs: see the module docstring and the regression tests); glue; cpp_wrapper: graphs without region
+# calls inside (a region compiled apart, a flat graph) on CPU compile with Inductor's C++ wrapper: wrapper and
+# kernels in one C++ file, one compiler run per graph instead of three per kernel (about half the compiler time);
+# Inductor has no C++-wrapper code for invoke_subgraph. A graph the C++ wrapper cannot compile is compiled again
+# without it.
 
 
 def has_region_calls(gm: fx.GraphModule) -> bool:
@@ -72,13 +67,13 @@ def needs_workaround(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
 def _config_patches(gm: fx.GraphModule, example_inputs: list[Any]) -> dict[str, Any]:
     patches: dict[str, Any] = {}
     on_cpu = _on_cpu(example_inputs)
-    if on_cpu and AVOID_HORIZONTAL_FUSION_BUG:
+    if on_cpu and config.avoid_horizontal_fusion_bug:
         patches["cpp.max_horizontal_fusion_size"] = 1
     if not has_region_calls(gm):
         # (torch 2.13's C++ wrapper fails on graphs with symbolic int inputs: "view() received ... NoneType")
-        if CPP_WRAPPER and on_cpu and not split.symbolic(example_inputs):
+        if config.cpp_wrapper and on_cpu and not split.symbolic(example_inputs):
             patches["cpp_wrapper"] = True
-    elif AVOID_REUSED_SUBGRAPH_BUFFER_BUG and needs_workaround(gm, example_inputs):
+    elif config.avoid_reused_subgraph_buffer_bug and needs_workaround(gm, example_inputs):
         log.info("inductor: training a graph with region calls inside; compiling it with allow_buffer_reuse=False "
                  "(torch 2.13 returns wrong gradients for reused subgraphs otherwise)")
         patches["allow_buffer_reuse"] = False
@@ -215,10 +210,10 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     if _on_cpu(example_inputs):
         toolchain.warm_up()
-    if GLUE == "whole":
-        reason = "GLUE is 'whole'"
+    if config.glue == "whole":
+        reason = "config.glue is 'whole'"
     else:
-        reason = split.reason_to_compile_whole(gm, max_glue=float("inf") if GLUE == "apart" else split.THIN_GLUE)
+        reason = split.reason_to_compile_whole(gm, max_glue=float("inf") if config.glue == "apart" else None)
     what = "whole graph" if reason else f"{len(split.region_calls(gm))} region calls, eager glue"
     if reason:
         progress.expect(1)  # (compiled apart, split.build counts the regions it will compile)
@@ -228,8 +223,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
                 log.info("inductor: compiling the whole graph: %s", reason)
             compiled = _compile(gm, example_inputs, "whole graph", _config_patches(gm, example_inputs))
         else:
-            compiled = split.build(gm, _compile_region, key_extra=(AVOID_REUSED_SUBGRAPH_BUFFER_BUG,
-                                                                   AVOID_HORIZONTAL_FUSION_BUG, CPP_WRAPPER))
+            compiled = split.build(gm, _compile_region, key_extra=(config.avoid_reused_subgraph_buffer_bug,
+                                                                   config.avoid_horizontal_fusion_bug,
+                                                                   config.cpp_wrapper))
             with timing.phase("glue"):
                 compiled.recompile()
     return _first_run_timed(compiled, what)

@@ -28,15 +28,12 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .. import progress
+from .. import config, progress
 from ..shapes import has_symbols, size_key, sizes_key
 from ..torch_internals import INVOKE_SUBGRAPH
 
 _SET_GRAD = torch._C._set_grad_enabled
 _AUTOCAST = (torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast)
-# Glue doing at most this much of the regions' work (in graph nodes) runs eagerly. Measured here, a decoder's
-# eager glue calling regions compiled with the C++ wrapper runs no slower than torch.compile's whole graph.
-THIN_GLUE = 1.0
 
 
 @dataclass(frozen=True)
@@ -188,9 +185,12 @@ def symbolic(values: list[Any]) -> bool:
     return any(isinstance(v, torch.SymInt) or has_symbols(v) for v in values)
 
 
-def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float = THIN_GLUE) -> str | None:
+def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float | None = None) -> str | None:
     """None when each region may be compiled on its own with eager glue; else why not. The glue may do at
-    most `max_glue` times the regions' work (in graph nodes)."""
+    most `max_glue` (default `config.thin_glue`) times the regions' work (in graph nodes). Measured here, a
+    decoder's eager glue calling regions compiled with the C++ wrapper runs no slower than torch.compile's whole
+    graph."""
+    max_glue = config.thin_glue if max_glue is None else max_glue
     calls = region_calls(gm)
     if not calls:
         return "no region calls"

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .. import config
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
@@ -30,7 +31,6 @@ from .slots import SlotTracker
 
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
-_MAX_ITEMS = 256  # containers read by a trace with more items than this are not guarded item by item
 # Immutable callables and namespaces: guarded by identity.
 _BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
                 types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
@@ -338,7 +338,7 @@ class RegionFrame:
         self.guard(source, Kind.LEN, len(value), where)
         if not self._name(value, source, where):
             return
-        if len(value) > _MAX_ITEMS:
+        if len(value) > config.guard_max_items:
             self.guard(source, Kind.ID, value, where)
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
             return
