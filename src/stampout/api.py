@@ -47,10 +47,13 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:
 
 
 def reset() -> None:
-    """Drop every cache stampout keeps (compiled functions keep theirs until reset)."""
+    """Drop every cache stampout keeps: each compiled function's entries, and every memo cache registered in
+    `stampout.caches` (compiled functions keep theirs until reset)."""
+    from . import caches
     from .compiled import reset_all
 
     reset_all()
+    caches.clear_all()
 
 
 __all__ = ["capture", "explain", "reset"]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import config
+from . import caches, config
 from .structure import tensors_of
 
 _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",
@@ -38,7 +38,7 @@ def mutating(func: Callable, kwargs: dict, args: tuple = ()) -> bool:
         name.startswith("__i") and name.endswith("__")) or "out" in kwargs or _inplace(func, args, kwargs)
 
 
-_INPLACE_AT: dict[Any, int | None] = {}
+_INPLACE_AT: dict[Any, int | None] = caches.register({}, "constants inplace positions")
 
 
 def _inplace(func: Callable, args: tuple, kwargs: dict) -> bool:

@@ -10,13 +10,15 @@ from types import FrameType
 
 import torch
 
+from . import caches
+
 _OWN_DIRS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
 )
 _PLUMBING = (os.path.abspath(contextlib.__file__),)  # `with` machinery between stampout and the user's line
 _TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools") + os.sep  # the zoo is user code
-_FILE_IS_OWN: dict[str, bool] = {}
+_FILE_IS_OWN: dict[str, bool] = caches.register({}, "frames own files")
 
 
 def _is_own(filename: str) -> bool:

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
+from . import caches
 from .constants import ConstantValues, mutating
 from .errors import CaptureError, message
 from .frames import python_hooks_off, user_frame, user_location, user_source_line
@@ -115,8 +116,9 @@ def _is_property_get(func: Callable) -> bool:
     return getattr(func, "__name__", "") == "__get__" and hasattr(func, "__self__")
 
 
-_TARGETS: dict[Any, tuple[str, Any]] = {_T.__getitem__: ("call_function", operator.getitem),
-                                        _T.__setitem__: ("call_function", operator.setitem)}
+_FIXED_TARGETS = {_T.__getitem__: ("call_function", operator.getitem),
+                  _T.__setitem__: ("call_function", operator.setitem)}
+_TARGETS: dict[Any, tuple[str, Any]] = caches.register({}, "tracer node targets")
 
 
 def node_target(func: Callable) -> tuple[str, Any]:
@@ -126,7 +128,9 @@ def node_target(func: Callable) -> tuple[str, Any]:
     except (KeyError, TypeError):
         pass
     name = _METHOD_NAMES.get(func) or getattr(func, "__name__", None)
-    if _is_property_get(func):
+    if func is _T.__getitem__ or func is _T.__setitem__:
+        result = _FIXED_TARGETS[func]
+    elif _is_property_get(func):
         result = ("call_function", builtins.getattr)
     elif name and (getattr(_T, name, None) is func or _METHOD_NAMES.get(func) == name):
         result = ("call_method", name)

@@ -16,7 +16,6 @@ glue that does real work); `build(gm, compile_region)` makes the eager glue.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import operator
 import weakref
@@ -28,7 +27,7 @@ import torch
 import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .. import config, progress
+from .. import caches, config, progress
 from ..shapes import has_symbols, size_key, sizes_key
 from ..torch_internals import INVOKE_SUBGRAPH
 
@@ -74,7 +73,7 @@ def _compute_nodes(gm: fx.GraphModule) -> int:
                for n in gm.graph.nodes)
 
 
-@functools.cache
+@caches.memo
 def _inplace_parameter(target: Any) -> int | None:
     """The position of a function's `inplace` parameter (F.relu(x, inplace=True)), if it has one."""
     try:
@@ -323,7 +322,7 @@ def plan(calls: list[RegionCall]) -> dict[fx.Node, Plan]:
 
 
 # subgraph module -> {(operand metadata, grad mode, key extra): compiled}; dropped with the subgraph.
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COMPILED: weakref.WeakKeyDictionary = caches.register(weakref.WeakKeyDictionary(), "backends.split compiled regions")
 
 CompileRegion = Callable[[RegionCall, list[FakeTensor]], Callable[..., Any]]
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import caches
+
 _LIBRARY_DIRS = tuple(dict.fromkeys(
     [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep]
     + [os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")]
@@ -30,8 +32,8 @@ class CodeFacts:
     nested: tuple[types.CodeType, ...]  # code objects of functions it defines
 
 
-_FACTS: dict[types.CodeType, CodeFacts] = {}
-_USER_FILES: dict[str, bool] = {}
+_FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "regions.code facts")
+_USER_FILES: dict[str, bool] = caches.register({}, "regions.code user files")
 
 
 def is_user_file(filename: str) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .. import config
+from .. import caches, config
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
@@ -87,7 +87,7 @@ def _hidden_state(cls: type) -> bool:
     return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
 
 
-@functools.cache
+@caches.memo
 def _fake_fields() -> frozenset[str]:
     """The attributes every FakeTensor keeps in its `__dict__` (its mode, memos): not the program's."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import caches
 from ..context import current
 from ..errors import RegionError, message
 from ..frames import user_location
@@ -125,7 +126,7 @@ def region(
     return call_region
 
 
-_TORCH_REGIONS: dict[Callable, Region] = {}
+_TORCH_REGIONS: dict[Callable, Region] = caches.register({}, "regions.marker torch-marked regions")
 
 
 def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:

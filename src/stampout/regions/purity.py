@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .. import caches
 from .code import is_user_file
 
 _PURE_MODULES = frozenset({
@@ -53,8 +54,8 @@ _PURE_TYPES = frozenset({
 })
 _RNG_MODULES = ("numpy.random", "random", "_random")
 _torch_generator = torch._C.Generator
-_MODULE_VERDICTS: dict[Any, bool] = {}
-_METHOD_VERDICTS: dict[tuple[type, str], bool] = {}
+_MODULE_VERDICTS: dict[Any, bool] = caches.register({}, "regions.purity function verdicts")
+_METHOD_VERDICTS: dict[tuple[type, str], bool] = caches.register({}, "regions.purity method verdicts")
 
 
 def _pure_module(module: str, name: str) -> bool:
@@ -122,7 +123,7 @@ _STDLIB = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.se
 # lines for messages, waiting with timeouts.
 _QUIET_STDLIB = ("logging" + os.sep, "importlib" + os.sep, "warnings.py", "linecache.py", "tokenize.py",
                  "traceback.py", "threading.py")
-_WATCHED: dict[str, bool] = {}
+_WATCHED: dict[str, bool] = caches.register({}, "regions.purity watched files")
 
 
 def watched_file(filename: str) -> bool:

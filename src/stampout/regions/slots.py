@@ -25,13 +25,15 @@ from typing import Any
 
 import torch
 
+from .. import caches
 from ..classpatch import peek
 from ..context import listeners
 from ..guards import is_constant
 from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
 
 _LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"})
-_INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = {}
+_INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = caches.register(
+    {}, "regions.slots instructions")
 LIVE = [0]  # slots being followed right now (the tracer checks torch calls' arguments while non-zero)
 
 
