@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
-from .shapes import size_key, sizes_key
+from .shapes import size_key
 from .sources import MISSING, RESOLVE_HELPERS, Absolute, Attr, CallContext, Source, mro_attr
+from .tensormeta import TensorKind, TensorMeta, kind_values, meta_values, tensor_kind, tensor_meta
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
@@ -64,27 +64,6 @@ def show_const(key: Any) -> str:
     if t in (set, frozenset):
         return "{" + ", ".join(sorted(show_const(k) for k in value)) + "}"
     return repr(value)
-
-
-def show_tensor_meta(meta: tuple) -> str:
-    cls, shape, stride, dtype, device, requires_grad, layout, offset = meta
-    extra = "" if cls in (torch.Tensor, torch.nn.Parameter) else f", type={cls.__name__}"
-    return (f"tensor(shape={list(shape)}, stride={list(stride)}, dtype={dtype}, device={device}, "
-            f"requires_grad={requires_grad}{extra})")
-
-
-def tensor_meta(t: torch.Tensor) -> tuple:
-    """Everything about a tensor that a trace can depend on without reading its values (symbolic sizes as
-    their expressions, see shapes.size_key)."""
-    if type(t) is FakeTensor and t._has_symbolic_sizes_strides:
-        return (type(t), sizes_key(t.shape), sizes_key(t.stride()), t.dtype, t.device, t.requires_grad, t.layout,
-                size_key(t.storage_offset()))
-    return (type(t), tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.layout, t.storage_offset())
-
-
-def tensor_kind(t: torch.Tensor) -> tuple:
-    """A tensor's metadata without its sizes, strides and offset (a symbolic capture's shape guards check those)."""
-    return (type(t), t.dim(), t.dtype, t.device, t.requires_grad, t.layout)
 
 
 def hooks_key(module: torch.nn.Module) -> tuple:
@@ -181,8 +160,8 @@ _OBSERVE: dict[Kind, Callable[[Any], Any]] = {
     Kind.KEYS: lambda v: tuple(v) if isinstance(v, dict) else MISSING,
 }
 _HELPERS = {
-    "_tensor_meta": tensor_meta,
-    "_tensor_kind": lambda v: tensor_kind(v),
+    "_tensor_meta": meta_values,  # (plain tuples, equal to the expected records)
+    "_tensor_kind": kind_values,
     "_size_key": lambda v: size_key(v) if isinstance(v, torch.SymInt) else MISSING,
     "_const_key": const_key,
     "_is_constant": is_constant,
@@ -252,8 +231,8 @@ class Guard:
             return "<missing>"
         if self.kind is Kind.CONST:
             return show_const(observed)
-        if self.kind is Kind.TENSOR:
-            return show_tensor_meta(observed)
+        if isinstance(observed, (TensorMeta, TensorKind)):
+            return observed.show()
         if self.kind is Kind.HOOKS:
             counts = [len(h) for h in observed]
             return "no hooks" if observed == _NO_HOOKS else f"hooks {counts} (pre, fwd, bwd-pre, bwd)"

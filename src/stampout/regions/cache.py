@@ -140,7 +140,7 @@ def structure_key(gm: fx.GraphModule) -> tuple:
             val = node.meta.get("val")
             # requires_grad is left out: like reuse, dedup holds across which inputs require grad
             if isinstance(val, torch.Tensor):
-                meta = tensor_meta(val)[1:5] + tensor_meta(val)[6:]
+                meta = tensor_meta(val, requires_grad=False)._replace(cls=None)
             elif val is not None:
                 meta = ("size", size_key(val))
         target = node.target if isinstance(node.target, str) else (id(node.target), str(node.target))

@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
-from ..guards import const_key, is_constant, tensor_meta
+from ..guards import const_key, is_constant
 from ..shapes import show_size, size_key
 from ..structure import aliases_of
+from ..tensormeta import TensorKind, tensor_meta
 from ..torch_internals import FLAG_NAMES, global_flags
 from ..tracking import original_class
 
@@ -18,8 +19,7 @@ _GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_
 
 def leaf_key(leaf: Any) -> tuple:
     if isinstance(leaf, torch.Tensor):
-        meta = tensor_meta(leaf)
-        return ("tensor", meta[:5] + meta[6:])  # requires_grad is matched separately (see RegionCalls)
+        return ("tensor", tensor_meta(leaf, requires_grad=False))  # matched separately (see RegionCalls)
     if is_constant(leaf):
         return ("constant", const_key(leaf))
     if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -54,8 +54,8 @@ def without_sizes(key: tuple, leaves: list[Any], masked: frozenset[int] | None =
     keys = list(key[1])
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor) and (masked is None or i in masked):
-            cls, _, _, dtype, device, layout, _ = keys[i][1]
-            keys[i] = ("tensor", (cls, leaf.dim(), dtype, device, layout))
+            meta = keys[i][1]
+            keys[i] = ("tensor", TensorKind(meta.cls, leaf.dim(), meta.dtype, meta.device, None, meta.layout))
     return (key[0], tuple(keys), *key[2:])
 
 
@@ -65,12 +65,8 @@ def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
 
 def _show(key: tuple) -> str:
     kind, value = key[0], key[1]
-    if kind == "tensor" and len(value) == 5:  # sizes left out (a symbolic capture checks them)
-        return f"tensor(ndim={value[1]}, dtype={value[2]}, device={value[3]})"
-    if kind == "tensor":
-        _, shape, stride, dtype, device, _, _ = value
-        return (f"tensor(shape=[{', '.join(map(show_size, shape))}], stride=[{', '.join(map(show_size, stride))}], "
-                f"dtype={dtype}, device={device})")
+    if kind == "tensor":  # a TensorMeta, or a TensorKind: sizes left out (a symbolic capture checks them)
+        return value.show()
     if kind == "constant":
         return f"{value[1]!r} ({value[0].__name__})"
     if kind == "size":

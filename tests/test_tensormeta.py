@@ -1,0 +1,58 @@
+"""TensorMeta / TensorKind: the one record of tensor metadata that guards, fingerprints and dedup compare."""
+
+from __future__ import annotations
+
+import torch
+
+from stampout.guards import Guard, Kind
+from stampout.regions.fingerprint import describe_difference, fingerprint, leaf_key, without_sizes
+from stampout.sources import Arg
+from stampout.tensormeta import TensorKind, TensorMeta, kind_values, meta_values, tensor_kind, tensor_meta
+
+
+def test_fields_by_name_and_equal_to_the_plain_tuple_the_guard_builds():
+    t = torch.randn(2, 3, dtype=torch.float64).t()
+    meta = tensor_meta(t)
+    assert isinstance(meta, TensorMeta)
+    assert (meta.cls, meta.shape, meta.stride, meta.dtype, meta.requires_grad, meta.offset) == (
+        torch.Tensor, (3, 2), (1, 3), torch.float64, False, 0)
+    assert meta == meta_values(t) and hash(meta) == hash(meta_values(t))
+    kind = tensor_kind(t)
+    assert (kind.ndim, kind.requires_grad) == (2, False) and kind == kind_values(t)
+
+
+def test_requires_grad_left_out_of_the_fingerprint_leaf():
+    a, b = torch.randn(2), torch.randn(2, requires_grad=True)
+    assert leaf_key(a) == leaf_key(b)
+    assert leaf_key(a)[1].requires_grad is None
+    assert tensor_meta(a) != tensor_meta(b)
+
+
+def test_without_sizes_keeps_the_kind():
+    leaves = [torch.randn(2, 3)]
+    key = without_sizes(fingerprint((), leaves), [torch.randn(5, 7)])
+    assert key[1][0] == ("tensor", TensorKind(torch.Tensor, 2, torch.float32, torch.device("cpu"), None,
+                                              torch.strided))
+
+
+def test_guard_and_fingerprint_print_the_same_shape():
+    x, y = torch.randn(2, 3), torch.randn(4, 3)
+    guard = Guard(Arg(0, "x"), Kind.TENSOR, tensor_meta(x))
+    assert guard.expected_text() == ("tensor(shape=[2, 3], stride=[3, 1], dtype=torch.float32, device=cpu, "
+                                     "requires_grad=False)")
+    assert describe_difference(fingerprint((), [x]), fingerprint((), [y]), ["x"]) == (
+        "x: expected tensor(shape=[2, 3], stride=[3, 1], dtype=torch.float32, device=cpu), "
+        "got tensor(shape=[4, 3], stride=[3, 1], dtype=torch.float32, device=cpu)")
+
+
+def test_symbolic_sizes_print_as_expressions_in_guards_too():
+    meta = TensorMeta(torch.Tensor, (("sym", None, "s0"), 3), (3, 1), torch.float32, torch.device("cpu"), False,
+                      torch.strided, 0)
+    assert Guard(Arg(0, "x"), Kind.TENSOR, meta).expected_text().startswith("tensor(shape=[s0, 3], stride=[3, 1]")
+
+
+def test_a_kind_guard_shows_requires_grad_and_the_class():
+    p = torch.nn.Parameter(torch.randn(2))
+    guard = Guard(Arg(0, "x"), Kind.TENSOR_KIND, tensor_kind(p))
+    assert guard.expected_text() == "tensor(ndim=1, dtype=torch.float32, device=cpu, requires_grad=True)"
+    assert guard.observe(torch.randn(2)) == "tensor(ndim=1, dtype=torch.float32, device=cpu, requires_grad=False)"
