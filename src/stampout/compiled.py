@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,6 +50,16 @@ from .world import autograd_refusal
 
 log = logging.getLogger("stampout.guards")
 _LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+class CallKey(NamedTuple):
+    """What a compiled call is looked up by: its inputs' fingerprint and which tensor inputs require grad."""
+
+    fingerprint: tuple
+    requires_grad: tuple[bool, ...]
+
+
+_new = tuple.__new__  # a CallKey without NamedTuple's keyword __new__ (every call builds one)
 
 
 @dataclass
@@ -143,7 +153,7 @@ class _Entry:
     those are read from their sources on every call, never reused from an earlier one. That function starts
     from anchors (objects reached through watched modules, resolved after each write), not from the root."""
 
-    def __init__(self, cap: Capture, compiled: Callable, key: tuple, ctx: CallContext, watch: WriteWatch):
+    def __init__(self, cap: Capture, compiled: Callable, key: CallKey, ctx: CallContext, watch: WriteWatch):
         self.capture = cap
         self.compiled = compiled
         self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
@@ -248,11 +258,13 @@ class _Entry:
             return None
         return lifted
 
-    def key_for(self, key: tuple, leaves: list[Any]) -> tuple:
+    def key_for(self, key: CallKey, leaves: list[Any]) -> CallKey:
         """A call's key as this entry compares it: without the sizes its shape guards check."""
-        return key if self.masked is None else (without_sizes(key[0], leaves, self.masked), key[1])
+        if self.masked is None:
+            return key
+        return CallKey(without_sizes(key.fingerprint, leaves, self.masked), key.requires_grad)
 
-    def why_not(self, ctx: CallContext, key: tuple, labels: list[str]) -> str:
+    def why_not(self, ctx: CallContext, key: CallKey, labels: list[str]) -> str:
         if self.key is None:
             return "a write made objects its per-call check shared differ (the entry was dropped)"
         shapes = self.shapes
@@ -264,8 +276,8 @@ class _Entry:
                 if not shapes.check(values):
                     return f"the symbolic capture assumed {shapes.why_not(values)}"
         if key != self.key:
-            if key[0] != self.key[0]:
-                return "inputs: " + describe_difference(self.key[0], key[0], labels)
+            if key.fingerprint != self.key.fingerprint:
+                return "inputs: " + describe_difference(self.key.fingerprint, key.fingerprint, labels)
             return "which inputs require grad differs"
         failure = first_failure(self.guards, ctx)
         if failure is not None:
@@ -281,7 +293,7 @@ class _Entry:
 class _EagerEntry:
     """Calls with this key run the original function: its capture read something stampout cannot guard."""
 
-    def __init__(self, key: tuple, reason: str, pieces: Pieces | None = None) -> None:
+    def __init__(self, key: CallKey, reason: str, pieces: Pieces | None = None) -> None:
         self.key = key
         self.reason = reason
         self.capture = None
@@ -358,7 +370,7 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)
         leaves, spec, labels = flatten_inputs(args, kwargs, self._arg_names)
         with torch._C.DisableTorchFunction():
-            key = (fingerprint(spec, leaves), requires_grad_pattern(leaves))
+            key = _new(CallKey, (fingerprint(spec, leaves), requires_grad_pattern(leaves)))
         ctx = CallContext([self.fn, *leaves], self._frame_fn, (args, kwargs))
         hit = self._lookup(key, ctx, leaves)
         if hit is None:
@@ -387,8 +399,8 @@ class CompiledFunction:
             outputs = outputs[:n]
         return build(cap.output_template, outputs, leaves)
 
-    def _lookup(self, key: tuple, ctx: CallContext, leaves: list[Any]) -> tuple[Any, tuple] | None:
-        masked_keys: dict[frozenset[int], tuple] = {}
+    def _lookup(self, key: CallKey, ctx: CallContext, leaves: list[Any]) -> tuple[Any, tuple] | None:
+        masked_keys: dict[frozenset[int], CallKey] = {}
         for entry in self._entries:
             masked = entry.masked
             if masked is None:
@@ -405,7 +417,7 @@ class CompiledFunction:
                     return entry, lifted
         return None
 
-    def _recapture(self, args: tuple, kwargs: dict, key: tuple, ctx: CallContext) -> tuple[Any, tuple]:
+    def _recapture(self, args: tuple, kwargs: dict, key: CallKey, ctx: CallContext) -> tuple[Any, tuple]:
         refusal = autograd_refusal(self.fn)
         if refusal is not None:
             return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None), ()
@@ -414,7 +426,7 @@ class CompiledFunction:
             root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
             marking = (auto_regions(root) if self.regions == "auto" and root is not None
                        else contextlib.nullcontext())
-            structure = (without_sizes(key[0], ctx.leaves[1:]), key[1])
+            structure = CallKey(without_sizes(key.fingerprint, ctx.leaves[1:]), key.requires_grad)
             changed = self._automatic_dims(structure, ctx)
             automatic = {s.index - 1: dims for s, dims in changed.items() if isinstance(s, Arg)}
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
@@ -485,7 +497,7 @@ class CompiledFunction:
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
 
-    def _run_eagerly(self, key: tuple, why: str, stopped: BaseException | None) -> _EagerEntry:
+    def _run_eagerly(self, key: CallKey, why: str, stopped: BaseException | None) -> _EagerEntry:
         """The entry for inputs whose program stampout cannot guard or keep the gradients of (`why`): it runs
         eagerly, at module granularity where the capture `stopped` inside a child; fullgraph=True refuses."""
         if self.fullgraph:

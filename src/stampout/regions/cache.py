@@ -39,7 +39,7 @@ class SymbolInput:
 LiftedInput = ArgInput | SourceInput | SymbolInput
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class ReuseEntry:
     """What a traced region call leaves behind so later equivalent calls can be stamped out."""
 
@@ -58,7 +58,6 @@ class ReuseEntry:
     n_outputs: int
     rg_pattern: tuple | None = None  # set when the trace read `requires_grad`: then it must match
     operand_aliases: tuple[int, ...] = ()  # which subgraph inputs were the same tensor (see aliases_of)
-    value_guards: tuple = ()  # (leaf index, real value) of constant tensors whose values Python inspected
     call_site: str = ""
     generation: int = 0  # which capture made it (a compiled function's captures share one cache)
     leaves: list | None = None  # the traced call's input leaves, in a symbolic capture (see RegionCache.rekey)

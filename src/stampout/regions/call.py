@@ -366,10 +366,12 @@ class RegionCalls:
             if not is_constant(value):
                 frame.mark_ineligible(f"returns a {type(value).__name__} (outputs must be tensors and constants)")
         out_meta = {rg: [_out_meta(n.meta["val"]) for n in returned]}
-        entry = ReuseEntry(region.name, fp, frame.guards, None, frame.lifted, name, gm, outputs, template,
-                           out_meta, len(returned), rg if frame.reads_requires_grad else None,
-                           tuple(range(len(frame.lifted))), (), site, self.cache.generation,
-                           frame.leaves if self.tracer.symbols is not None else None, stores)
+        entry = ReuseEntry(
+            region=region.name, fingerprint=fp, guards=frame.guards, check=None, lifted=frame.lifted, subgraph=name,
+            gm=gm, outputs=outputs, template=template, out_meta=out_meta, n_outputs=len(returned),
+            rg_pattern=rg if frame.reads_requires_grad else None, operand_aliases=tuple(range(len(frame.lifted))),
+            call_site=site, generation=self.cache.generation,
+            leaves=frame.leaves if self.tracer.symbols is not None else None, stores=stores)
         if not frame.ineligible and (hash_key is not None or self._check_cap(region, reason, site)):
             entry.check = compile_guards(frame.guards, [s.source for s in frame.lifted if isinstance(s, SourceInput)])
             self.cache.add(region.code, entry)
