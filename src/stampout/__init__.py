@@ -38,7 +38,7 @@ __all__ = [
 
 # Where each public name is defined (relative module).
 _HOMES = {
-    "Capture": "capture", "RegionEvent": "capture", "RegionStats": "capture",
+    "Capture": "capture", "RegionEvent": "regions.events", "RegionStats": "regions.events",
     "CompiledFunction": "compiled", "CompileStats": "compiled", "CompiledModule": "compiled_module",
     "BackendError": "errors", "CaptureError": "errors", "ExportError": "errors", "GuardError": "errors",
     "RegionError": "errors", "StampoutError": "errors",
@@ -82,12 +82,13 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .api import capture, explain, reset  # noqa: F401
-    from .capture import Capture, RegionEvent, RegionStats  # noqa: F401
+    from .capture import Capture  # noqa: F401
     from .compiled import CompiledFunction, CompileStats  # noqa: F401
     from .compiled_module import CompiledModule, compile  # noqa: F401
     from .errors import BackendError, CaptureError, ExportError, GuardError, RegionError, StampoutError  # noqa: F401
     from .export import export  # noqa: F401
     from .regions.auto import auto_regions  # noqa: F401
+    from .regions.events import RegionEvent, RegionStats  # noqa: F401
     from .regions.marker import region  # noqa: F401
 
 _configure_logging()

@@ -10,35 +10,11 @@ import torch.fx as fx
 
 from .errors import StampoutError, message
 from .frames import user_location
+from .regions.events import RegionEvent, RegionStats
 from .runner import as_call_modules
 from .shapes import has_symbols
 from .sources import MISSING, CallContext, Source
 from .structure import Template, aliases_of, build, flatten_inputs
-
-
-@dataclass
-class RegionStats:
-    """Region calls by outcome, and the number of distinct subgraphs."""
-
-    traces: int = 0
-    reuses: int = 0
-    dedups: int = 0
-    subgraphs: int = 0
-
-    def __str__(self) -> str:
-        return f"traces={self.traces} reuses={self.reuses} dedups={self.dedups} subgraphs={self.subgraphs}"
-
-
-@dataclass
-class RegionEvent:
-    """One region call: which region, where it was called, what happened and, on a miss, why."""
-
-    region: str
-    call_site: str
-    outcome: str  # "traced" | "reused" | "deduped"
-    reason: str = ""  # why a traced call could not reuse (the first failing check), or why it is ineligible
-    subgraph: str = ""
-    ineligible: str = ""
 
 
 @dataclass(repr=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,26 @@ class SymbolInput:
 LiftedInput = ArgInput | SourceInput | SymbolInput
 
 
+class Output(enum.Enum):
+    """How a stamped call gets one output slot: the kind leading a row `(kind, index, *view)` of
+    `ReuseEntry.outputs`."""
+
+    OUT = "out"  # subgraph output `index`
+    IN = "in"  # subgraph input `index`: the call's operand itself
+    VIEW = "view"  # as_strided(subgraph output `index`, size, stride, storage offset): a view the caller takes
+    IN_VIEW = "inview"  # as_strided(operand `index`, size, stride, storage offset relative to the operand's)
+
+
+class Store(enum.Enum):
+    """What an attribute store a stamped call repeats stores: the kind leading `(kind, value)` in
+    `ReuseEntry.stores`."""
+
+    CONST = "const"  # `value` itself
+    SLOT = "slot"  # output slot `value`
+    OPERAND = "operand"  # subgraph input `value`
+    MISSING = "missing"  # the attribute deleted
+
+
 @dataclass(eq=False, kw_only=True)
 class ReuseEntry:
     """What a traced region call leaves behind so later equivalent calls can be stamped out."""
@@ -50,8 +71,7 @@ class ReuseEntry:
     lifted: list[LiftedInput]  # how each subgraph placeholder is obtained
     subgraph: str
     gm: fx.GraphModule
-    outputs: list[tuple]  # per template slot: ("out", subgraph output) | ("in", placeholder) |
-    # ("view", subgraph output, size, stride, storage offset): a view of an output, taken by the caller
+    outputs: list[tuple]  # per template slot: (Output kind, index, *view)
     template: Template
     out_meta: dict[tuple, list[tuple]]  # requires_grad pattern of the inputs -> per output
     # (shape, stride, storage offset, dtype, device, requires_grad); more patterns added as calls need them
@@ -61,8 +81,7 @@ class ReuseEntry:
     call_site: str = ""
     generation: int = 0  # which capture made it (a compiled function's captures share one cache)
     leaves: list | None = None  # the traced call's input leaves, in a symbolic capture (see RegionCache.rekey)
-    stores: tuple = ()  # attribute stores a stamped call repeats: (target source, name, (kind, value)) with
-    # kind "const" (the value), "slot" (output slot index), "operand" (subgraph input index) or "missing"
+    stores: tuple = ()  # attribute stores a stamped call repeats: (target source, name, (Store kind, value))
 
 
 @dataclass

@@ -15,7 +15,6 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from ..capture import RegionEvent, RegionStats
 from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import python_hooks_off, user_frame, user_location
@@ -26,8 +25,9 @@ from ..torch_internals import invoke_subgraph
 from ..tracer import Builder, Tracer, identifier, map_tensors
 from ..tracking import Watch
 from ..world import Snapshot
-from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
+from .cache import ArgInput, Output, RegionCache, ReuseEntry, SourceInput, Store, SymbolInput
 from .code import code_facts, is_user_code
+from .events import Outcome, RegionEvent, RegionStats
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
@@ -327,15 +327,15 @@ class RegionCalls:
         template = to_template(out, slots)
         slot_nodes = [child.node_for(t) for t in slots]
         placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
-        outputs: list[tuple[str, int]] = []
+        outputs: list[tuple[Output, int]] = []
         returned: list[fx.Node] = []
         for node in slot_nodes:
             if node in placeholders:
-                outputs.append(("in", placeholders[node]))
+                outputs.append((Output.IN, placeholders[node]))
             elif node in returned:
-                outputs.append(("out", returned.index(node)))
+                outputs.append((Output.OUT, returned.index(node)))
             else:
-                outputs.append(("out", len(returned)))
+                outputs.append((Output.OUT, len(returned)))
                 returned.append(node)
         self.snapshot.clear_caches(frame.cache_misses)  # (a cache is transparent: later calls compute again)
         changed = self.snapshot.changed_since(frame.world_state)
@@ -351,7 +351,7 @@ class RegionCalls:
                                   "outside its arguments (a memo dict or list)")
             escaped.extend(hidden)
         for t in escaped:  # tensors the region handed out by side channels: outputs too
-            outputs.append(("out", len(returned)))
+            outputs.append((Output.OUT, len(returned)))
             returned.append(child.nodes[id(t)][1])
         slots.extend(escaped)
         stores = self._replayable_stores(frame, child, slots)
@@ -384,7 +384,7 @@ class RegionCalls:
             ))
 
         self._emit(parent, entry, child.operands, slots, [n.meta["val"] for n in returned])
-        outcome = "deduped" if deduped else "traced"
+        outcome = Outcome.DEDUPED if deduped else Outcome.TRACED
         if deduped:
             self.stats.dedups += 1
         else:
@@ -411,13 +411,13 @@ class RegionCalls:
             if target is None:
                 return ()  # (already ineligible: see RegionFrame.on_write)
             if value is MISSING:
-                how = ("missing", None)
+                how = (Store.MISSING, None)
             elif is_constant(value) and type(value) not in (list, dict, set) or isinstance(value, torch.SymInt):
-                how = ("const", value)  # (a symbolic int: a stamped call, with the same symbols, stores the same)
+                how = (Store.CONST, value)  # (a symbolic int: a stamped call, with the same symbols, stores the same)
             elif hit is not None and hit[1] in placeholders:
-                how = ("operand", placeholders[hit[1]])
+                how = (Store.OPERAND, placeholders[hit[1]])
             elif isinstance(value, torch.Tensor) and id(value) in slot_of:
-                how = ("slot", slot_of[id(value)])
+                how = (Store.SLOT, slot_of[id(value)])
             else:
                 frame.mark_ineligible(f"stores a {type(value).__name__} on {target.name()}.{name} at {where}")
                 return ()
@@ -478,19 +478,19 @@ class RegionCalls:
         fakes = [self._fake(meta) for meta in out_meta]
         slots = []
         for kind, i, *view in entry.outputs:
-            if kind == "view":  # a view of output i
+            if kind is Output.VIEW:  # a view of output i
                 slots.append(torch.as_strided(fakes[i], *view))
-            elif kind == "inview":  # a view of operand i, at the same place relative to it
+            elif kind is Output.IN_VIEW:  # a view of operand i, at the same place relative to it
                 size, stride, relative = view
                 base = values[i] if isinstance(values[i], FakeTensor) else self.tracer.fake_of(values[i])
                 slots.append(torch.as_strided(base, size, stride, base.storage_offset() + relative))
             else:
-                slots.append(fakes[i] if kind == "out" else values[i])
+                slots.append(fakes[i] if kind is Output.OUT else values[i])
         self._emit(parent, entry, operands, slots, fakes)
         if entry.stores:
             self._repeat_stores(entry, CallContext(leaves, region.fn), slots, values)
         self.stats.reuses += 1
-        self._record(region, site, "reused", "", entry.subgraph)
+        self._record(region, site, Outcome.REUSED, "", entry.subgraph)
         return build(entry.template, slots)
 
     @staticmethod
@@ -500,11 +500,11 @@ class RegionCalls:
         memo: dict = {}
         for target, name, (kind, value) in entry.stores:
             obj = target.resolve(ctx, memo)
-            if kind == "missing":
+            if kind is Store.MISSING:
                 if hasattr(obj, name):
                     delattr(obj, name)
                 continue
-            setattr(obj, name, value if kind == "const" else slots[value] if kind == "slot" else values[value])
+            setattr(obj, name, value if kind is Store.CONST else slots[value] if kind is Store.SLOT else values[value])
 
     def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[tuple]:
         """Output metadata of the entry's subgraph for inputs that differ only in requires_grad."""
@@ -531,13 +531,13 @@ class RegionCalls:
         for out, fake in zip(outs, out_fakes):
             out.meta["val"] = fake
         for (kind, i, *view), value in zip(entry.outputs, slots):
-            if kind == "out":
+            if kind is Output.OUT:
                 builder.bind(value, outs[i])
-            elif kind == "view":
+            elif kind is Output.VIEW:
                 node = graph.call_function(torch.as_strided, (outs[i], *map_tensors(view, builder.node_for, True)))
                 node.meta["val"] = value
                 builder.bind(value, node)
-            elif kind == "inview":
+            elif kind is Output.IN_VIEW:
                 where = (view[0], view[1], value.storage_offset())
                 node = graph.call_function(torch.as_strided,
                                            (operands[i], *map_tensors(where, builder.node_for, True)))
@@ -547,17 +547,17 @@ class RegionCalls:
             builder.bind(fake, out)
         call.meta["val"] = tuple(out_fakes)
 
-    def _record(self, region: Region, site: str, outcome: str, reason: str, subgraph: str,
+    def _record(self, region: Region, site: str, outcome: Outcome, reason: str, subgraph: str,
                 ineligible: str = "") -> None:
         event = RegionEvent(region.name, site, outcome, reason, subgraph, ineligible)
         self.events.append(event)
-        if log.isEnabledFor(logging.DEBUG) or (outcome != "reused" and log.isEnabledFor(logging.INFO)):
+        if log.isEnabledFor(logging.DEBUG) or (outcome is not Outcome.REUSED and log.isEnabledFor(logging.INFO)):
             text = f"region {region.name} at {site}: {outcome}"
-            if reason and outcome != "reused":
+            if reason and outcome is not Outcome.REUSED:
                 text += f" ({reason})"
             if ineligible:
                 text += f"; not reusable: {ineligible}"
-            log.debug(text) if outcome == "reused" else log.info(text)
+            log.debug(text) if outcome is Outcome.REUSED else log.info(text)
 
     # ---- lifting into a region's subgraph -------------------------------------------------------
     def lift_symbol(self, builder: Builder, symbol: Any) -> fx.Node:
@@ -637,19 +637,19 @@ def _views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: lis
     once, and the caller's graph takes the views with `as_strided` (same sizes, strides, offsets). Aliasing
     outputs of a reused subgraph get wrong values from torch 2.13's Inductor; this way there are none, and the
     caller still sees views of one storage, as in eager. Outputs that are views of an input (`return x[:2]`,
-    a buffer's slice) are taken from the caller's operand the same way ("inview": the placeholder, sizes,
+    a buffer's slice) are taken from the caller's operand the same way (IN_VIEW: the placeholder, sizes,
     strides, and the offset relative to the input's own), so writes through them reach the input."""
     groups: dict[fx.Node, list[int]] = {}
     new_outputs: list[tuple] = list(outputs)
     for k, (kind, j) in enumerate(outputs):
-        if kind != "out":
+        if kind is not Output.OUT:
             continue
         root = _view_root(returned[j])
         if root.op == "placeholder":
             base = root.meta["val"]
             t = slots[k]
             index = [n for n in root.graph.nodes if n.op == "placeholder"].index(root)
-            new_outputs[k] = ("inview", index, tuple(t.shape), tuple(t.stride()),
+            new_outputs[k] = (Output.IN_VIEW, index, tuple(t.shape), tuple(t.stride()),
                               t.storage_offset() - base.storage_offset())
         else:
             groups.setdefault(root, []).append(k)
@@ -666,10 +666,10 @@ def _views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: lis
         r = index_of(root)
         for k in members:
             t = slots[k]
-            new_outputs[k] = ("view", r, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            new_outputs[k] = (Output.VIEW, r, tuple(t.shape), tuple(t.stride()), t.storage_offset())
     for k, (kind, *rest) in enumerate(new_outputs):
-        if kind == "out":
-            new_outputs[k] = ("out", index_of(returned[rest[0]]))
+        if kind is Output.OUT:
+            new_outputs[k] = (Output.OUT, index_of(returned[rest[0]]))
     return keep, new_outputs
 
 
