@@ -40,7 +40,7 @@ _PURE_MODULES = frozenset({
     "_sha1", "_sha256", "_sha512", "_sha3", "_blake2", "_contextvars", "_typing", "copyreg", "_pickle", "gc",
 })
 # Builtins with effects a compiled call would not repeat (I/O) or that read the outside world.
-_IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint"})
+_IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint", "id"})  # (id: an address, not a value)
 _PURE_POSIX = frozenset({"fspath", "getpid", "fsencode", "fsdecode"})
 _PURE_TYPES = frozenset({
     object, type, int, bool, float, complex, str, bytes, bytearray, memoryview, tuple, list, dict, set, frozenset,
