@@ -220,6 +220,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             undo(program)
         if registries is not None:
             registries.put_back()
+            handler.snapshot.put_back_classes()
         _unplant(planted)
         objects = [*_modules_of(fn), *_held_by_inputs(leaves, labels)]
         _restore_world(handler, states, objects)
@@ -233,6 +234,11 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             _concrete_stores(program, held)
         _unplant(planted)
         if guard_program:  # what no replayed effect would store again: compiled calls cannot repeat it
+            classes = handler.snapshot.classes_changed()
+            if classes:
+                handler.snapshot.put_back_classes()
+                program.mark_ineligible(f"writes the class attribute {classes[0]} (a Python side effect stampout "
+                                        "does not replay)")
             left_behind = _restore_world(handler, states, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
             if left_behind:
                 program.mark_ineligible(f"stores traced values outside the objects stampout replays: "

@@ -67,6 +67,8 @@ def _pure_module(module: str, name: str) -> bool:
         return name not in _IMPURE_BUILTINS
     if module in ("posix", "os", "nt"):
         return name in _PURE_POSIX
+    if module in ("_warnings", "warnings"):  # a warning each eager call shows (or a filter decides): not a value
+        return not name.startswith("warn")
     return module in _PURE_MODULES
 
 
