@@ -19,7 +19,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from . import higher_order, torch_internals
 from .capture import Capture
 from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
-from .effects import Plan, Value, undo
+from .effects import Plan, Registries, Value, undo
 from .errors import CaptureError, message
 from .frames import user_location
 from .guards import is_constant
@@ -183,6 +183,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     before = {id(obj): _fields(obj) for obj in held}
     states = RandomStates.save()
     modules = _modules_of(fn)
+    registries = Registries(modules) if guard_program else None
     handler.snapshot.note_program([frame_function(fn), *_methods_of(modules)])
     for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
         handler.snapshot.note(klass, 1)
@@ -208,6 +209,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             template = to_template(out, slots, _input_objects(leaves), sizes=True)
             _check_no_hidden_tensors(template)
             with torch._C.DisableTorchFunction(), listeners(None, None):
+                if registries is not None:
+                    registries.plan(program)
                 if program is not None:
                     program.close()
                     plan = Plan(program)
@@ -215,6 +218,9 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     except BaseException:
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
+        if registries is not None:
+            registries.put_back()
+            handler.snapshot.put_back_classes()
         _unplant(planted)
         objects = [*_modules_of(fn), *_held_by_inputs(leaves, labels)]
         _restore_world(handler, states, objects)
@@ -228,6 +234,11 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             _concrete_stores(program, held)
         _unplant(planted)
         if guard_program:  # what no replayed effect would store again: compiled calls cannot repeat it
+            classes = handler.snapshot.classes_changed()
+            if classes:
+                handler.snapshot.put_back_classes()
+                program.mark_ineligible(f"writes the class attribute {classes[0]} (a Python side effect stampout "
+                                        "does not replay)")
             left_behind = _restore_world(handler, states, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
             if left_behind:
                 program.mark_ineligible(f"stores traced values outside the objects stampout replays: "

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .classpatch import peek
 from .guards import is_constant
 from .shapes import any_symbolic
-from .sources import MISSING, Arg, CallContext, Source
+from .sources import MISSING, Arg, Attr, CallContext, Source
 
 
 @dataclass(frozen=True)
@@ -198,3 +198,36 @@ def replay(effects: list[Effect], ctx: CallContext, outputs: list[Any]) -> None:
         for effect in effects:
             effect.replay(ctx, outputs)
 
+
+
+_REGISTRY_NAMES = ("_parameters", "_buffers", "_modules")
+
+
+class Registries:
+    """The parameter, buffer and submodule dicts of a module tree before a capture. What the program registers
+    in them (`register_buffer` in forward, a lazily made submodule) goes behind the watched attributes: it is
+    planned as a store where the module has a source (replayed with the graph's real value), else it makes the
+    program ineligible; after the capture the dicts are put back."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.before = [(m, name, d, dict(d)) for m in modules for name in _REGISTRY_NAMES
+                       if type(d := m.__dict__.get(name)) is dict]
+
+    def changed(self) -> list[tuple[torch.nn.Module, str, dict, dict]]:
+        return [(m, name, d, old) for m, name, d, old in self.before
+                if list(d) != list(old) or any(d[k] is not v for k, v in old.items())]
+
+    def plan(self, program: Any) -> None:
+        """Note each changed dict on the program's frame (its effects are then planned and undone with the
+        containers it read)."""
+        for m, name, d, old in self.changed():
+            source = program.sources.get(id(m))
+            if source is None:
+                program.mark_ineligible(f"changes {name} of a {type(m).__name__} it did not read")
+                continue
+            program.note_changed_container(d, Attr(source, name), old)
+            program.writes.append(f"{source.name()}.{name} (registered during the call)")
+
+    def put_back(self) -> None:
+        for _, _, d, old in self.changed():
+            put_back(d, old)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .shapes import size_key
-from .sources import MISSING, RESOLVE_HELPERS, Absolute, Attr, CallContext, Source, mro_attr
+from .sources import MISSING, RESOLVE_HELPERS, Absolute, Attr, CallContext, Item, Source, mro_attr
 from .tensormeta import TensorKind, TensorMeta, kind_values, meta_values, tensor_kind, tensor_meta
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
@@ -294,7 +294,11 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
             base_expr = bind(parent) if parent is not None else ""
             operands = [bind(s) for s in source.operands()]
             name = f"v{len(var_of)}"
-            expr = source.expr(base_expr, *operands)
+            if isinstance(source, Item) and type(source.item) not in (int, str):  # (a dtype, a weakref: by value)
+                namespace[f"k{len(var_of)}"] = source.item
+                expr = f"_item({base_expr}, k{len(var_of)})"
+            else:
+                expr = source.expr(base_expr, *operands)
             if isinstance(source, Attr) and parent in classes:
                 if source.attr == "__dict__":
                     expr = f"_object_dict({base_expr})"

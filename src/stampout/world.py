@@ -27,6 +27,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from . import config
+from .classpatch import PATCHED_NAMES
 from .regions.code import code_facts, is_user_code, is_user_file
 from .shapes import concrete
 
@@ -76,6 +77,15 @@ def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
     return False
 
 
+_GONE = object()
+
+
+def _class_state(klass: type) -> dict:
+    """A class's own attributes, less dunder names and those stampout's read and write shims install."""
+    return {k: v for k, v in vars(klass).items() if not (k.startswith("__") and k.endswith("__"))
+            and k not in PATCHED_NAMES}
+
+
 def _identities(container: Any) -> tuple:
     if type(container) is dict:
         return tuple((k, id(v)) for k, v in list(container.items()))
@@ -88,6 +98,7 @@ class Snapshot:
 
     containers: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id -> (dict | list, shallow copy)
     caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
+    classes: dict[int, tuple[type, dict]] = field(default_factory=dict)  # id -> (user class, its attributes)
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
     def note_program(self, fns: list[Any], depth: int = 3) -> None:
@@ -164,18 +175,50 @@ class Snapshot:
             if not value.__name__.startswith(("torch", "numpy", "stampout")) and _is_user_module(value):
                 self.note(value.__dict__, depth)
             return
+        fields = getattr(value, "__dict__", None)
+        if type(fields) is dict and not callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module)):
+            for item in list(fields.values())[:config.guard_max_items]:  # memos an object keeps
+                if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
+                    self.note(item, depth + 1)
+            return
         if isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__)):
             for klass in value.__mro__[:-1]:
+                if id(klass) not in self.classes and _is_user_module(sys.modules.get(klass.__module__)):
+                    self.classes[id(klass)] = (klass, _class_state(klass))
                 for item in list(vars(klass).values()):
                     item = item.__func__ if isinstance(item, (staticmethod, classmethod)) else item
                     if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                         self.note(item, depth + 1)
 
-    def state(self) -> dict[int, tuple]:
-        """What each noted container holds now, by identity (to tell whether a region trace changed it)."""
-        return {key: _identities(container) for key, (container, _) in self.containers.items()}
+    def state(self) -> dict[Any, Any]:
+        """What each noted container and class holds now, by identity (to tell whether a region trace changed
+        it)."""
+        state: dict[Any, Any] = {key: _identities(container) for key, (container, _) in self.containers.items()}
+        state.update({("class", key): _class_state(klass) for key, (klass, _) in self.classes.items()})
+        return state
 
-    def changed_since(self, state: dict[int, tuple]) -> list[str]:
+    def classes_changed(self, state: dict[Any, Any] | None = None) -> list[str]:
+        """`Class.attr` of each attribute of a user class rebound, added or deleted since `state` (else since the
+        class was noted): `type(self).calls += 1`, `Config.last = n`."""
+        changed = []
+        for key, (klass, noted) in self.classes.items():
+            then = noted if state is None else state.get(("class", key), noted)
+            now = _class_state(klass)
+            changed += [f"{klass.__qualname__}.{k}" for k in dict.fromkeys([*then, *now])
+                        if then.get(k, _GONE) is not now.get(k, _GONE)]
+        return changed
+
+    def put_back_classes(self) -> None:
+        """The user classes' attributes as they were when noted (the capture's writes undone)."""
+        for klass, noted in self.classes.values():
+            now = _class_state(klass)
+            for k in [k for k in now if k not in noted]:
+                type.__delattr__(klass, k)
+            for k, v in noted.items():
+                if now.get(k, _GONE) is not v:
+                    type.__setattr__(klass, k, v)
+
+    def changed_since(self, state: dict[Any, Any]) -> list[str]:
         """The containers (module globals, memo dicts and lists) whose items changed since `state` (those noted
         since: since they were noted), by name where a module's globals."""
         changed = []
@@ -184,7 +227,7 @@ class Snapshot:
             if (_identities(before) if then is None else then) != _identities(container):
                 name = container.get("__name__") if type(container) is dict and "__builtins__" in container else None
                 changed.append(f"the globals of {name}" if name else f"a {type(container).__name__} memo")
-        return changed
+        return changed + [f"the class attribute {name}" for name in self.classes_changed(state)]
 
     def cache_misses(self) -> dict[int, int]:
         return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
@@ -241,6 +284,8 @@ class Snapshot:
                 for k in [k for k, v in container.items() if id(v) not in known and holds_fake(v)]:
                     if not holds_fake(container[k], tensors_only=True):
                         container[k] = concrete(container[k])
+                    elif k in before and before[k] is container[k]:  # changed inside: its own parts are put back
+                        continue
                     elif k in before and not holds_fake(before[k]):
                         container[k] = before[k]
                     else:
@@ -286,8 +331,9 @@ class Repairs:
 
 def _is_user_module(module: Any) -> bool:
 
-    filename = getattr(module, "__file__", None) or "<module>"
-    return module is not None and is_user_file(filename)
+    fields = getattr(module, "__dict__", None)  # (not getattr: a module's own __getattr__ may raise anything)
+    filename = fields.get("__file__") if type(fields) is dict else None
+    return module is not None and is_user_file(filename or "<module>")
 
 
 def _name(fn: Any) -> str:

@@ -221,7 +221,7 @@ class RegionFrame:
             if not from_arg:
                 self.guard(source, Kind.CONST, const_key(value), where)
             if type(value) in (list, dict, set):  # mutable: changing it in the trace is a side effect
-                self.containers.append((value, source, _contents(value), _copy(value)))
+                self._note_container(value, source, where)
         elif isinstance(value, SIZES):
             if from_arg:
                 pass  # (an argument's expression is in the fingerprint)
@@ -347,13 +347,28 @@ class RegionFrame:
         for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
             self.adopt(item, Item(source, key), where=where)
         if not isinstance(value, tuple):
-            self.containers.append((value, source, _contents(value), _copy(value)))
+            self._note_container(value, source, where)
+
+    def _note_container(self, value: Any, source: Source, where: str) -> None:
+        """Watch a mutable container for changes, once: a second path to the same list (a closure cell and a class
+        attribute) is guarded to lead to it, and its changes are planned at the first."""
+        for known, first, *_ in self.containers:
+            if known is value:
+                if first != source:
+                    self.guard(source, Kind.SAME, first, where)
+                return
+        self.containers.append((value, source, _contents(value), _copy(value)))
+
+    def note_changed_container(self, value: dict, source: Source, before: dict) -> None:
+        """A container changed by the program behind the watch (a module's `_buffers` by `register_buffer`), with
+        its items `before`: planned and undone as the containers noted when read."""
+        self.containers.append((value, source, _contents(before), before))
 
     def note_input_containers(self, value: Any, source: Source) -> None:
         """Lists and dicts among the call's arguments (opened into leaves), at `source`: what the program
         changes in them is a side effect (replayed by compiled calls into each call's own containers)."""
         if type(value) in (list, dict):
-            self.containers.append((value, source, _contents(value), _copy(value)))
+            self._note_container(value, source, "")
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 self.note_input_containers(item, Item(source, i))

@@ -41,7 +41,7 @@ _PURE_MODULES = frozenset({
     "_sha1", "_sha256", "_sha512", "_sha3", "_blake2", "_contextvars", "_typing", "copyreg", "_pickle", "gc",
 })
 # Builtins with effects a compiled call would not repeat (I/O) or that read the outside world.
-_IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint"})
+_IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint", "id"})  # (id: an address, not a value)
 _PURE_POSIX = frozenset({"fspath", "getpid", "fsencode", "fsdecode"})
 _PURE_TYPES = frozenset({
     object, type, int, bool, float, complex, str, bytes, bytearray, memoryview, tuple, list, dict, set, frozenset,
@@ -68,6 +68,8 @@ def _pure_module(module: str, name: str) -> bool:
         return name not in _IMPURE_BUILTINS
     if module in ("posix", "os", "nt"):
         return name in _PURE_POSIX
+    if module in ("_warnings", "warnings"):  # a warning each eager call shows (or a filter decides): not a value
+        return not name.startswith("warn")
     return module in _PURE_MODULES
 
 
