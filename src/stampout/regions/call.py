@@ -206,7 +206,10 @@ class RegionCalls:
                 for spec in entry.lifted]
 
     def _call_hashed(self, region, args, kwargs, leaves, labels, fp, rg, ctx, site) -> Any:
-        key = region.reuse_hash_fn(*args, **kwargs)
+        # The key only picks among entries the user promised equivalent: what the hash function reads is no
+        # guard (a traced call's own reads are, and the outer program's)
+        with listeners(None, None):
+            key = region.reuse_hash_fn(*args, **kwargs)
         if type(key) is not int:
             raise RegionError(message(
                 f"reuse_hash_fn of region {region.name} returned {key!r} ({type(key).__name__}), not an int",
