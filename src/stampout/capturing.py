@@ -259,6 +259,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     if not guard_program:
         _warn_unnamed(tracer, program)
     graph = tracer.root.graph
+    tracer.root.sync_inference()
     graph.output(tuple(nodes))
     graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
     stats = handler.stats

@@ -133,8 +133,11 @@ class Plan:
             v = self._value(value, where)
             if v is not None:
                 self.effects.append(Effect("setattr", program.sources[id(obj)], name, (v,), where))
+        planned: set[int] = set()
         for container, source, _, before in program.containers:
-            self._container(container, source, before)
+            if id(container) not in planned:  # one list reached by two paths: its first note saw it as it was
+                planned.add(id(container))
+                self._container(container, source, before)
 
     def _container(self, container: Any, source: Source, before: Any) -> None:
         where = f"{source.name()} (changed in place)"

@@ -62,6 +62,8 @@ _VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 _ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
 _EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
 _SET_GRAD = torch._C._set_grad_enabled
+_ENTER_INFERENCE = torch.autograd.grad_mode._enter_inference_mode
+_EXIT_INFERENCE = torch.autograd.grad_mode._exit_inference_mode
 # vmap's nesting bookkeeping: replayed in the graph for its effect, its int result baked in.
 _FUNCTORCH_STATE = {
     torch._functorch.predispatch._vmap_increment_nesting,
@@ -211,6 +213,17 @@ class Builder:
         self._placeholder_names: set[str] = set()
         self._constants: dict[int, fx.Node] = {}
         self._sizes: SymbolicValues | None = None  # size expressions as nodes (symbolic captures only)
+        self._inference_base = torch.is_inference_mode_enabled()  # inference_mode as this graph starts
+        self._inference: list[tuple[bool, fx.Node]] = []  # inference_mode blocks entered in it, still open
+
+    def sync_inference(self, now: bool | None = None) -> None:
+        """Record `torch.inference_mode` blocks entered or left since the last op (a C++ guard, never seen by
+        the function mode), so the graph runs its ops in them as eager did; `now=None`: close every block."""
+        now = self._inference_base if now is None else now
+        while self._inference and self._inference[-1][0] != now:
+            self.graph.call_function(_EXIT_INFERENCE, (self._inference.pop()[1],))
+        if (self._inference[-1][0] if self._inference else self._inference_base) != now:
+            self._inference.append((now, self.graph.call_function(_ENTER_INFERENCE, (now,))))
 
     def constant(self, value: Any) -> fx.Node:
         """A get_attr node for an object the generated code cannot spell (a class, a local function)."""
@@ -439,6 +452,10 @@ class Tracer:
             return self._on_call(func, args, kwargs)
 
     def _on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
+        builder = self.builder
+        if torch.is_inference_mode_enabled() != (builder._inference[-1][0] if builder._inference
+                                                 else builder._inference_base):
+            builder.sync_inference(torch.is_inference_mode_enabled())
         if slots.LIVE[0]:  # a per-layer index a region follows, passed to torch: used by value
             slots.touch(args)
             slots.touch(kwargs)
@@ -495,7 +512,8 @@ class Tracer:
             self.constants.after(func, args, kwargs, out, tensors_in)
         if func in _AUTOGRAD_GETTERS and self.regions is not None:
             self.regions.note_autograd_read()
-        if not has_tensor(out) and not (out is None and tensors_in and not _is_property_get(func)):
+        # (an op that returns nothing is called for its effect: `x.add_(y)` on a tensor, `aten._print` on none)
+        if not has_tensor(out) and not (out is None and (tensors_in or _is_op(func)) and not _is_property_get(func)):
             return out
         self.record(func, args, kwargs, out)
         return out

@@ -262,6 +262,11 @@ class Snapshot:
                 if type(value) is FakeTensor and id(value) in nodes:
                     found.append((container, key, "item"))
                     extra.append(value)
+                elif _plain(value):  # an object the program put there (`G = Hidden(h)`): its tensors real too
+                    for name, field_value in list(value.__dict__.items()):
+                        if type(field_value) is FakeTensor and id(field_value) in nodes:
+                            found.append((value, name, "attr"))
+                            extra.append(field_value)
         return found
 
     def repair(self) -> Repairs:
@@ -396,3 +401,9 @@ def autograd_refusal(fn: Any) -> str | None:
         if d.get("_backward_hooks") or d.get("_backward_pre_hooks"):
             return f"{label} has a module backward hook (register_full_backward_hook / _pre_hook)"
     return None
+
+
+def _plain(value: Any) -> bool:
+    """A user object with attributes of its own (not a module, tensor, class, function or namespace)."""
+    return (type(getattr(value, "__dict__", None)) is dict and not callable(value)
+            and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))

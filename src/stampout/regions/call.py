@@ -60,6 +60,7 @@ class RegionCalls:
         # (stampout's own Python runs without the trace and profile functions: a stamped call stays cheap;
         # they are back on while a traced region's code runs)
         with python_hooks_off():
+            self.tracer.builder.sync_inference(torch.is_inference_mode_enabled())  # (the call is an op too)
             return self._call(region, args, kwargs)
 
     def _call(self, region: Region, args: tuple, kwargs: dict) -> Any:
@@ -206,7 +207,10 @@ class RegionCalls:
                 for spec in entry.lifted]
 
     def _call_hashed(self, region, args, kwargs, leaves, labels, fp, rg, ctx, site) -> Any:
-        key = region.reuse_hash_fn(*args, **kwargs)
+        # The key only picks among entries the user promised equivalent: what the hash function reads is no
+        # guard (a traced call's own reads are, and the outer program's)
+        with listeners(None, None):
+            key = region.reuse_hash_fn(*args, **kwargs)
         if type(key) is not int:
             raise RegionError(message(
                 f"reuse_hash_fn of region {region.name} returned {key!r} ({type(key).__name__}), not an int",
@@ -358,6 +362,7 @@ class RegionCalls:
         if stores and hash_key is not None:  # calls sharing a hash key skip the guards a replay relies on
             frame.mark_ineligible(f"writes {stores[0][0].name()}.{stores[0][1]} (a Python side effect)")
         returned, outputs = _views_of_one_base(returned, outputs, slots)
+        child.sync_inference()
         child.graph.output(tuple(returned))
         gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
         name, gm, deduped = self.cache.register(gm, fp[2])

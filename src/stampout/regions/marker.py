@@ -138,11 +138,10 @@ def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:
         args, func = (func.__self__, *args), func.__func__
     elif isinstance(func, torch.nn.Module):  # nested_compile_region(layer): a region of its class's forward
         args, func = (func, *args), innermost(type(func).forward)
+    # torch keeps the settings on the function itself, so marking it again (another reuse_hash_fn) replaces them
+    limit = getattr(func, "__marked_compile_region_max_reuse_entries__", DEFAULT_MAX_REUSE_ENTRIES)
+    hash_fn = getattr(func, "__marked_compile_region_reuse_hash_fn__", None)
     info = _TORCH_REGIONS.get(func)
-    if info is None:
-        info = _TORCH_REGIONS[func] = Region(
-            func,
-            getattr(func, "__marked_compile_region_max_reuse_entries__", DEFAULT_MAX_REUSE_ENTRIES),
-            getattr(func, "__marked_compile_region_reuse_hash_fn__", None),
-        )
+    if info is None or info.max_reuse_entries != limit or info.reuse_hash_fn is not hash_fn:
+        info = _TORCH_REGIONS[func] = Region(func, limit, hash_fn)
     return ctx.handler.call(info, args, kwargs)
