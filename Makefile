@@ -33,8 +33,11 @@ demo: $(STAMP)
 	# what compiling costs: Inductor on 8 layers, stampout against torch.compile (a minute or two on 2 cores)
 	$(VENV)/bin/stampout demo --layers 8 --backend inductor --against-torch-compile
 
+# Tests in parallel, one worker per core (TEST_JOBS=0: in this process); a file stays on one worker (--dist loadfile),
+# so what a file shares and the order of its tests are as in a serial run.
+TEST_JOBS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 $(STAMP214): pyproject.toml
 	@test -x $(PY214) || $(PYTHON) -m venv $(VENV214)

@@ -137,8 +137,9 @@ def test_explain_bad_target(capsys):
 
 @pytest.mark.slow
 def test_bench_quick(tmp_path, capsys):
+    """Every variant at depths 1 and 2, in this process (the worker interpreter: the test below)."""
     out_dir = tmp_path / "out"
-    assert main(["bench", "--quick", "--out", str(out_dir)]) == 0
+    assert main(["bench", "--quick", "--in-process", "--out", str(out_dir)]) == 0
     assert "capture time" in capsys.readouterr().out
     assert (out_dir / "capture_vs_depth.png").stat().st_size > 0
     results = json.loads((out_dir / "capture_vs_depth.json").read_text())
@@ -151,3 +152,15 @@ def test_bench_quick(tmp_path, capsys):
         assert r["max_abs_diff"] <= 1e-4, r
     regions = {r["depth"]: r for r in rows if r["variant"] == "stampout_regions"}
     assert (regions[2]["traces"], regions[2]["reuses"]) == (1, 1)
+
+
+@pytest.mark.slow
+def test_bench_worker_measures_in_its_own_interpreter():
+    """What `stampout bench` runs per (model, variant) without --in-process: a fresh interpreter, its rows as
+    JSON on its last line."""
+    from stampout.tools import benchmark
+
+    (row,) = benchmark.measure_isolated("llama-like", "stampout_regions", [1], 1)
+    assert row["error"] is None, row
+    assert (row["model"], row["variant"], row["depth"], row["traces"]) == ("llama-like", "stampout_regions", 1, 1)
+    assert row["median_s"] > 0 and row["max_abs_diff"] <= 1e-4, row

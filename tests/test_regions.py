@@ -245,7 +245,7 @@ def test_model_apply_wraps_each_layer():
 def test_per_instance_forward_rebound_to_new_function_with_same_code():
     def make_forward():
         def forward(self, x):
-            return torch.tanh(self.lin(x)) + x
+            return self.lin(torch.tanh(x)) + 1.0 + x
 
         return forward
 
@@ -473,3 +473,35 @@ def test_in_place_on_a_stamped_output_with_grad():
     cap = stampout.capture(model, x)
     assert (cap.stats.traces, cap.stats.reuses) == (1, 2)
     torch.testing.assert_close(cap(x), model(x))
+
+
+def test_in_place_ops_on_stamped_outputs_keep_gradients():
+    """A stamped output that requires grad stands for a computed tensor (no clone made for it): in-place ops on
+    it, of every kind the capture handles (`mul_`, a slice write, `add_` with a requires-grad operand), trace
+    and give eager's gradients."""
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        @stampout.region
+        def forward(self, x):
+            return self.lin(torch.tanh(x)) + 1.0
+
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                y = layer(x)
+                y.mul_(2.0)
+                y[:, :2] = x[:, :2]
+                y.add_(x)
+                x = y
+            return x
+
+    cap = assert_matches_eager(Stack(), torch.randn(4, 4, requires_grad=True), grad=True)
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 2)

@@ -541,19 +541,16 @@ def test_module_backward_hook_added_after_compile(kind: str) -> None:
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
-def test_fsdp2_model_never_loses_gradients(caplog) -> None:
+def test_fsdp2_model_never_loses_gradients(caplog, tmp_path) -> None:
     """FSDP2 reduces gradients with autograd hooks on the unsharded parameters each call makes: capture
     refuses, compile runs eagerly (one gloo rank)."""
     import datetime as dt
-    import socket
 
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+    # (a file store in the test's own directory, not a TCP port: parallel test workers never collide)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
                             timeout=dt.timedelta(seconds=60))
     try:
         torch.manual_seed(0)

@@ -8,6 +8,7 @@ import copy
 import inspect
 import logging
 import types
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -584,6 +585,8 @@ def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tup
         walked.add(id(holder))
         for key, value in list(fields.items()):
             t = type(value)
+            if t in _INERT or t is OrderedDict and not value.__dict__:  # (a module's flags and hook dicts:
+                continue  # nothing a note or a walk would find there)
             if t is list:
                 for i, item in enumerate(value):
                     note(value, i, "item", item)
@@ -607,6 +610,7 @@ def _plain_object(value: Any) -> bool:
 
 
 _REGISTRIES = ("_parameters", "_buffers")
+_INERT = frozenset({bool, int, float, str, type(None), set, frozenset, torch.nn.Parameter, torch.Tensor})
 
 
 def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict) -> None:

@@ -63,6 +63,11 @@ class MetaRunner:
     def made(self, t: Any) -> bool:
         return id(t) in self._made
 
+    def adopt(self, fake: FakeTensor) -> None:
+        """A fake made elsewhere from known metadata (a stamped call's output) that, like this runner's, is an
+        autograd leaf standing for a computed tensor: in-place ops on it go through `mutate`."""
+        self._made[id(fake)] = fake
+
     def mutate(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """An in-place op on a fake made here: apply it with the fake mode without autograd (a leaf that
         requires grad may not be changed in place under autograd, though the tensor it stands for is no

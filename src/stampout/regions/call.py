@@ -518,10 +518,13 @@ class RegionCalls:
         return [_out_meta(t) for t in outs]
 
     def _fake(self, meta: tuple) -> torch.Tensor:
-        """An output of a stamped call: computed by it, so (like the traced call's) no autograd leaf when it
-        requires grad — in-place ops on it must work as they do on the traced call's outputs."""
+        """An output of a stamped call: computed by it, so (like the traced call's) it stands for no autograd
+        leaf when it requires grad — in-place ops on it work as on the meta path's outputs (MetaRunner.mutate),
+        without a clone through the fake mode (~150 us a stamped layer)."""
         fake = self.tracer.new_fake(*meta)
-        return fake.clone() if fake.requires_grad else fake
+        if fake.requires_grad:
+            self.tracer.meta.adopt(fake)
+        return fake
 
     def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], slots: list,
               out_fakes: list) -> None:
