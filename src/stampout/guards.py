@@ -88,9 +88,45 @@ def tensor_kind(t: torch.Tensor) -> tuple:
 
 
 def hooks_key(module: torch.nn.Module) -> tuple:
-    """The hooks a module call would run (as identities)."""
+    """The hooks a module call would run (as identities; see `hook_key`)."""
     d = module.__dict__
-    return tuple(tuple(d[name].values()) if d.get(name) else () for name in _HOOK_DICTS)
+    return tuple(tuple(map(hook_key, d[name].values())) if d.get(name) else () for name in _HOOK_DICTS)
+
+
+# Note: hooks guarded by their function
+# FSDP2's hooks are bound methods of a per-module FSDPState; stampout runs them eagerly around the captured
+# forward of a sharded module (sharded.py), never inside a trace, so the state they are bound to is a per-call
+# input of that boundary: they are compared by function, and one trace serves every sharded layer. Any other
+# hook may be traced, so it is compared by identity.
+_EAGER_HOOK_OWNERS = frozenset({"torch.distributed.fsdp._fully_shard._fsdp_state.FSDPState"})
+
+
+def hook_key(hook: Any) -> Any:
+    """What a guard on a module's hooks compares of one hook: the hook itself, or for a hook stampout never
+    traces (FSDP's), its function."""
+    owner = getattr(hook, "__self__", None)
+    if owner is not None:
+        cls = type(owner)
+        if f"{cls.__module__}.{cls.__qualname__}" in _EAGER_HOOK_OWNERS:
+            return hook.__func__
+    return hook
+
+
+def describe_hooks(observed: tuple) -> str:
+    """The hooks `hooks_key` saw, by name and owner (what differs between two calls shows)."""
+    parts = [f"{label} [{', '.join(map(_hook_name, hooks))}]"
+             for label, hooks in zip(("pre", "fwd", "bwd-pre", "bwd"), observed) if hooks]
+    return "hooks " + "; ".join(parts)
+
+
+def _hook_name(hook: Any) -> str:
+    name = getattr(hook, "__qualname__", None)
+    owner = getattr(hook, "__self__", None)
+    if name is None:
+        return f"<{type(hook).__name__} object at {id(hook):#x}>"
+    if owner is not None:
+        return f"{name} of <{type(owner).__name__} object at {id(owner):#x}>"
+    return f"{name} at {id(hook):#x}"
 
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -255,8 +291,7 @@ class Guard:
         if self.kind is Kind.TENSOR:
             return show_tensor_meta(observed)
         if self.kind is Kind.HOOKS:
-            counts = [len(h) for h in observed]
-            return "no hooks" if observed == _NO_HOOKS else f"hooks {counts} (pre, fwd, bwd-pre, bwd)"
+            return "no hooks" if observed == _NO_HOOKS else describe_hooks(observed)
         if self.kind is Kind.ID:
             return f"<{type(observed).__name__} object at {id(observed):#x}>"
         return repr(observed)
