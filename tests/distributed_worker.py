@@ -130,6 +130,19 @@ def differences(eager: list, other: list) -> list[dict]:
     return rows
 
 
+def world_after(model: nn.Module, ref: nn.Module) -> dict:
+    """The model after training through stampout, against the eagerly trained one: parameters (what the
+    optimizer made of the sharded gradients), still FSDP's sharded DTensors, no forward left on an instance."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(ref.named_parameters())
+    return {
+        "param": max(float((_full(p) - _full(params[n])).abs().max()) for n, p in model.named_parameters()),
+        "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
+        "forwards": sorted(n for n, m in model.named_modules() if "forward" in m.__dict__),
+    }
+
+
 def region_code(cap) -> str:
     """The code of a capture's outer graph and of its region subgraphs, in name order."""
     parts = [cap.gm.code]
@@ -149,13 +162,40 @@ def fsdp_compile(backends: str) -> dict:
         model = sharded_llama()
         compiled = stampout.compile(model, backend=backend)
         got = train(model, compiled, 3, 1)
-        report[backend] = {"rows": differences(eager, got), "stats": stampout_stats(compiled)}
+        report[backend] = {"rows": differences(eager, got), "stats": stampout_stats(compiled),
+                           "world": world_after(model, ref)}
     try:
         stampout.capture(sharded_llama(), torch.zeros(2, 8, dtype=torch.long))
         report["capture"] = "captured"
     except stampout.StampoutError as error:
         report["capture"] = f"{type(error).__name__}: {error}"
     return report
+
+
+def sharded_hf_llama(depth: int = 2) -> nn.Module:
+    """A transformers Llama with fully_shard per decoder layer and on the root, as torchtitan shards it."""
+    import transformers
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=depth,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.generation_config.disable_compile = True
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def hf_llama(backend: str) -> dict:
+    """eager vs stampout.compile of an HF Llama sharded per decoder layer (logits from its output)."""
+    ref = sharded_hf_llama()
+    eager = train(ref, lambda ids: ref(input_ids=ids, use_cache=False).logits, 3, 1)
+    model = sharded_hf_llama()
+    compiled = stampout.compile(model, backend=backend)
+    got = train(model, lambda ids: compiled(input_ids=ids, use_cache=False).logits, 3, 1)
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
 
 
 def stampout_stats(compiled) -> dict:
@@ -206,7 +246,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-SCENARIOS = {"fsdp_compile": fsdp_compile}
+SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama}
 
 if __name__ == "__main__":
     os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")

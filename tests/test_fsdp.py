@@ -77,6 +77,15 @@ def test_fsdp_compile_trains_as_eager(fsdp_reports, backend):
 
 @needs_gloo
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fsdp_world_after_training(fsdp_reports, backend):
+    for report in fsdp_reports:  # the optimizer stepped on eager's sharded gradients; FSDP's state is as eager's
+        world = report[backend]["world"]
+        assert world == {"param": world["param"], "sharded": True, "forwards": []}
+        assert world["param"] <= 1e-6
+
+
+@needs_gloo
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_fsdp_sharded_blocks_are_one_region_trace(fsdp_reports, backend):
     for report in fsdp_reports:
         stats = report[backend]["stats"]
@@ -140,3 +149,17 @@ def test_hook_guard_names_what_differs():
     reason = cap.events[1].reason
     assert f"<_Scale object at {id(a):#x}>" in reason and f"<_Scale object at {id(b):#x}>" in reason, reason
     assert describe_hooks(hooks_key(outer[0].lin)).startswith("hooks pre [_Scale.hook of <_Scale object")
+
+
+@needs_gloo
+def test_fsdp_hf_llama_per_decoder_layer(tmp_path):
+    pytest.importorskip("transformers")
+    reports = run_ranks("hf_llama:aot_eager", tmp_path)
+    for report in reports:
+        for row in report["rows"]:
+            assert row["params"] == 21 and row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
+        assert report["world"]["sharded"] and report["world"]["param"] <= 1e-6
+        stats = report["stats"]
+        assert (stats["traces"], stats["reuses"]) == (1, 1)
+        assert stats["captures"] == stats["recaptures"] == 6  # embed, rotary, 2 decoder layers, norm, head
+    assert reports[0]["stats"] == reports[1]["stats"]
