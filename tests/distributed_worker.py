@@ -127,6 +127,8 @@ def differences(eager: list, other: list) -> list[dict]:
         worst = max((float((grads_o[n] - g).abs().max()) for n, g in grads_e.items()
                      if g is not None and grads_o[n] is not None), default=0.0)
         rows.append({"loss": abs(loss_e - loss_o), "grad": worst, "missing": missing, "params": len(grads_e)})
+        if os.environ.get("DEBUG_GRADS"):
+            rows[-1]["each"] = {n: float((grads_o[n] - g).abs().max()) for n, g in grads_e.items() if g is not None}
     return rows
 
 
@@ -170,6 +172,47 @@ def fsdp_compile(backends: str) -> dict:
     except stampout.StampoutError as error:
         report["capture"] = f"{type(error).__name__}: {error}"
     return report
+
+
+class Stack(nn.Module):
+    def __init__(self, depth: int = 2, dim: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(dim, 2) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def fsdp_inductor() -> dict:
+    """A tiny stack of 2 sharded blocks through Inductor: one region compiled, gradients as eager's."""
+    from torch.distributed.fsdp import fully_shard
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        model = Stack()
+        for layer in model.layers:
+            fully_shard(layer)
+        return fully_shard(model)
+
+    def steps(model, fn) -> list:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        for step in range(2):
+            x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(step))
+            loss = fn(x).pow(2).mean()
+            loss.backward()
+            out.append((loss.item(), {n: _full(p.grad).clone() for n, p in model.named_parameters()}))
+            opt.step()
+            opt.zero_grad()
+        return out
+
+    ref, model = make(), make()
+    eager = steps(ref, ref)
+    compiled = stampout.compile(model, backend="inductor")
+    got = steps(model, compiled)
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
 
 
 def sharded_hf_llama(depth: int = 2) -> nn.Module:
@@ -246,7 +289,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama}
+SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama, "fsdp_inductor": fsdp_inductor}
 
 if __name__ == "__main__":
     os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")
