@@ -215,6 +215,50 @@ def fsdp_inductor() -> dict:
     return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
 
 
+class MLPBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = RMSNorm(dim)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+def tensor_parallel(backend: str, regions: str = "auto") -> dict:
+    """A stack of 4 MLP blocks, tensor parallel on 2 ranks (gate/up column-wise, down row-wise)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        model = nn.Sequential(*(MLPBlock(16) for _ in range(4)))
+        for block in model:
+            parallelize_module(block.mlp, mesh, {"gate": ColwiseParallel(), "up": ColwiseParallel(),
+                                                 "down": RowwiseParallel()})
+        return model
+
+    def steps(model, fn) -> list:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        for step in range(3):
+            x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(step))
+            loss = fn(x).pow(2).mean()
+            loss.backward()
+            out.append((loss.item(), {n: _full(p.grad).clone() for n, p in model.named_parameters()}))
+            opt.step()
+            opt.zero_grad()
+        return out
+
+    ref, model = make(), make()
+    eager = steps(ref, ref)
+    compiled = stampout.compile(model, backend=backend, regions=None if regions == "none" else regions)
+    got = steps(model, compiled)
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled)}
+
+
 def sharded_hf_llama(depth: int = 2) -> nn.Module:
     """A transformers Llama with fully_shard per decoder layer and on the root, as torchtitan shards it."""
     import transformers
@@ -289,7 +333,7 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama, "fsdp_inductor": fsdp_inductor}
+SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama, "fsdp_inductor": fsdp_inductor, "tp": tensor_parallel}
 
 if __name__ == "__main__":
     os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")
