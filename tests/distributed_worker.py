@@ -225,7 +225,7 @@ class MLPBlock(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-def tensor_parallel(backend: str, regions: str = "auto") -> dict:
+def tensor_parallel(backends: str, regions: str = "auto") -> dict:
     """A stack of 4 MLP blocks, tensor parallel on 2 ranks (gate/up column-wise, down row-wise)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -252,11 +252,16 @@ def tensor_parallel(backend: str, regions: str = "auto") -> dict:
             opt.zero_grad()
         return out
 
-    ref, model = make(), make()
+    ref = make()
     eager = steps(ref, ref)
-    compiled = stampout.compile(model, backend=backend, regions=None if regions == "none" else regions)
-    got = steps(model, compiled)
-    return {"rows": differences(eager, got), "stats": stampout_stats(compiled)}
+    report = {}
+    for name in backends.split(","):
+        stampout.reset()
+        model = make()
+        compiled = stampout.compile(model, backend=name, regions=regions)
+        got = steps(model, compiled)
+        report[name] = {"rows": differences(eager, got), "stats": stampout_stats(compiled)}
+    return report
 
 
 def sharded_hf_llama(depth: int = 2) -> nn.Module:
@@ -295,6 +300,7 @@ def stampout_stats(compiled) -> dict:
         "recaptures": sum(f.stats.captures for f in compiled_functions(fn)),
         "code": "\n".join(region_code(c) for c in captures),
         "breaks": [b.describe() for b in getattr(fn, "breaks", [])],
+        "misses": [e.reason for c in captures for e in c.events if e.outcome != "reused"][1:2],
     }
 
 

@@ -179,3 +179,19 @@ def test_fsdp_inductor_tiny_stack(tmp_path):
         assert report["world"]["sharded"] and report["world"]["param"] <= 1e-5
         assert (report["stats"]["traces"], report["stats"]["reuses"]) == (1, 1)
     assert reports[0]["stats"] == reports[1]["stats"]
+
+
+@needs_gloo
+def test_tensor_parallel_regions_reused(tmp_path):
+    """DTensor parameters (parallelize_module: gate/up column-wise, down row-wise) in regions marked by
+    regions="auto": tensor parallelism's per-module hooks compare by value, so the 4 blocks are one trace;
+    aot_eager compiles them (region calls with DTensor operands inlined), with eager's gradients."""
+    reports = run_ranks("tp:eager,aot_eager", tmp_path)
+    for report in reports:
+        for backend in ("eager", "aot_eager"):
+            for row in report[backend]["rows"]:
+                assert row["params"] == 16 and row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
+            stats = report[backend]["stats"]
+            assert (stats["traces"], stats["reuses"], stats["recaptures"]) == (1, 3, 1), stats
+    assert reports[0]["eager"]["stats"] == reports[1]["eager"]["stats"]
+    assert reports[0]["aot_eager"]["stats"] == reports[1]["aot_eager"]["stats"]
