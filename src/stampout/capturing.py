@@ -114,7 +114,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     automatic: dict[int, set[int]] | None = None,
                     dynamic_sources: dict[Source, set[int]] | None = None,
                     ranges: dict[int, dict[int, tuple]] | None = None,
-                    dynamic_ints: set[Source] | None = None, real: bool = True) -> Capture:
+                    dynamic_ints: set[Source] | None = None, real: bool = True,
+                    body: Callable | None = None) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
     guards on everything the whole program read, recorded in `Capture.program`.
 
@@ -123,13 +124,14 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     for tensors the program reads through its input objects (a KV cache's `layers[0].keys`). `ranges` bounds
     symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
     symbols during the capture (inputs of the graph, read per call). With `real=False` (export) the graph is
-    not run to store real values on the caller's objects: the caller puts its objects back itself."""
-    refusal = autograd_refusal(fn)
+    not run to store real values on the caller's objects: the caller puts its objects back itself. `body`
+    (a module's forward, see sharded.py) is what runs in place of `fn`: the module's hooks run outside."""
+    refusal = autograd_refusal(fn, own_hooks_outside=body is not None)
     if refusal is not None:
         raise CaptureError(message(
             f"stampout.capture cannot keep the gradients of this program: {refusal}", user_location(),
-            "capture under torch.no_grad(), remove the hook, or use stampout.compile (which runs such a "
-            "program eagerly)",
+            "capture under torch.no_grad(), remove the hook, or use stampout.compile (which runs such hooks "
+            "eagerly: FSDP's around each sharded module's compiled forward)",
         ))
     signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
     names = positional_names(signature_of)
@@ -203,7 +205,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 for i, (keys, fields) in input_fields.items():
                     program.note_tensor_fields(i + 1, keys, fields, "attributes of the input tensors")
                 ctx.read, ctx.write = handler.on_read, handler.on_write
-            out = fn(*fake_args, **fake_kwargs)
+            out = (fn if body is None else body)(*fake_args, **fake_kwargs)
             if program is not None:
                 program.abandon = False
             slots: list[torch.Tensor] = []

@@ -42,6 +42,7 @@ from .regions.fingerprint import (
     without_sizes,
 )
 from .regions.frame import ProgramIneligible
+from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from .sources import MISSING, Absolute, Arg, Attr, CallContext, Source, TypeOf
 from .structure import argument_names, build, flatten_inputs
 from .torch_internals import dict_sentinel, patch_parameter_writes, tensor_guards
@@ -344,6 +345,7 @@ class CompiledFunction:
         self.stats = CompileStats()
         self.last_capture: Capture | None = None
         self._frame_fn = frame_function(fn)
+        self._sharded = is_sharded(fn)  # fully_shard'ed: its hooks run eagerly, its forward is a region
         self._arg_names = argument_names(fn)  # labels in messages: `input_ids`, not `args[0]`
         self._entries: tuple[_Entry | _EagerEntry, ...] = ()  # replaced whole (threads read it unlocked)
         self._lock = threading.Lock()  # one recapture at a time; calls that only check guards never take it
@@ -368,6 +370,13 @@ class CompiledFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.disable:
             return self.fn(*args, **kwargs)
+        if self._sharded:  # FSDP's hooks run eagerly around the compiled forward (sharded.py)
+            forward = forward_of(self.fn)
+            return call_with_hooks(self.fn, lambda *a, **k: self._run(forward, a, k), args, kwargs)
+        return self._run(self.fn, args, kwargs)
+
+    def _run(self, program: Callable, args: tuple, kwargs: dict) -> Any:
+        """A call: `program` (the function, or a sharded module's forward) runs as compiled, or eagerly."""
         leaves, spec, labels = flatten_inputs(args, kwargs, self._arg_names)
         with torch._C.DisableTorchFunction():
             key = _new(CallKey, (fingerprint(spec, leaves), requires_grad_pattern(leaves)))
@@ -386,7 +395,7 @@ class CompiledFunction:
                     hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
         if isinstance(entry, _EagerEntry):
-            return entry.run(self.fn, args, kwargs)
+            return entry.run(program, args, kwargs)
         cap = entry.capture
         self.last_capture = cap
         inputs = [leaves[i] for i in cap.input_tensor_leaves]
@@ -418,7 +427,7 @@ class CompiledFunction:
         return None
 
     def _recapture(self, args: tuple, kwargs: dict, key: CallKey, ctx: CallContext) -> tuple[Any, tuple]:
-        refusal = autograd_refusal(self.fn)
+        refusal = autograd_refusal(self.fn, own_hooks_outside=self._sharded)
         if refusal is not None:
             return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None), ()
         self._watch.release()  # capture watches reads with its own shims
@@ -528,7 +537,8 @@ class CompiledFunction:
         try:
             return capture_program(self.fn, args, kwargs, cache=self._cache, guard_program=True,
                                    dynamic=False if static else self.dynamic, automatic={} if static else automatic,
-                                   dynamic_sources={} if static else held, dynamic_ints=set() if static else ints)
+                                   dynamic_sources={} if static else held, dynamic_ints=set() if static else ints,
+                                   body=region_forward(self.fn) if self._sharded else None)
         except Exception as error:  # (torch's errors on fakes arrive as CaptureErrors: see op_errors.py)
             if not symbolic or raised_by_user(error):
                 raise

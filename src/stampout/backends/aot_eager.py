@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +11,10 @@ import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .inline import inline_regions, subclass_operands
+
+log = logging.getLogger("stampout.backends")
 
 _ATEN = torch.ops.aten
 
@@ -62,6 +67,10 @@ def _boxed_nop(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    why = subclass_operands(gm)
+    if why is not None:  # (see inline.py: invoke_subgraph refuses DTensor operands)
+        log.info("aot_eager: region calls inlined (each region compiled once per call): %s", why)
+        gm = inline_regions(gm)
     context = torch._guards.TracingContext(FakeTensorMode())
     with torch._guards.tracing(context):
         return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_nop, bw_compiler=_boxed_nop)

@@ -1,0 +1,346 @@
+"""One rank of the 2-process distributed tests (tests/test_fsdp.py runs it as a subprocess).
+
+    python tests/distributed_worker.py SCENARIO OUT_JSON       (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+
+It trains a sharded model eagerly and through stampout side by side, from the same initial weights, and
+writes what the test compares to OUT_JSON: per step the loss difference and the largest difference of any
+parameter's full gradient, stampout's region stats, and the captured graphs' code (to compare across ranks).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import stampout
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = (p(x).view(b, s, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(out.transpose(1, 2).reshape(b, s, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(dim, 2 * dim, bias=False)
+        self.up = nn.Linear(dim, 2 * dim, bias=False)
+        self.down = nn.Linear(2 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.n1 = RMSNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.n2 = RMSNorm(dim)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.n1(x))
+        return x + self.mlp(self.n2(x))
+
+
+class Llama(nn.Module):
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 4, depth: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(depth))
+        self.norm = RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.norm(h))
+
+
+def sharded_llama(depth: int = 4) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Llama(depth=depth)
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def train(model: nn.Module, step_fn, steps: int, seed: int) -> list[tuple[float, dict[str, torch.Tensor]]]:
+    """Loss and full gradients of every parameter, per optimizer step."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        ids = torch.randint(0, 64, (2, 8), generator=gen)
+        target = torch.randint(0, 64, (2, 8), generator=gen)
+        logits = step_fn(ids)
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
+        loss.backward()
+        grads = {name: _full(p.grad).clone() if p.grad is not None else None for name, p in model.named_parameters()}
+        out.append((loss.item(), grads))
+        opt.step()
+        opt.zero_grad()
+    return out
+
+
+def differences(eager: list, other: list) -> list[dict]:
+    rows = []
+    for (loss_e, grads_e), (loss_o, grads_o) in zip(eager, other):
+        missing = sorted(n for n, g in grads_o.items() if g is None and grads_e[n] is not None)
+        worst = max((float((grads_o[n] - g).abs().max()) for n, g in grads_e.items()
+                     if g is not None and grads_o[n] is not None), default=0.0)
+        rows.append({"loss": abs(loss_e - loss_o), "grad": worst, "missing": missing, "params": len(grads_e)})
+        if os.environ.get("DEBUG_GRADS"):
+            rows[-1]["each"] = {n: float((grads_o[n] - g).abs().max()) for n, g in grads_e.items() if g is not None}
+    return rows
+
+
+def world_after(model: nn.Module, ref: nn.Module) -> dict:
+    """The model after training through stampout, against the eagerly trained one: parameters (what the
+    optimizer made of the sharded gradients), still FSDP's sharded DTensors, no forward left on an instance."""
+    from torch.distributed.tensor import DTensor
+
+    params = dict(ref.named_parameters())
+    return {
+        "param": max(float((_full(p) - _full(params[n])).abs().max()) for n, p in model.named_parameters()),
+        "sharded": all(isinstance(p, DTensor) for p in model.parameters()),
+        "forwards": sorted(n for n, m in model.named_modules() if "forward" in m.__dict__),
+    }
+
+
+def region_code(cap) -> str:
+    """The code of a capture's outer graph and of its region subgraphs, in name order."""
+    parts = [cap.gm.code]
+    for name, sub in sorted(cap.gm.named_modules()):
+        if name and isinstance(sub, torch.fx.GraphModule):
+            parts.append(f"# {name}\n{sub.code}")
+    return "\n".join(parts)
+
+
+def fsdp_compile(backends: str) -> dict:
+    """Per backend: eager vs stampout.compile, 3 SGD steps; and what stampout.capture says of the model."""
+    ref = sharded_llama()
+    eager = train(ref, ref, 3, 1)
+    report: dict = {}
+    for backend in backends.split(","):
+        stampout.reset()
+        model = sharded_llama()
+        compiled = stampout.compile(model, backend=backend)
+        got = train(model, compiled, 3, 1)
+        report[backend] = {"rows": differences(eager, got), "stats": stampout_stats(compiled),
+                           "world": world_after(model, ref)}
+    try:
+        stampout.capture(sharded_llama(), torch.zeros(2, 8, dtype=torch.long))
+        report["capture"] = "captured"
+    except stampout.StampoutError as error:
+        report["capture"] = f"{type(error).__name__}: {error}"
+    return report
+
+
+class Stack(nn.Module):
+    def __init__(self, depth: int = 2, dim: int = 16) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(dim, 2) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def fsdp_inductor() -> dict:
+    """A tiny stack of 2 sharded blocks through Inductor: one region compiled, gradients as eager's."""
+    from torch.distributed.fsdp import fully_shard
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        model = Stack()
+        for layer in model.layers:
+            fully_shard(layer)
+        return fully_shard(model)
+
+    def steps(model, fn) -> list:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        for step in range(2):
+            x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(step))
+            loss = fn(x).pow(2).mean()
+            loss.backward()
+            out.append((loss.item(), {n: _full(p.grad).clone() for n, p in model.named_parameters()}))
+            opt.step()
+            opt.zero_grad()
+        return out
+
+    ref, model = make(), make()
+    eager = steps(ref, ref)
+    compiled = stampout.compile(model, backend="inductor")
+    got = steps(model, compiled)
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = RMSNorm(dim)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.norm(x))
+
+
+def tensor_parallel(backends: str, regions: str = "auto") -> dict:
+    """A stack of 4 MLP blocks, tensor parallel on 2 ranks (gate/up column-wise, down row-wise)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+    def make() -> nn.Module:
+        torch.manual_seed(0)
+        model = nn.Sequential(*(MLPBlock(16) for _ in range(4)))
+        for block in model:
+            parallelize_module(block.mlp, mesh, {"gate": ColwiseParallel(), "up": ColwiseParallel(),
+                                                 "down": RowwiseParallel()})
+        return model
+
+    def steps(model, fn) -> list:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = []
+        for step in range(3):
+            x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(step))
+            loss = fn(x).pow(2).mean()
+            loss.backward()
+            out.append((loss.item(), {n: _full(p.grad).clone() for n, p in model.named_parameters()}))
+            opt.step()
+            opt.zero_grad()
+        return out
+
+    ref = make()
+    eager = steps(ref, ref)
+    report = {}
+    for name in backends.split(","):
+        stampout.reset()
+        model = make()
+        compiled = stampout.compile(model, backend=name, regions=regions)
+        got = steps(model, compiled)
+        report[name] = {"rows": differences(eager, got), "stats": stampout_stats(compiled)}
+    return report
+
+
+def sharded_hf_llama(depth: int = 2) -> nn.Module:
+    """A transformers Llama with fully_shard per decoder layer and on the root, as torchtitan shards it."""
+    import transformers
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=depth,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(cfg)
+    model.generation_config.disable_compile = True
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def hf_llama(backend: str) -> dict:
+    """eager vs stampout.compile of an HF Llama sharded per decoder layer (logits from its output)."""
+    ref = sharded_hf_llama()
+    eager = train(ref, lambda ids: ref(input_ids=ids, use_cache=False).logits, 3, 1)
+    model = sharded_hf_llama()
+    compiled = stampout.compile(model, backend=backend)
+    got = train(model, lambda ids: compiled(input_ids=ids, use_cache=False).logits, 3, 1)
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
+
+
+def stampout_stats(compiled) -> dict:
+    fn = getattr(compiled, "_compiled", compiled)
+    captures = sharded_captures(fn)
+    return {
+        "traces": sum(c.stats.traces for c in captures),
+        "reuses": sum(c.stats.reuses for c in captures),
+        "captures": len(captures),
+        "recaptures": sum(f.stats.captures for f in compiled_functions(fn)),
+        "code": "\n".join(region_code(c) for c in captures),
+        "breaks": [b.describe() for b in getattr(fn, "breaks", [])],
+        "misses": [e.reason for c in captures for e in c.events if e.outcome != "reused"][1:2],
+    }
+
+
+def compiled_functions(fn) -> list:
+    out, stack = [], [fn]
+    while stack:
+        f = stack.pop(0)
+        out.append(f)
+        stack.extend(f.pieces[p] for p in sorted(f.pieces))
+    return out
+
+
+def sharded_captures(fn) -> list:
+    """The captures behind a compiled function and its piecewise-compiled children, root first."""
+    found = []
+    stack = [fn]
+    while stack:
+        f = stack.pop(0)
+        for entry in getattr(f, "_entries", ()):
+            if entry.capture is not None:
+                found.append(entry.capture)
+        stack.extend(f.pieces[p] for p in sorted(f.pieces))
+    return found
+
+
+def main() -> None:
+    scenario, out_path = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    try:
+        report = SCENARIOS[scenario.split(":")[0]](*scenario.split(":")[1:])
+        report["rank"] = dist.get_rank()
+    except BaseException as error:
+        report = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    with open(out_path, "w") as f:
+        json.dump(report, f)
+    dist.destroy_process_group()
+
+
+SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama, "fsdp_inductor": fsdp_inductor, "tp": tensor_parallel}
+
+if __name__ == "__main__":
+    os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")
+    main()
