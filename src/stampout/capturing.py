@@ -144,13 +144,15 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     dynamic_held = _held_dynamic(fn, leaves, dynamic_sources or {})
     symbolic = any(dims) or bool(dynamic_held) or bool(dynamic_ints)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=ShapeEnv() if symbolic else None)
-    tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels), higher_order.call_if_handled)
+    watch = Watch()
+    cache = cache if cache is not None else RegionCache()
+    tracer = Tracer(fake_mode, TensorNames(fn, leaves, labels), higher_order.call_if_handled,
+                    regions=lambda tracer: RegionCalls(tracer, cache, watch))
+    handler = tracer.regions
+    assert isinstance(handler, RegionCalls)
     tracer.dynamic_tensors = dynamic_held
     if symbolic:
         tracer.symbols = Symbols(fake_mode.shape_env, fake_mode)
-    watch = Watch()
-    handler = RegionCalls(tracer, cache if cache is not None else RegionCache(), watch)
-    tracer.regions = handler
     names = [identifier(label) for label in labels]
     fake_leaves = list(leaves)
     tensor_leaves = []

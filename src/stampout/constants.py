@@ -41,23 +41,30 @@ def mutating(func: Callable, kwargs: dict, args: tuple = ()) -> bool:
 _INPLACE_AT: dict[Any, int | None] = caches.register({}, "constants inplace positions")
 
 
+def inplace_position(func: Callable) -> int | None:
+    """The position of a function's `inplace` parameter (`F.relu(x, inplace=True)`), if it has one."""
+    try:
+        return _INPLACE_AT[func]
+    except (KeyError, TypeError):
+        pass
+    position = None
+    try:
+        names = list(inspect.signature(func).parameters)
+        position = names.index("inplace") if "inplace" in names else None
+    except (TypeError, ValueError):
+        pass
+    try:
+        _INPLACE_AT[func] = position
+    except TypeError:
+        pass
+    return position
+
+
 def _inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
     """`F.relu(x, inplace=True)` and friends: a function with an `inplace` parameter, asked to use it."""
     if "inplace" in kwargs:
         return kwargs["inplace"] is True
-    try:
-        position = _INPLACE_AT[func]
-    except (KeyError, TypeError):
-        position = None
-        try:
-            names = list(inspect.signature(func).parameters)
-            position = names.index("inplace") if "inplace" in names else None
-        except (TypeError, ValueError):
-            pass
-        try:
-            _INPLACE_AT[func] = position
-        except TypeError:
-            pass
+    position = inplace_position(func)
     return position is not None and position < len(args) and args[position] is True
 
 

@@ -11,7 +11,6 @@ import builtins
 import logging
 import operator
 import re
-import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -323,8 +322,9 @@ class RegionHooks(Protocol):
 
     def frame_ids(self) -> frozenset[int]: ...
 
-    trace_hook: Callable[..., Any]  # the trace function it sets while the capture runs
-    profile_hook: Callable[..., Any]  # the profile function it sets while region frames are open
+    def hooks_set(self) -> bool:
+        """Whether its trace or profile function is set now (the tracer then calls torch without them)."""
+        ...
 
 
 class CaptureMode(PreDispatchTorchFunctionMode):
@@ -341,7 +341,8 @@ class Tracer:
     """State of one capture: the fake mode, the stack of graphs being built, the names of lifted tensors."""
 
     def __init__(self, fake_mode: FakeTensorMode, names: Any,
-                 higher_order: Callable[[Tracer, Any, tuple, dict], Any] | None = None) -> None:
+                 higher_order: Callable[[Tracer, Any, tuple, dict], Any] | None = None,
+                 regions: Callable[[Tracer], RegionHooks] | None = None) -> None:
         self.fake_mode = fake_mode
         # torch.cond and friends: (tracer, op, args, kwargs) -> result, or NOT_HANDLED (see higher_order.py)
         self.higher_order = higher_order
@@ -354,11 +355,14 @@ class Tracer:
         self.constants = ConstantValues(self._frame_ids)
         self.meta = MetaRunner(fake_mode)
         self.mode = CaptureMode(self)
-        self.regions: RegionHooks | None = None  # the region handler (regions.call.RegionCalls)
+        # the region handler (regions.call.RegionCalls), made for this tracer by `regions`
+        self.regions: RegionHooks | None = None
         self.symbols: Symbols | None = None  # a symbolic capture's symbols (see shapes.py)
         # Real tensors reached through input objects whose dims are captured symbolic (a growing KV cache):
         # id -> (tensor, dims, name). Their fakes have symbols and they are lifted as soon as they are made.
         self.dynamic_tensors: dict[int, tuple[torch.Tensor, tuple[int, ...], str]] = {}
+        if regions is not None:
+            self.regions = regions(self)
 
     @property
     def builder(self) -> Builder:
@@ -444,9 +448,8 @@ class Tracer:
             out = self.higher_order(self, func, args, kwargs)  # its functions run as user code (the hook sees them)
             if out is not NOT_HANDLED:
                 return out
-        hook, profile = sys.gettrace(), sys.getprofile()
         regions = self.regions
-        if regions is None or (hook is not regions.trace_hook and profile is not regions.profile_hook):
+        if regions is None or not regions.hooks_set():
             return self._on_call(func, args, kwargs)
         with python_hooks_off():
             return self._on_call(func, args, kwargs)

@@ -16,7 +16,6 @@ glue that does real work); `build(gm, compile_region)` makes the eager glue.
 
 from __future__ import annotations
 
-import inspect
 import operator
 import weakref
 from collections.abc import Callable
@@ -28,6 +27,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import caches, config, progress
+from ..constants import inplace_position
 from ..shapes import has_symbols, size_key, sizes_key
 from ..torch_internals import INVOKE_SUBGRAPH
 
@@ -73,16 +73,6 @@ def _compute_nodes(gm: fx.GraphModule) -> int:
                for n in gm.graph.nodes)
 
 
-@caches.memo
-def _inplace_parameter(target: Any) -> int | None:
-    """The position of a function's `inplace` parameter (F.relu(x, inplace=True)), if it has one."""
-    try:
-        names = list(inspect.signature(target).parameters)
-    except (TypeError, ValueError):
-        return None
-    return names.index("inplace") if "inplace" in names else None
-
-
 def _name(target: Any) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", "")
 
@@ -99,7 +89,7 @@ def writes_in_place(node: fx.Node) -> bool:
     if (name.endswith("_") and not name.startswith("__") or name in ("setitem", "__setitem__")
             or "out" in node.kwargs or node.kwargs.get("inplace") is True):
         return True
-    position = _inplace_parameter(node.target) if node.op == "call_function" and callable(node.target) else None
+    position = inplace_position(node.target) if node.op == "call_function" and callable(node.target) else None
     return position is not None and len(node.args) > position and node.args[position] is True
 
 

@@ -50,10 +50,13 @@ class RegionCalls:
         self.events: list[RegionEvent] = []
         self._previous_trace: Any = None
         self._previous_profile: Any = None
-        self.trace_hook = self._on_call  # one bound method, so the tracer can tell it is ours
+        self.trace_hook = self._on_call  # one bound method, so `hooks_set` can tell it is ours
         self.profile_hook = self._on_c_call
         self.snapshot = Snapshot()  # what the user code it runs could reach, as it was (see world.py)
         cache.generation += 1  # entries made by earlier captures (of a compiled function) may be evicted
+
+    def hooks_set(self) -> bool:
+        return sys.gettrace() is self.trace_hook or sys.getprofile() is self.profile_hook
 
     # ---- entry point ------------------------------------------------------------------------
     def call(self, region: Region, args: tuple, kwargs: dict) -> Any:
