@@ -555,3 +555,50 @@ def test_reuse_refused_for_user_objects_with_different_metadata():
 def test_reuse_user_object_made_inside_the_program():
     check(lambda x: _add_delta(x, _Batch(x.cos())) + _add_delta(x, _Batch(x.cos() * 2)), torch.randn(8),
           traces=1, reuses=1)  # its tensor is an activation of each call, not baked (PyTorch retraces: 2)
+
+
+class _HoistedString:
+    """A value-type opaque object a custom op takes (PyTorch's test_opaque_obj_v2.HoistedString)."""
+
+    def __init__(self, s):
+        self.s = s
+
+    def __eq__(self, other):
+        return isinstance(other, _HoistedString) and other.s == self.s
+
+    def __hash__(self):
+        return hash(self.s)
+
+    def __fx_repr__(self):
+        return f"_HoistedString({self.s!r})", {"_HoistedString": _HoistedString}
+
+
+@pytest.fixture(scope="module")
+def op_with_string():
+    from torch._library.opaque_object import get_opaque_type_name, register_opaque_type
+
+    register_opaque_type(_HoistedString, typ="value", hoist=True)
+    with torch.library._scoped_library("stampout_reuse_opaque", "FRAGMENT") as lib:
+        lib.define(f"op_with_string(Tensor x, {get_opaque_type_name(_HoistedString)} s) -> Tensor")
+        lib.impl("op_with_string", lambda x, s: x * 2 if s.s == "double" else x * x, "CompositeExplicitAutograd")
+        yield torch.ops.stampout_reuse_opaque.op_with_string
+
+
+def test_reuse_region_building_an_opaque_object(op_with_string):
+    gn = ncr(lambda x: op_with_string(x, _HoistedString("double")))
+    check(lambda x: gn(x) + gn(x), torch.randn(8), traces=1, reuses=1)
+
+
+def test_reuse_opaque_objects_with_different_arguments(op_with_string):
+    class Layer(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        @ncr
+        def forward(self, x):
+            return op_with_string(x, _HoistedString(self.name))
+
+    # the string is a guarded constant of the trace (PyTorch hoists it into an input: 1 trace)
+    check(nn.Sequential(Layer("double"), Layer("square"), Layer("double")), torch.randn(8), traces=2, reuses=1,
+          backend="aot_eager")

@@ -85,15 +85,47 @@ def _chained_indexes():
     return check(_over([Layer(root, i % 3, (2 * i) % 3) for i in range(4)]), torch.randn(8))
 
 
-@pytest.mark.xfail(reason="reuse, not correctness: a subscript of a subscript's item (`groups[gid].buffers[bid]`) "
-                          "is not followed as a slot, so `bid` is guarded as a constant (3 traces, PyTorch 1)",
-                   strict=True)
 def test_chained_indexes_trace_once():
-    assert _chained_indexes().stats.traces == 1
+    cap = _chained_indexes()
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 3)
 
 
 def test_chained_indexes_each_follow_their_own():
     _chained_indexes()
+
+
+def _chained_literal(self, x):
+    return x + self.root.groups[self.gid].buffers[self.bid] + self.root.groups[self.gid].buffers[0]
+
+
+def _chained_crossed(self, x):
+    return x + self.root.groups[self.gid].buffers[self.bid] * 2 + self.root.groups[self.bid].buffers[self.gid]
+
+
+def _chained_fixed_group(self, x):
+    return x + self.root.groups[self.gid].buffers[self.bid] + self.root.groups[0].buffers[self.bid]
+
+
+@pytest.mark.parametrize("forward", [_chained_literal, _chained_crossed, _chained_fixed_group],
+                         ids=["literal", "crossed", "fixed-group"])
+@pytest.mark.parametrize("ids", [[(0, 0), (1, 2), (2, 1), (0, 0)], [(0, 0), (0, 1), (1, 0), (2, 2)]])
+def test_chained_indexes_with_other_reads_of_the_same_lists(forward, ids):
+    class Group:
+        def __init__(self, k):
+            self.buffers = [torch.randn(8) * (k + 1) for _ in range(3)]
+
+    class Root:
+        def __init__(self):
+            self.groups = [Group(k) for k in range(3)]
+
+    root = Root()
+    cls = type("Layer", (nn.Module,), {"forward": forward})
+    layers = []
+    for gid, bid in ids:
+        layer = cls()
+        layer.root, layer.gid, layer.bid = root, gid, bid
+        layers.append(layer)
+    check(_over(layers), torch.randn(8))
 
 
 def _index_by_index():

@@ -36,7 +36,7 @@ from .sources import Arg, Attr, CallContext, Input, Item, Source
 from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
 from .tracer import CaptureMode, Tracer, identifier
 from .tracking import Watch
-from .world import RandomStates, autograd_refusal, check_left_over, clear_fakes
+from .world import RandomStates, autograd_refusal, check_left_over, clear_fakes, plain_object
 
 log = logging.getLogger("stampout.capture")
 
@@ -599,18 +599,12 @@ def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tup
                     note(value, k, "item", item)
             else:
                 note(holder, key, "attr", value)
-                if depth < 2 and _plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
+                if depth < 2 and plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
                     walk(value, depth + 1)
 
     for holder in holders:
         walk(holder, 0)
     return found
-
-
-def _plain_object(value: Any) -> bool:
-    """A user object with attributes of its own (not a module, tensor, class, function or namespace)."""
-    return (type(getattr(value, "__dict__", None)) is dict and not callable(value)
-            and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))
 
 
 _REGISTRIES = ("_parameters", "_buffers")

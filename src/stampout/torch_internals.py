@@ -156,6 +156,8 @@ PRIVATE_NAMES = (
     "torch._subclasses.fake_tensor.unset_fake_temporarily",
     "torch.amp.autocast_mode._enter_autocast",
     "torch.amp.autocast_mode._exit_autocast",
+    "torch.autograd.grad_mode._enter_inference_mode",
+    "torch.autograd.grad_mode._exit_inference_mode",
     "torch.compiler.is_compiling",
     "torch.export.dynamic_shapes._DimHint",
     "torch.export.dynamic_shapes._DimHintType",

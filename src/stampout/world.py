@@ -262,7 +262,7 @@ class Snapshot:
                 if type(value) is FakeTensor and id(value) in nodes:
                     found.append((container, key, "item"))
                     extra.append(value)
-                elif _plain(value):  # an object the program put there (`G = Hidden(h)`): its tensors real too
+                elif plain_object(value):  # an object the program put there (`G = Hidden(h)`): its tensors real too
                     for name, field_value in list(value.__dict__.items()):
                         if type(field_value) is FakeTensor and id(field_value) in nodes:
                             found.append((value, name, "attr"))
@@ -408,7 +408,7 @@ def autograd_refusal(fn: Any, own_hooks_outside: bool = False) -> str | None:
     return None
 
 
-def _plain(value: Any) -> bool:
+def plain_object(value: Any) -> bool:
     """A user object with attributes of its own (not a module, tensor, class, function or namespace)."""
     return (type(getattr(value, "__dict__", None)) is dict and not callable(value)
             and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))

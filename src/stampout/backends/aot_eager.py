@@ -12,7 +12,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from .inline import inline_regions, subclass_operands
+from .inline import inline_regions, reason_to_inline
 
 log = logging.getLogger("stampout.backends")
 
@@ -67,8 +67,8 @@ def _boxed_nop(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    why = subclass_operands(gm)
-    if why is not None:  # (see inline.py: invoke_subgraph refuses DTensor operands)
+    why = reason_to_inline(gm)
+    if why is not None:  # (see inline.py: graphs AOTAutograd takes flat but not with region calls)
         log.info("aot_eager: region calls inlined (each region compiled once per call): %s", why)
         gm = inline_regions(gm)
     context = torch._guards.TracingContext(FakeTensorMode())

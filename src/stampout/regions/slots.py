@@ -254,6 +254,9 @@ class SlotTracker:
         (which starts at `first`): the item's source becomes `SlotItem(container source, slot source)`."""
         state = slot._state
         container = _spelled(frame, instructions, first - 1)
+        if container is MISSING:  # `root.groups[gid].buffers[bid]`: the list read just before, for this subscript
+            awaiting = [entry[0] for entry in self._containers.values() if (id(frame), subscript) in entry[1]]
+            container = awaiting[0] if len(awaiting) == 1 else MISSING
         source = self.frame.sources.get(id(container))
         if type(container) not in (list, tuple) or source is None:
             return False
