@@ -298,6 +298,8 @@ def stampout_stats(compiled) -> dict:
         "reuses": sum(c.stats.reuses for c in captures),
         "captures": len(captures),
         "recaptures": sum(f.stats.captures for f in compiled_functions(fn)),
+        "region_compiles": len({id(e.compiled) for f in compiled_functions(fn) for e in f._entries
+                                if e.capture is not None and "invoke_subgraph" in e.capture.gm.code}),
         "code": "\n".join(region_code(c) for c in captures),
         "breaks": [b.describe() for b in getattr(fn, "breaks", [])],
         "misses": [e.reason for c in captures for e in c.events if e.outcome != "reused"][1:2],
