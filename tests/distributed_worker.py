@@ -225,8 +225,9 @@ class MLPBlock(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-def tensor_parallel(backends: str, regions: str = "auto") -> dict:
-    """A stack of 4 MLP blocks, tensor parallel on 2 ranks (gate/up column-wise, down row-wise)."""
+def tensor_parallel(backends: str, regions: str = "auto", mixed: str = "") -> dict:
+    """A stack of 4 MLP blocks, tensor parallel on 2 ranks (gate/up column-wise, down row-wise); `mixed`: the
+    last two blocks' column-wise outputs stay DTensors (use_local_output=False)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -235,8 +236,10 @@ def tensor_parallel(backends: str, regions: str = "auto") -> dict:
     def make() -> nn.Module:
         torch.manual_seed(0)
         model = nn.Sequential(*(MLPBlock(16) for _ in range(4)))
-        for block in model:
-            parallelize_module(block.mlp, mesh, {"gate": ColwiseParallel(), "up": ColwiseParallel(),
+        for i, block in enumerate(model):
+            local = not (mixed and i >= 2)  # (else gate and up hand DTensors to down: other hook arguments)
+            parallelize_module(block.mlp, mesh, {"gate": ColwiseParallel(use_local_output=local),
+                                                 "up": ColwiseParallel(use_local_output=local),
                                                  "down": RowwiseParallel()})
         return model
 
