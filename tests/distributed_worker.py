@@ -225,8 +225,9 @@ class MLPBlock(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-def tensor_parallel(backends: str, regions: str = "auto") -> dict:
-    """A stack of 4 MLP blocks, tensor parallel on 2 ranks (gate/up column-wise, down row-wise)."""
+def tensor_parallel(backends: str, regions: str = "auto", mixed: str = "") -> dict:
+    """A stack of 4 MLP blocks, tensor parallel on 2 ranks (gate/up column-wise, down row-wise); `mixed`: the
+    last two blocks' column-wise outputs stay DTensors (use_local_output=False)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -235,8 +236,10 @@ def tensor_parallel(backends: str, regions: str = "auto") -> dict:
     def make() -> nn.Module:
         torch.manual_seed(0)
         model = nn.Sequential(*(MLPBlock(16) for _ in range(4)))
-        for block in model:
-            parallelize_module(block.mlp, mesh, {"gate": ColwiseParallel(), "up": ColwiseParallel(),
+        for i, block in enumerate(model):
+            local = not (mixed and i >= 2)  # (else gate and up hand DTensors to down: other hook arguments)
+            parallelize_module(block.mlp, mesh, {"gate": ColwiseParallel(use_local_output=local),
+                                                 "up": ColwiseParallel(use_local_output=local),
                                                  "down": RowwiseParallel()})
         return model
 
@@ -298,6 +301,8 @@ def stampout_stats(compiled) -> dict:
         "reuses": sum(c.stats.reuses for c in captures),
         "captures": len(captures),
         "recaptures": sum(f.stats.captures for f in compiled_functions(fn)),
+        "region_compiles": len({id(e.compiled) for f in compiled_functions(fn) for e in f._entries
+                                if e.capture is not None and "invoke_subgraph" in e.capture.gm.code}),
         "code": "\n".join(region_code(c) for c in captures),
         "breaks": [b.describe() for b in getattr(fn, "breaks", [])],
         "misses": [e.reason for c in captures for e in c.events if e.outcome != "reused"][1:2],

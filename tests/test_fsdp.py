@@ -93,6 +93,8 @@ def test_fsdp_sharded_blocks_are_one_region_trace(fsdp_reports, backend):
         # embed, head, norm and the 4 blocks, each captured once over 3 steps (the root's own code runs eagerly)
         assert (stats["captures"], stats["recaptures"]) == (7, 7)
         assert len(stats["breaks"]) == 1 and "layers.0 is sharded with fully_shard" in stats["breaks"][0]
+        if backend == "aot_eager":  # the 4 blocks' graphs are one AOTAutograd compile
+            assert stats["region_compiles"] == 1
 
 
 @needs_gloo
@@ -195,3 +197,36 @@ def test_tensor_parallel_regions_reused(tmp_path):
             assert (stats["traces"], stats["reuses"], stats["recaptures"]) == (1, 3, 1), stats
     assert reports[0]["eager"]["stats"] == reports[1]["eager"]["stats"]
     assert reports[0]["aot_eager"]["stats"] == reports[1]["aot_eager"]["stats"]
+
+
+@needs_gloo
+def test_tensor_parallel_hooks_with_other_values_trace_again(tmp_path):
+    """Tensor parallelism's hooks compare by value: blocks whose style differs in a field are traced apart."""
+    reports = run_ranks("tp:eager:auto:mixed", tmp_path)
+    for report in reports:
+        for row in report["eager"]["rows"]:
+            assert row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
+        stats = report["eager"]["stats"]
+        assert (stats["traces"], stats["reuses"]) == (2, 2), stats
+        assert "compared by value" in stats["misses"][0]
+
+
+def test_inline_regions_computes_what_the_region_graph_does():
+    from stampout.backends.inline import inline_regions
+    from stampout.torch_internals import INVOKE_SUBGRAPH
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([_Layer(), _Layer(), _Layer()])
+
+    def program(x):
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    x = torch.randn(2, 4)
+    cap = stampout.capture(program, x)
+    flat = inline_regions(cap.gm)
+    flat.graph.lint()
+    assert not [n for n in flat.graph.nodes if n.target is INVOKE_SUBGRAPH]
+    inputs = cap.placeholders_for((x,), {})
+    torch.testing.assert_close(flat(*inputs)[0], program(x))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch.fx as fx
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .inline import inline_regions, reason_to_inline
 
@@ -66,11 +68,45 @@ def _boxed_nop(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
     return run
 
 
+# Note: one compile for the graphs of equal pieces
+# The sharded blocks of an FSDP stack are compiled one piece each (sharded.py), and each piece's graph is the
+# same code calling the same stamped-out region subgraph: the AOTAutograd compile of the first serves the
+# others. Kept per region subgraph (dropped with it), keyed by the graph's code, the functions and subgraphs it
+# calls, and its inputs' metadata, aliasing and the grad mode.
+_SAME_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Any, tuple] | None:
+    subs = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+    if not subs or not all(isinstance(sub, fx.GraphModule) for sub in subs):
+        return None
+    storages: dict[int, int] = {}
+    meta = []
+    for t in example_inputs:
+        if not isinstance(t, torch.Tensor) or t.layout is not torch.strided or is_traceable_wrapper_subclass(t):
+            return None
+        sizes = (*t.shape, *t.stride(), t.storage_offset())
+        if not all(type(size) is int for size in sizes):
+            return None  # (symbolic sizes: compiled for every size, by their capture's shape env)
+        storage = storages.setdefault(t.untyped_storage()._cdata, len(storages))
+        meta.append((sizes, t.dtype, t.device, t.requires_grad, storage))
+    targets = tuple(id(n.target) for n in gm.graph.nodes if n.op == "call_function")  # (the code shows names)
+    return subs[0], (gm.code, targets, tuple(map(id, subs)), tuple(meta), torch.is_grad_enabled())
+
+
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     why = reason_to_inline(gm)
     if why is not None:  # (see inline.py: graphs AOTAutograd takes flat but not with region calls)
         log.info("aot_eager: region calls inlined (each region compiled once per call): %s", why)
         gm = inline_regions(gm)
+    key = None if why is not None else _graph_key(gm, example_inputs)
+    if key is not None:
+        known = _SAME_GRAPHS.get(key[0], {}).get(key[1])
+        if known is not None:
+            return known
     context = torch._guards.TracingContext(FakeTensorMode())
     with torch._guards.tracing(context):
-        return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_nop, bw_compiler=_boxed_nop)
+        compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_nop, bw_compiler=_boxed_nop)
+    if key is not None:
+        _SAME_GRAPHS.setdefault(key[0], {})[key[1]] = compiled
+    return compiled

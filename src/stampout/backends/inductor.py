@@ -37,10 +37,12 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .. import config, progress, timing
 from ..torch_internals import INVOKE_SUBGRAPH
 from . import pipeline, split, toolchain
+from .inline import inline_regions, subclass_operands
 
 log = logging.getLogger("stampout.backends")
 
@@ -78,7 +80,8 @@ def _config_patches(gm: fx.GraphModule, example_inputs: list[Any]) -> dict[str, 
         patches["cpp.max_horizontal_fusion_size"] = 1
     if not has_region_calls(gm):
         # (torch 2.13's C++ wrapper fails on graphs with symbolic int inputs: "view() received ... NoneType")
-        if config.cpp_wrapper and on_cpu and not split.symbolic(example_inputs) and not trains(example_inputs):
+        if (config.cpp_wrapper and on_cpu and not split.symbolic(example_inputs) and not trains(example_inputs)
+                and not any(is_traceable_wrapper_subclass(t) for t in example_inputs)):  # (a DeviceMesh in C++)
             patches["cpp_wrapper"] = True
     elif config.avoid_reused_subgraph_buffer_bug and needs_workaround(gm, example_inputs):
         log.info("inductor: training a graph with region calls inside; compiling it with allow_buffer_reuse=False "
@@ -217,7 +220,12 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     if _on_cpu(example_inputs):
         toolchain.warm_up()
-    if config.glue == "whole":
+    subclass = subclass_operands(gm)
+    if subclass is not None:  # (see inline.py: invoke_subgraph refuses DTensor operands)
+        log.info("inductor: region calls inlined, the graph compiled whole: %s", subclass)
+        gm = inline_regions(gm)
+        reason = subclass
+    elif config.glue == "whole":
         reason = "config.glue is 'whole'"
     else:
         reason = split.reason_to_compile_whole(gm, max_glue=float("inf") if config.glue == "apart" else None)

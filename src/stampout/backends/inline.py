@@ -27,13 +27,22 @@ from ..torch_internals import INVOKE_SUBGRAPH
 from .split import region_calls
 
 
-def reason_to_inline(gm: fx.GraphModule) -> str | None:
-    """Why `gm`'s region calls must be inlined before AOTAutograd (the first region found), or None."""
+def subclass_operands(gm: fx.GraphModule) -> str | None:
+    """The first region call with a tensor-subclass operand (its name and the subclass), or None."""
     for call in region_calls(gm):
         for operand in call.operands:
             value = operand.meta.get("val") if isinstance(operand, fx.Node) else None
             if is_traceable_wrapper_subclass(value):
                 return f"{call.node.args[1]} gets a {type(value).__name__} ({operand.name})"
+    return None
+
+
+def reason_to_inline(gm: fx.GraphModule) -> str | None:
+    """Why AOTAutograd cannot take `gm`'s region calls (the first region found, see the Notes), or None."""
+    why = subclass_operands(gm)
+    if why is not None:
+        return why
+    for call in region_calls(gm):
         written = _custom_op_writing(getattr(gm, call.node.args[0].target))
         if written is not None:
             return f"{call.node.args[1]} calls {written}, a custom op that writes an argument"

@@ -1,0 +1,120 @@
+"""FSDP2 on 2 gloo ranks (CPU, 127.0.0.1): per-rank first training step and steady step, stampout.compile vs
+torch.compile on the same sharded Llama-like (tests/distributed_worker.py: each block and the root
+`fully_shard`ed), and how both grow with depth.
+
+    python bench/distributed.py                       # depths 4 and 8, backend aot_eager
+    python bench/distributed.py --depths 4 --backend eager
+
+Each cell is 2 fresh processes (one per rank). *first* is from the compile call to the end of the first
+`backward()` (capture, compile, one step); *steady* the median of the next 5 steps; both the slower rank's.
+Ratios are stampout / torch.compile from the same run: below 1 stampout is faster. Raw numbers:
+bench/out/distributed.json. Timings on a shared 2-core machine are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+VARIANTS = ("stampout", "torch")
+
+
+def _rank(variant: str, depth: int, backend: str, out: str) -> None:
+    sys.path[:0] = [os.path.join(_ROOT, "src"), os.path.join(_ROOT, "tests")]
+    import torch
+    import torch.distributed as dist
+    from distributed_worker import sharded_llama
+
+    import stampout
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    model = sharded_llama(depth)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def step(fn) -> None:
+        fn(ids).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step(model)  # (FSDP's lazy init and a warm eager step, before the clock)
+    start = time.perf_counter()
+    fn = stampout.compile(model, backend=backend) if variant == "stampout" else torch.compile(model, backend=backend)
+    step(fn)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        step(fn)
+        times.append(time.perf_counter() - t)
+    eager = []
+    for _ in range(5):
+        t = time.perf_counter()
+        step(model)
+        eager.append(time.perf_counter() - t)
+    with open(out, "w") as f:
+        json.dump({"first": first, "steady": statistics.median(times), "eager": statistics.median(eager)}, f)
+    dist.destroy_process_group()
+
+
+def _cell(variant: str, depth: int, backend: str, timeout: float = 1200) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, outs = [], []
+        for rank in range(2):
+            out = os.path.join(tmp, f"{rank}.json")
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([sys.executable, __file__, "--rank", variant, str(depth), backend, out],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            outs.append(out)
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+        if any(p.returncode for p in procs) or not all(os.path.exists(o) for o in outs):
+            return {"error": logs[0][-400:] + logs[1][-400:]}
+        ranks = [json.load(open(o)) for o in outs]
+    return {k: max(r[k] for r in ranks) for k in ranks[0]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--depths", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--backend", default="aot_eager")
+    parser.add_argument("--rank", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank:
+        variant, depth, backend, out = args.rank
+        _rank(variant, int(depth), backend, out)
+        return 0
+    rows = []
+    print(f"{'depth':>5} {'variant':>9} {'first':>9} {'steady':>9} {'eager':>9}")
+    for depth in args.depths:
+        cells = {v: _cell(v, depth, args.backend) for v in VARIANTS}
+        for v, c in cells.items():
+            if "error" in c:
+                print(f"{depth:>5} {v:>9} failed: {c['error']}")
+            else:
+                print(f"{depth:>5} {v:>9} {c['first']:>8.2f}s {c['steady'] * 1e3:>7.1f}ms {c['eager'] * 1e3:>7.1f}ms")
+        a, b = cells["stampout"], cells["torch"]
+        if "error" not in a and "error" not in b:
+            print(f"{depth:>5} {'ratio':>9} {a['first'] / b['first']:>9.2f} {a['steady'] / b['steady']:>9.2f}")
+        rows.append({"depth": depth, "backend": args.backend, **{v: c for v, c in cells.items()}})
+    os.makedirs(os.path.join(_HERE, "out"), exist_ok=True)
+    with open(os.path.join(_HERE, "out", "distributed.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
