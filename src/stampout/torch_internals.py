@@ -166,6 +166,7 @@ PRIVATE_NAMES = (
     "torch.fx.passes.shape_prop._extract_tensor_metadata",
     "torch.overrides._get_current_function_mode_stack",
     "torch.utils._filelock.FileLock",
+    "torch.utils._python_dispatch.is_traceable_wrapper_subclass",
     "torch.utils._pytree.tree_leaves",
     "torch.utils._sympy.functions",
     "torch.utils._sympy.numbers",
