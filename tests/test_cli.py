@@ -164,3 +164,20 @@ def test_bench_worker_measures_in_its_own_interpreter():
     assert row["error"] is None, row
     assert (row["model"], row["variant"], row["depth"], row["traces"]) == ("llama-like", "stampout_regions", 1, 1)
     assert row["median_s"] > 0 and row["max_abs_diff"] <= 1e-4, row
+
+
+def test_bench_user_model_is_the_user_file_decoder():
+    """`stampout bench --models user`: bench/user_model.py's decoder, layers marked at class level per variant,
+    captured with one trace and the other layers stamped."""
+    import stampout
+    from stampout.tools import benchmark
+
+    marked, args, kwargs = benchmark.build("user", 3, "stampout_regions")
+    nested, _, _ = benchmark.build("user", 3, "dynamo_nested")
+    flat, _, _ = benchmark.build("user", 3, "stampout_flat")
+    assert type(marked).__module__ == type(flat).__module__ == "stampout_bench_user_model"
+    assert [type(m.layers[0]).__name__ for m in (marked, nested, flat)] == ["StampoutLayer", "NestedLayer", "Layer"]
+    cap = stampout.capture(marked, *args, **kwargs)
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 2)
+    torch_out = marked(*args, **kwargs)
+    assert (cap(*args, **kwargs) - torch_out).abs().max().item() == 0

@@ -6,6 +6,9 @@ variant at the smallest depth (imports and one-time setup are not what we measur
 (model, variant) pair runs in its own interpreter, so nothing one variant leaves behind (Dynamo's caches,
 a failed capture's state, warmed-up code paths) changes another's times.
 
+Models: llama-like (stampout's zoo), user (a decoder defined in a user file, bench/user_model.py of a
+checkout: its code is guarded as a user's is), hf-llama and hf-gpt2 (transformers, small configs).
+
 Variants (what is timed):
   stampout_regions  `stampout.capture(model, ...)`, decoder layers marked with `stampout.region`
   stampout_flat     `stampout.capture(model, ...)`, nothing marked
@@ -65,6 +68,9 @@ def build(model: str, depth: int, variant: str) -> tuple[torch.nn.Module, tuple,
             # torch 2.13 feeds every layer the first layer's weights when the forward is rebound per instance.
             regions = {"stampout": True, "nested": "nested"}.get(MARKING[variant], False)
             return LlamaLike(LlamaConfig(layers=depth), regions=regions, seed=None).eval(), (ids,), {}
+        if model == "user":  # a decoder defined in a user file (guarded as a user's model is), class-level marking
+            regions = {"stampout": True, "nested": "nested"}.get(MARKING[variant], False)
+            return _user_model().Decoder(depth, regions=regions).eval(), (ids,), {}
         import transformers
 
         if model == "hf-llama":
@@ -80,6 +86,22 @@ def build(model: str, depth: int, variant: str) -> tuple[torch.nn.Module, tuple,
         else:
             raise ValueError(f"unknown model {model!r}; known: {', '.join(MODELS)}")
     return _mark(module, layers, variant), (), {"input_ids": ids, "use_cache": False}
+
+
+def _user_model() -> types.ModuleType:
+    """bench/user_model.py of this checkout, imported as a user's file is (not part of the installed package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, os.pardir, "bench", "user_model.py")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"the user model needs a checkout of stampout: {os.path.normpath(path)} is missing")
+    name = "stampout_bench_user_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def _mark(module: torch.nn.Module, layers: torch.nn.ModuleList, variant: str) -> torch.nn.Module:
