@@ -232,3 +232,136 @@ def test_a_warning_in_forward_is_shown_on_every_call():
         for _ in range(3):
             fn(torch.randn(3, 4))
     assert sum("big batch" in str(w.message) for w in seen) == 3
+
+
+class Tagged(torch.Tensor):
+    pass
+
+
+class SubclassBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y * 2 if isinstance(x, Tagged) else y
+
+
+def test_a_tensor_subclass_input_runs_eagerly_and_capture_refuses(caplog):
+    torch.manual_seed(0)
+    model = SubclassBranch()
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for tag in (False, True, False):
+            x = torch.randn(2, 4)
+            x = x.as_subclass(Tagged) if tag else x
+            torch.testing.assert_close(fn(x).as_subclass(torch.Tensor), model(x).as_subclass(torch.Tensor))
+    assert any("Tagged" in r.getMessage() for r in caplog.records)
+    with pytest.raises(stampout.CaptureError, match="Tagged"):
+        stampout.capture(model, torch.randn(2, 4).as_subclass(Tagged))
+
+
+class SavedHooks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 2, lambda t: t):
+            return self.lin(x).tanh() * x
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_saved_tensors_hooks_inside_forward_keep_their_gradients(backend):
+    torch.manual_seed(0)
+    model = SavedHooks()
+    compiled_model = copy.deepcopy(model)
+    fn = stampout.compile(compiled_model, backend=backend)
+    x = torch.randn(2, 4, requires_grad=True)
+    xc = x.detach().clone().requires_grad_(True)
+    model(x).sum().backward()
+    fn(xc).sum().backward()
+    torch.testing.assert_close(xc.grad, x.grad)
+    for a, b in zip(compiled_model.parameters(), model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+class SwapsChild(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU()
+        self.lin = nn.Linear(4, 4)
+        self.n = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n += 1
+        if self.n == 2:
+            self.act = nn.Tanh()  # (made during the call: a compiled call cannot make it again)
+        return self.act(self.lin(x))
+
+
+def test_storing_a_module_made_during_the_call_is_refused_not_dropped():
+    torch.manual_seed(0)
+    model = SwapsChild()
+    fn = stampout.compile(model, backend="eager")
+    fn(torch.randn(2, 4))
+    with pytest.raises(stampout.StampoutError, match="stores a Tanh made during the call"):
+        fn(torch.randn(2, 4))
+    assert type(model.act) is nn.ReLU and model.n == 1  # (the refused capture left the model as it was)
+
+
+class Penalty(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        y = self.lin(x).sigmoid().sum()
+        (g,) = torch.autograd.grad(y, x, create_graph=True)
+        return y + g.pow(2).sum()
+
+
+def test_a_gradient_penalty_under_aot_eager_gives_eager_gradients():
+    torch.manual_seed(0)
+    model = nn.ModuleList([Penalty(), Penalty()])
+    compiled_model = copy.deepcopy(model)
+
+    def run(layers):
+        return sum(layer(x) for layer in layers)
+
+    x = torch.randn(3, 4)
+    fn = stampout.compile(compiled_model[0], backend="aot_eager")
+    fn(x).backward()  # (double backward through a compiled child: AOTAutograd refuses)
+    model[0](x).backward()
+    for a, b in zip(compiled_model[0].parameters(), model[0].parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+class LazyHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.shape[-1])
+        if key not in self.heads:
+            self.heads[key] = nn.Linear(x.shape[-1], 2)
+        return self.heads[key](x)
+
+
+def test_a_submodule_made_during_the_call_is_refused_by_capture_and_run_eagerly_by_compile(caplog):
+    model = LazyHeads()
+    with pytest.raises(stampout.CaptureError, match="ModuleDict.3, a module it makes during the call"):
+        stampout.capture(model, torch.randn(2, 3))
+    assert len(model.heads) == 0
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for d in (3, 4, 3):
+            x = torch.randn(2, d)
+            torch.testing.assert_close(fn(x), model(x))
+    assert sorted(model.heads) == ["3", "4"]
+    assert any("a module it makes during the call" in r.getMessage() for r in caplog.records)
+    assert all(type(p) is nn.Parameter and not isinstance(p, torch._subclasses.FakeTensor)
+               for p in model.parameters())

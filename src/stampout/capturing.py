@@ -162,6 +162,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                         fake_mode.shape_env.constrain_symbol_range(size.node.expr, max(low, 2), high)
             else:
                 fake = fake_mode.from_tensor(leaf, static_shapes=True)
+            if not isinstance(fake, type(leaf)):  # a subclass made by `as_subclass`: the program would not see it
+                _refuse_subclass(leaf, labels[i], guard_program)
             if id(fake) not in tracer.root.nodes:
                 node = tracer.root.placeholder(names[i], fake)
                 tensor_leaves.append(i)
@@ -183,7 +185,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     before = {id(obj): _fields(obj) for obj in held}
     states = RandomStates.save()
     modules = _modules_of(fn)
-    registries = Registries(modules) if guard_program else None
+    registries = Registries(modules)
     handler.snapshot.note_program([frame_function(fn), *_methods_of(modules)])
     for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
         handler.snapshot.note(klass, 1)
@@ -209,8 +211,14 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             template = to_template(out, slots, _input_objects(leaves), sizes=True)
             _check_no_hidden_tensors(template)
             with torch._C.DisableTorchFunction(), listeners(None, None):
-                if registries is not None:
+                if guard_program:
                     registries.plan(program)
+                elif registries.made_modules():
+                    raise CaptureError(message(
+                        f"the program registers {registries.made_modules()[0]}, a module it makes during the call: "
+                        "its parameters are initialized on traced values, not as eager initializes them",
+                        user_location(), "make the module in __init__, or use stampout.compile (which captures "
+                        "again once it exists)"))
                 if program is not None:
                     program.close()
                     plan = Plan(program)
@@ -218,9 +226,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     except BaseException:
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
-        if registries is not None:
-            registries.put_back()
-            handler.snapshot.put_back_classes()
+        registries.put_back()
+        handler.snapshot.put_back_classes()
         _unplant(planted)
         objects = [*_modules_of(fn), *_held_by_inputs(leaves, labels)]
         _restore_world(handler, states, objects)
@@ -303,6 +310,16 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         with torch._C.DisableTorchFunction():
             check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     return cap
+
+
+def _refuse_subclass(leaf: torch.Tensor, label: str, guard_program: bool) -> None:
+    why = (f"takes a {type(leaf).__qualname__} as {label}, a torch.Tensor subclass stampout would trace as a plain "
+           "tensor (isinstance checks and its methods would see the wrong class)")
+    if guard_program:
+        raise ProgramIneligible(why)
+    raise CaptureError(message(f"stampout.capture cannot trace this program: {why}", user_location(),
+                               "pass a plain tensor (x.as_subclass(torch.Tensor)), or use stampout.compile, which "
+                               "runs such calls eagerly"))
 
 
 def _hold_input_containers(held: _Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:

@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
 from .constants import ConstantValues, mutating
-from .errors import CaptureError, message
+from .errors import AutogradCallError, CaptureError, message
 from .frames import python_hooks_off, user_frame, user_location, user_source_line
 from .guards import is_constant
 from .kernels import Specializer, is_symbolic_limit
@@ -448,6 +448,11 @@ class Tracer:
         if func is torch._assert and args and isinstance(args[0], torch.Tensor):
             # `torch._assert(tensor, msg)`: a check, not data; the graph asserts it when it runs
             return self._on_call(torch._assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
+        if func is torch.autograd.grad:  # (on fakes it cannot run: the program's own backward is not traced)
+            raise AutogradCallError(message(
+                "the program calls torch.autograd.grad (a gradient inside the forward)", user_location(),
+                "stampout.compile runs such a module eagerly; call torch.autograd.grad outside the captured code",
+            ))
         if func is _SET_GRAD:
             func(*args, **kwargs)
             self.builder.graph.call_function(_SET_GRAD, args)
