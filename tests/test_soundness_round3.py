@@ -365,3 +365,69 @@ def test_a_submodule_made_during_the_call_is_refused_by_capture_and_run_eagerly_
     assert any("a module it makes during the call" in r.getMessage() for r in caplog.records)
     assert all(type(p) is nn.Parameter and not isinstance(p, torch._subclasses.FakeTensor)
                for p in model.parameters())
+
+
+class Log:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.log = [{"rows": []}]
+
+
+def fills_nested(x: torch.Tensor, cfg: Log) -> torch.Tensor:
+    cfg.calls += 1
+    cfg.log[0]["rows"].append(x.shape[0])  # (a list inside a dict inside a list: changed through subscripts)
+    return x * cfg.calls
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_list_nested_in_constants_of_a_caller_object_is_filled_every_call(dynamic):
+    fn = stampout.compile(fills_nested, backend="eager", dynamic=dynamic)
+    mine, theirs = Log(), Log()
+    for n in (2, 3, 2):
+        x = torch.randn(n)
+        torch.testing.assert_close(fn(x, mine), fills_nested(x, theirs))
+        assert (mine.calls, mine.log) == (theirs.calls, theirs.log)
+        assert all(type(v) is int for v in mine.log[0]["rows"])
+
+
+class InferenceForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * 2
+
+
+def test_inference_mode_inside_forward_gives_inference_tensors():
+    torch.manual_seed(0)
+    model = InferenceForward()
+    fn = stampout.compile(model, backend="eager")
+    for _ in range(2):
+        x = torch.randn(2, 4)
+        got, expected = fn(x), model(x)
+        torch.testing.assert_close(got, expected)
+        assert got.is_inference() and not got.requires_grad
+
+
+class SetsDefaultDtype(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.set_default_dtype(torch.float64)
+        return self.lin(x) + torch.ones(4).float()
+
+
+def test_a_default_dtype_set_inside_forward_is_set_by_every_call():
+    torch.manual_seed(0)
+    fn = stampout.compile(SetsDefaultDtype(), backend="eager")
+    try:
+        for _ in range(2):
+            torch.set_default_dtype(torch.float32)
+            fn(torch.randn(2, 4))
+            assert torch.get_default_dtype() is torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)

@@ -354,6 +354,10 @@ def clear_fakes(objects: list[Any]) -> list[str]:
             continue
         for key in [k for k, v in fields.items() if not k.startswith("_") and holds_fake(v)]:
             value = fields[key]
+            if type(value) in (list, dict) and not holds_fake(value, tensors_only=True):  # sizes stored in it
+                _concrete_items(value)
+                removed.append(f"{type(obj).__name__}.{key}")
+                continue
             inner = getattr(value, "__dict__", None)
             if type(inner) is dict and not callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module)):
                 removed.extend(f"{type(obj).__name__}.{name}" for name in clear_fakes([value]))  # its fields only
@@ -361,6 +365,15 @@ def clear_fakes(objects: list[Any]) -> list[str]:
             del fields[key]
             removed.append(f"{type(obj).__name__}.{key}")
     return removed
+
+
+def _concrete_items(container: list | dict, depth: int = 0) -> None:
+    """Each symbolic size in `container` (and the lists and dicts it holds) replaced by its value."""
+    for key, item in list(container.items() if type(container) is dict else enumerate(container)):
+        if type(item) in (list, dict) and depth < _MAX_DEPTH:
+            _concrete_items(item, depth + 1)
+        elif holds_fake(item):
+            container[key] = concrete(item)
 
 
 def holds_traced_tensor(fn: Any) -> bool:

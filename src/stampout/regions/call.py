@@ -155,7 +155,10 @@ class RegionCalls:
         if caller is not None:
             reason = f"calls {what}, which is not known to be pure (at {location(caller)})"
             for f in self.frames:
-                f.mark_ineligible(reason)
+                if watched_file(frame.f_code.co_filename):
+                    f.mark_ineligible(reason)
+                else:  # (torch's own Python sets its state: stopping it halfway would leave the state set)
+                    f.ineligible.append(reason)
 
     def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         """A trace function (called once per Python call, on this thread only): user code that is about to

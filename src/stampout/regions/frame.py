@@ -359,6 +359,11 @@ class RegionFrame:
                     self.guard(source, Kind.SAME, first, where)
                 return
         self.containers.append((value, source, _contents(value), _copy(value)))
+        if is_constant(value) and type(value) in (list, dict):  # (a dict of lists: the trace may change an inner
+            # one through a subscript)
+            for key, item in list(value.items() if isinstance(value, dict) else enumerate(value)):
+                if type(item) in (list, dict, set):
+                    self._note_container(item, Item(source, key), where)
 
     def note_changed_container(self, value: dict, source: Source, before: dict) -> None:
         """A container changed by the program behind the watch (a module's `_buffers` by `register_buffer`), with
