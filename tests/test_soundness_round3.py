@@ -431,3 +431,45 @@ def test_a_default_dtype_set_inside_forward_is_set_by_every_call():
             assert torch.get_default_dtype() is torch.float64
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_capture_refuses_saved_tensors_hooks_set_inside_the_program():
+    torch.manual_seed(0)
+    with pytest.raises(stampout.CaptureError, match="saved_tensors_hooks"):
+        stampout.capture(SavedHooks(), torch.randn(2, 4, requires_grad=True))
+
+
+def test_saved_tensors_hooks_around_a_capture_still_apply_when_it_runs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 3, lambda t: t):
+        cap = stampout.capture(model, x)
+        xc = x.detach().clone().requires_grad_(True)
+        cap(xc).sum().backward()
+        model(x).sum().backward()
+    torch.testing.assert_close(xc.grad, x.grad)
+
+
+_EXEC_SOURCE = '''
+class Counted(nn.Module):
+    CALLS = 0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        type(self).CALLS += 1
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            return self.lin(x)
+'''
+
+
+def test_a_class_made_by_exec_has_its_counter_put_back_when_a_piece_capture_fails():
+    g = {"__name__": "not_imported_module", "torch": torch, "nn": nn}
+    exec(compile(_EXEC_SOURCE, "<generated>", "exec"), g)  # noqa: S102 - a module that is not in sys.modules
+    model = nn.Sequential(*[g["Counted"]() for _ in range(3)])
+    fn = stampout.compile(model, backend="eager")
+    fn(torch.randn(2, 4))
+    assert g["Counted"].CALLS == 3  # (eager: one per layer; the failed captures' increments are put back)

@@ -184,9 +184,9 @@ class Snapshot:
                 if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                     self.note(item, depth + 1)
             return
-        if isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__)):
+        if isinstance(value, type) and _is_user_class(value):
             for klass in value.__mro__[:-1]:
-                if id(klass) not in self.classes and _is_user_module(sys.modules.get(klass.__module__)):
+                if id(klass) not in self.classes and _is_user_class(klass):
                     self.classes[id(klass)] = (klass, _class_state(klass))
                 for item in list(vars(klass).values()):
                     item = item.__func__ if isinstance(item, (staticmethod, classmethod)) else item
@@ -337,6 +337,15 @@ def _is_user_module(module: Any) -> bool:
     fields = getattr(module, "__dict__", None)  # (not getattr: a module's own __getattr__ may raise anything)
     filename = fields.get("__file__") if type(fields) is dict else None
     return module is not None and is_user_file(filename or "<module>")
+
+
+def _is_user_class(klass: type) -> bool:
+    """A class of user code: of a user module, or (made by `exec`, its module not imported) with user methods."""
+    module = sys.modules.get(klass.__module__)
+    if module is not None:
+        return _is_user_module(module)
+    codes = [getattr(v, "__code__", None) for v in vars(klass).values()]
+    return any(c is not None and is_user_file(c.co_filename) for c in codes)
 
 
 def _name(fn: Any) -> str:
