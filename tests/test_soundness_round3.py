@@ -473,3 +473,19 @@ def test_a_class_made_by_exec_has_its_counter_put_back_when_a_piece_capture_fail
     fn = stampout.compile(model, backend="eager")
     fn(torch.randn(2, 4))
     assert g["Counted"].CALLS == 3  # (eager: one per layer; the failed captures' increments are put back)
+
+
+def test_capture_of_spectral_norm_leaves_its_power_iteration_buffers_alone():
+    # (spectral_norm's pre-hook stores `module.weight` (made real, as eager) and updates u, v in place: a
+    # capture does not touch real tensors, as with BatchNorm's statistics; the Capture's first call does)
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.nn.utils.spectral_norm(nn.Linear(4, 4)), nn.Tanh())
+    ref = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 4)
+    cap = stampout.capture(model, x)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    torch.testing.assert_close(cap(x), ref(x))
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, ref.state_dict()[k])

@@ -303,7 +303,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                         holder.setdefault(key, None)  # its real value comes from the graph, below
         if real and (plan.extra or held):  # the caller's objects end up as one eager call leaves them
             _make_real(cap, [(s.resolve(ctx, {}), key, kind)
-                             for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
+                             for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
+                       _mutated_in_place(tracer, leaves, fake_leaves))
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         _restore_world(handler, None, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     if real:  # (export puts its objects back itself, after this)
@@ -320,6 +321,12 @@ def _refuse_subclass(leaf: torch.Tensor, label: str, guard_program: bool) -> Non
     raise CaptureError(message(f"stampout.capture cannot trace this program: {why}", user_location(),
                                "pass a plain tensor (x.as_subclass(torch.Tensor)), or use stampout.compile, which "
                                "runs such calls eagerly"))
+
+
+def _mutated_in_place(tracer: Tracer, leaves: list[Any], fake_leaves: list[Any]) -> list[torch.Tensor]:
+    """The real tensors (buffers, parameters, inputs) the program changed in place, by their fakes' versions."""
+    pairs = [*tracer._fakes.values(), *((t, f) for t, f in zip(leaves, fake_leaves) if isinstance(f, FakeTensor))]
+    return list({id(t): t for t, f in pairs if f._version > 0 and not isinstance(t, FakeTensor)}.values())
 
 
 def _hold_input_containers(held: _Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:
@@ -625,13 +632,19 @@ def _plain_object(value: Any) -> bool:
 _REGISTRIES = ("_parameters", "_buffers")
 
 
-def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict) -> None:
-    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are."""
+def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict,
+               mutated: list[torch.Tensor]) -> None:
+    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
+    tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
+    does not touch real tensors (each call of the Capture updates them)."""
     leaves = flatten_inputs(args, kwargs)[0]
     inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
     # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
     with torch.no_grad():
+        saved = [(t, t.clone()) for t in mutated]
         outputs = as_call_modules(cap.gm)(*inputs)
+        for t, value in saved:
+            t.copy_(value)
     for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
         if kind == "attr":
             setattr(obj, key, value)
