@@ -489,3 +489,11 @@ def test_capture_of_spectral_norm_leaves_its_power_iteration_buffers_alone():
     torch.testing.assert_close(cap(x), ref(x))
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, ref.state_dict()[k])
+
+
+def test_compile_says_why_saved_tensors_hooks_in_forward_run_eagerly(caplog):
+    torch.manual_seed(0)
+    fn = stampout.compile(SavedHooks(), backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        fn(torch.randn(2, 4, requires_grad=True))
+    assert any("saved_tensors_hooks" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)

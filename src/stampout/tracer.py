@@ -348,6 +348,11 @@ class Tracer:
         # Saved-tensor hooks the caller set around the capture apply to the graph's autograd when it runs too.
         self.saved_hooks_outside = _saved_tensors_hooks(False) is not None
 
+    def _compiling(self) -> bool:
+        """A compiled program is being captured: what makes it ineligible runs it eagerly, with a warning."""
+        program = getattr(self.regions, "program", None)
+        return program is not None and program.abandon
+
     @property
     def builder(self) -> Builder:
         return self.builders[-1]
@@ -453,7 +458,7 @@ class Tracer:
         if func is torch._assert and args and isinstance(args[0], torch.Tensor):
             # `torch._assert(tensor, msg)`: a check, not data; the graph asserts it when it runs
             return self._on_call(torch._assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
-        if _saved_tensors_hooks(False) is not None and not self.saved_hooks_outside:
+        if _saved_tensors_hooks(False) is not None and not self.saved_hooks_outside and not self._compiling():
             raise CaptureError(message(  # (a graph keeps no hooks: backward would save the plain tensors)
                 "the program sets torch.autograd.graph.saved_tensors_hooks (or save_on_cpu) around torch calls",
                 user_location(), "move the hooks outside the captured call, or use stampout.compile, which runs "
