@@ -6,11 +6,12 @@ Each example generates the source of one world (its own module globals, memo cac
 (`functools.lru_cache`/`cache` helpers, module-level dict and list memos, a class-attribute dict, a
 `cached_property`), stores outside the watched objects (a namespace module's attribute, a `global`), Python
 and NumPy RNG draws, `time.time`, `uuid.uuid4`, `next` on an iterator made outside, gradient hooks registered
-in forward, module backward hooks registered before or after compile, and pure calls. Two identical worlds
-are built; the reference runs eagerly, the other through `stampout.capture` or `stampout.compile` (eager or
-aot_eager backend) over several calls with different batch sizes. Every call must equal eager — outputs,
-gradients, the memo contents, the stored values, the RNG states — or stampout must refuse with a
-StampoutError (only `capture` of a model with module backward hooks may).
+in forward, module backward hooks registered before or after compile, a class-attribute counter, a list
+inside a global dict, `WeakKeyDictionary` and dtype-keyed memos, `saved_tensors_hooks` in forward, and pure
+calls. Two identical worlds are built; the reference runs eagerly, the other through `stampout.capture` or
+`stampout.compile` (eager or aot_eager backend) over several calls with different batch sizes. Every call
+must equal eager — outputs, gradients, the memo contents, the stored values, the RNG states — or stampout
+must refuse with a StampoutError (only `capture` of a model with module backward hooks or saved-tensor hooks may).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import textwrap
 import time
 import types
 import uuid
+import weakref
 
 import numpy as np
 import torch
@@ -53,6 +55,12 @@ EFFECTS = {
     "iterator": "h = h * (1.0 + 0.0 * (next(STREAM) % 2))",
     "tensor_hook": "h.register_hook(lambda g: g * -2.0)",
     "pure": "h = h * math.sqrt(len('ab') ** 2) / max(1, min(2, 3))",
+    "class_counter": "type(self).CALLS += 1",
+    "nested_list": "NESTED['rows'].append(x.shape[0])",
+    "weak_memo": "m = WMEMO.get(self)\nif m is None:\n    m = WMEMO[self] = torch.ones(D) * 1.5\nh = h + m",
+    "dtype_memo": ("if (D, x.dtype) not in DMEMO:\n    DMEMO[(D, x.dtype)] = torch.ones(D) * 0.75\n"
+                   "h = h + DMEMO[(D, x.dtype)]"),
+    "saved_hooks": "with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 2, lambda t: t):\n    h = h * h",
 }
 
 MODULE_SRC = """
@@ -62,6 +70,9 @@ MEMO = {}
 LMEMO = []
 LAST_SUM = None
 STREAM = iter(range(10**6))
+NESTED = {"rows": []}
+WMEMO = weakref.WeakKeyDictionary()
+DMEMO = {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +87,7 @@ def cache_table(n):
 
 class Layer(nn.Module):
     _masks = {}
+    CALLS = 0
 
     def __init__(self):
         super().__init__()
@@ -103,7 +115,8 @@ def build_world(effects: list[str], n_layers: int) -> types.SimpleNamespace:
     filename = f"<stampout-world-fuzz-{_COUNT[0]}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     g = {"__name__": f"world_fuzz_{_COUNT[0]}", "torch": torch, "nn": nn, "stampout": stampout, "functools": functools,
-         "types": types, "random": random, "np": np, "time": time, "uuid": uuid, "math": math, "D": D}
+         "types": types, "random": random, "np": np, "time": time, "uuid": uuid, "math": math, "D": D,
+         "weakref": weakref}
     exec(compile(src, filename, "exec"), g)  # noqa: S102 - a generated world, on purpose
     torch.manual_seed(0)
     model = nn.Sequential(*[g["Layer"]() for _ in range(n_layers)])
@@ -112,7 +125,8 @@ def build_world(effects: list[str], n_layers: int) -> types.SimpleNamespace:
 
 def world_state(w: types.SimpleNamespace) -> list:
     g = w.g
-    return [dict(g["MEMO"]), list(g["LMEMO"]), dict(g["Layer"]._masks), g["metrics"].LAST, g["LAST_SUM"]]
+    return [dict(g["MEMO"]), list(g["LMEMO"]), dict(g["Layer"]._masks), g["metrics"].LAST, g["LAST_SUM"],
+            g["Layer"].CALLS, list(g["NESTED"]["rows"]), list(g["WMEMO"].values()), list(g["DMEMO"].values())]
 
 
 def fakes_in(value, depth: int = 0) -> bool:
@@ -185,7 +199,8 @@ def check_world(spec: dict) -> None:
         try:
             cap = stampout.capture(test.model, _input(rows))
         except stampout.StampoutError:
-            assert spec["module_hook"] == "before", "capture refused a program it should capture"
+            allowed = spec["module_hook"] == "before" or "saved_hooks" in spec["effects"]
+            assert allowed, "capture refused a program it should capture"
             return
         assert _rng() == seeded, "the capture did not put the RNG states back"
         assert not fakes_in([world_state(test), test.model]), "the capture left fakes in user state"

@@ -232,3 +232,268 @@ def test_a_warning_in_forward_is_shown_on_every_call():
         for _ in range(3):
             fn(torch.randn(3, 4))
     assert sum("big batch" in str(w.message) for w in seen) == 3
+
+
+class Tagged(torch.Tensor):
+    pass
+
+
+class SubclassBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y * 2 if isinstance(x, Tagged) else y
+
+
+def test_a_tensor_subclass_input_runs_eagerly_and_capture_refuses(caplog):
+    torch.manual_seed(0)
+    model = SubclassBranch()
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for tag in (False, True, False):
+            x = torch.randn(2, 4)
+            x = x.as_subclass(Tagged) if tag else x
+            torch.testing.assert_close(fn(x).as_subclass(torch.Tensor), model(x).as_subclass(torch.Tensor))
+    assert any("Tagged" in r.getMessage() for r in caplog.records)
+    with pytest.raises(stampout.CaptureError, match="Tagged"):
+        stampout.capture(model, torch.randn(2, 4).as_subclass(Tagged))
+
+
+class SavedHooks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 2, lambda t: t):
+            return self.lin(x).tanh() * x
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_saved_tensors_hooks_inside_forward_keep_their_gradients(backend):
+    torch.manual_seed(0)
+    model = SavedHooks()
+    compiled_model = copy.deepcopy(model)
+    fn = stampout.compile(compiled_model, backend=backend)
+    x = torch.randn(2, 4, requires_grad=True)
+    xc = x.detach().clone().requires_grad_(True)
+    model(x).sum().backward()
+    fn(xc).sum().backward()
+    torch.testing.assert_close(xc.grad, x.grad)
+    for a, b in zip(compiled_model.parameters(), model.parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+class SwapsChild(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU()
+        self.lin = nn.Linear(4, 4)
+        self.n = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n += 1
+        if self.n == 2:
+            self.act = nn.Tanh()  # (made during the call: a compiled call cannot make it again)
+        return self.act(self.lin(x))
+
+
+def test_storing_a_module_made_during_the_call_is_refused_not_dropped():
+    torch.manual_seed(0)
+    model = SwapsChild()
+    fn = stampout.compile(model, backend="eager")
+    fn(torch.randn(2, 4))
+    with pytest.raises(stampout.StampoutError, match="stores a Tanh made during the call"):
+        fn(torch.randn(2, 4))
+    assert type(model.act) is nn.ReLU and model.n == 1  # (the refused capture left the model as it was)
+
+
+class Penalty(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_(True)
+        y = self.lin(x).sigmoid().sum()
+        (g,) = torch.autograd.grad(y, x, create_graph=True)
+        return y + g.pow(2).sum()
+
+
+def test_a_gradient_penalty_under_aot_eager_gives_eager_gradients():
+    torch.manual_seed(0)
+    model = nn.ModuleList([Penalty(), Penalty()])
+    compiled_model = copy.deepcopy(model)
+
+    def run(layers):
+        return sum(layer(x) for layer in layers)
+
+    x = torch.randn(3, 4)
+    fn = stampout.compile(compiled_model[0], backend="aot_eager")
+    fn(x).backward()  # (double backward through a compiled child: AOTAutograd refuses)
+    model[0](x).backward()
+    for a, b in zip(compiled_model[0].parameters(), model[0].parameters()):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+class LazyHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.shape[-1])
+        if key not in self.heads:
+            self.heads[key] = nn.Linear(x.shape[-1], 2)
+        return self.heads[key](x)
+
+
+def test_a_submodule_made_during_the_call_is_refused_by_capture_and_run_eagerly_by_compile(caplog):
+    model = LazyHeads()
+    with pytest.raises(stampout.CaptureError, match="ModuleDict.3, a module it makes during the call"):
+        stampout.capture(model, torch.randn(2, 3))
+    assert len(model.heads) == 0
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for d in (3, 4, 3):
+            x = torch.randn(2, d)
+            torch.testing.assert_close(fn(x), model(x))
+    assert sorted(model.heads) == ["3", "4"]
+    assert any("a module it makes during the call" in r.getMessage() for r in caplog.records)
+    assert all(type(p) is nn.Parameter and not isinstance(p, torch._subclasses.FakeTensor)
+               for p in model.parameters())
+
+
+class Log:
+    def __init__(self) -> None:
+        self.calls = 0
+        self.log = [{"rows": []}]
+
+
+def fills_nested(x: torch.Tensor, cfg: Log) -> torch.Tensor:
+    cfg.calls += 1
+    cfg.log[0]["rows"].append(x.shape[0])  # (a list inside a dict inside a list: changed through subscripts)
+    return x * cfg.calls
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_list_nested_in_constants_of_a_caller_object_is_filled_every_call(dynamic):
+    fn = stampout.compile(fills_nested, backend="eager", dynamic=dynamic)
+    mine, theirs = Log(), Log()
+    for n in (2, 3, 2):
+        x = torch.randn(n)
+        torch.testing.assert_close(fn(x, mine), fills_nested(x, theirs))
+        assert (mine.calls, mine.log) == (theirs.calls, theirs.log)
+        assert all(type(v) is int for v in mine.log[0]["rows"])
+
+
+class InferenceForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @torch.inference_mode()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * 2
+
+
+def test_inference_mode_inside_forward_gives_inference_tensors():
+    torch.manual_seed(0)
+    model = InferenceForward()
+    fn = stampout.compile(model, backend="eager")
+    for _ in range(2):
+        x = torch.randn(2, 4)
+        got, expected = fn(x), model(x)
+        torch.testing.assert_close(got, expected)
+        assert got.is_inference() and not got.requires_grad
+
+
+class SetsDefaultDtype(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.set_default_dtype(torch.float64)
+        return self.lin(x) + torch.ones(4).float()
+
+
+def test_a_default_dtype_set_inside_forward_is_set_by_every_call():
+    torch.manual_seed(0)
+    fn = stampout.compile(SetsDefaultDtype(), backend="eager")
+    try:
+        for _ in range(2):
+            torch.set_default_dtype(torch.float32)
+            fn(torch.randn(2, 4))
+            assert torch.get_default_dtype() is torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_capture_refuses_saved_tensors_hooks_set_inside_the_program():
+    torch.manual_seed(0)
+    with pytest.raises(stampout.CaptureError, match="saved_tensors_hooks"):
+        stampout.capture(SavedHooks(), torch.randn(2, 4, requires_grad=True))
+
+
+def test_saved_tensors_hooks_around_a_capture_still_apply_when_it_runs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t * 3, lambda t: t):
+        cap = stampout.capture(model, x)
+        xc = x.detach().clone().requires_grad_(True)
+        cap(xc).sum().backward()
+        model(x).sum().backward()
+    torch.testing.assert_close(xc.grad, x.grad)
+
+
+_EXEC_SOURCE = '''
+class Counted(nn.Module):
+    CALLS = 0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        type(self).CALLS += 1
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            return self.lin(x)
+'''
+
+
+def test_a_class_made_by_exec_has_its_counter_put_back_when_a_piece_capture_fails():
+    g = {"__name__": "not_imported_module", "torch": torch, "nn": nn}
+    exec(compile(_EXEC_SOURCE, "<generated>", "exec"), g)  # noqa: S102 - a module that is not in sys.modules
+    model = nn.Sequential(*[g["Counted"]() for _ in range(3)])
+    fn = stampout.compile(model, backend="eager")
+    fn(torch.randn(2, 4))
+    assert g["Counted"].CALLS == 3  # (eager: one per layer; the failed captures' increments are put back)
+
+
+def test_capture_of_spectral_norm_leaves_its_power_iteration_buffers_alone():
+    # (spectral_norm's pre-hook stores `module.weight` (made real, as eager) and updates u, v in place: a
+    # capture does not touch real tensors, as with BatchNorm's statistics; the Capture's first call does)
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.nn.utils.spectral_norm(nn.Linear(4, 4)), nn.Tanh())
+    ref = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 4)
+    cap = stampout.capture(model, x)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    torch.testing.assert_close(cap(x), ref(x))
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, ref.state_dict()[k])
+
+
+def test_compile_says_why_saved_tensors_hooks_in_forward_run_eagerly(caplog):
+    torch.manual_seed(0)
+    fn = stampout.compile(SavedHooks(), backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        fn(torch.randn(2, 4, requires_grad=True))
+    assert any("saved_tensors_hooks" in r.getMessage() and "eagerly" in r.getMessage() for r in caplog.records)

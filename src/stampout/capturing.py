@@ -167,6 +167,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                         fake_mode.shape_env.constrain_symbol_range(size.node.expr, max(low, 2), high)
             else:
                 fake = fake_mode.from_tensor(leaf, static_shapes=True)
+            if not isinstance(fake, type(leaf)):  # a subclass made by `as_subclass`: the program would not see it
+                _refuse_subclass(leaf, labels[i], guard_program)
             if id(fake) not in tracer.root.nodes:
                 node = tracer.root.placeholder(names[i], fake)
                 tensor_leaves.append(i)
@@ -188,7 +190,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     before = {id(obj): _fields(obj) for obj in held}
     states = RandomStates.save()
     modules = _modules_of(fn)
-    registries = Registries(modules) if guard_program else None
+    registries = Registries(modules)
     handler.snapshot.note_program([frame_function(fn), *_methods_of(modules)])
     for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
         handler.snapshot.note(klass, 1)
@@ -214,8 +216,14 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             template = to_template(out, slots, _input_objects(leaves), sizes=True)
             _check_no_hidden_tensors(template)
             with torch._C.DisableTorchFunction(), listeners(None, None):
-                if registries is not None:
+                if guard_program:
                     registries.plan(program)
+                elif registries.made_modules():
+                    raise CaptureError(message(
+                        f"the program registers {registries.made_modules()[0]}, a module it makes during the call: "
+                        "its parameters are initialized on traced values, not as eager initializes them",
+                        user_location(), "make the module in __init__, or use stampout.compile (which captures "
+                        "again once it exists)"))
                 if program is not None:
                     program.close()
                     plan = Plan(program)
@@ -223,9 +231,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     except BaseException:
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
-        if registries is not None:
-            registries.put_back()
-            handler.snapshot.put_back_classes()
+        registries.put_back()
+        handler.snapshot.put_back_classes()
         _unplant(planted)
         objects = [*_modules_of(fn), *_held_by_inputs(leaves, labels)]
         _restore_world(handler, states, objects)
@@ -302,13 +309,30 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                         holder.setdefault(key, None)  # its real value comes from the graph, below
         if real and (plan.extra or held):  # the caller's objects end up as one eager call leaves them
             _make_real(cap, [(s.resolve(ctx, {}), key, kind)
-                             for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs)
+                             for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
+                       _mutated_in_place(tracer, leaves, fake_leaves))
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         _restore_world(handler, None, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     if real:  # (export puts its objects back itself, after this)
         with torch._C.DisableTorchFunction():
             check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
     return cap
+
+
+def _refuse_subclass(leaf: torch.Tensor, label: str, guard_program: bool) -> None:
+    why = (f"takes a {type(leaf).__qualname__} as {label}, a torch.Tensor subclass stampout would trace as a plain "
+           "tensor (isinstance checks and its methods would see the wrong class)")
+    if guard_program:
+        raise ProgramIneligible(why)
+    raise CaptureError(message(f"stampout.capture cannot trace this program: {why}", user_location(),
+                               "pass a plain tensor (x.as_subclass(torch.Tensor)), or use stampout.compile, which "
+                               "runs such calls eagerly"))
+
+
+def _mutated_in_place(tracer: Tracer, leaves: list[Any], fake_leaves: list[Any]) -> list[torch.Tensor]:
+    """The real tensors (buffers, parameters, inputs) the program changed in place, by their fakes' versions."""
+    pairs = [*tracer._fakes.values(), *((t, f) for t, f in zip(leaves, fake_leaves) if isinstance(f, FakeTensor))]
+    return list({id(t): t for t, f in pairs if f._version > 0 and not isinstance(t, FakeTensor)}.values())
 
 
 def _hold_input_containers(held: _Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:
@@ -611,13 +635,19 @@ _REGISTRIES = ("_parameters", "_buffers")
 _INERT = frozenset({bool, int, float, str, type(None), set, frozenset, torch.nn.Parameter, torch.Tensor})
 
 
-def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict) -> None:
-    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are."""
+def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict,
+               mutated: list[torch.Tensor]) -> None:
+    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
+    tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
+    does not touch real tensors (each call of the Capture updates them)."""
     leaves = flatten_inputs(args, kwargs)[0]
     inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
     # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
     with torch.no_grad():
+        saved = [(t, t.clone()) for t in mutated]
         outputs = as_call_modules(cap.gm)(*inputs)
+        for t, value in saved:
+            t.copy_(value)
     for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
         if kind == "attr":
             setattr(obj, key, value)

@@ -110,7 +110,7 @@ class Plan:
         if type(value) in (tuple, torch.Size) and any_symbolic(value):
             items = [self._value(v, where) for v in value]
             return None if any(i is None for i in items) else Value("seq", (type(value), tuple(items)))
-        if id(value) in sources:
+        if id(value) in sources and id(value) not in self.program.made:  # (not one the call made and stored)
             return Value("source", sources[id(value)])
         if type(value) in (list, dict) and id(value) not in self._making:  # made by the call
             self._making.add(id(value))
@@ -222,7 +222,13 @@ class Registries:
 
     def plan(self, program: Any) -> None:
         """Note each changed dict on the program's frame (its effects are then planned and undone with the
-        containers it read)."""
+        containers it read). A module made during the call makes the program ineligible: it runs eagerly, which
+        makes the module as eager does (a later capture finds it in the tree)."""
+        made = self.made_modules()
+        if made:
+            program.mark_ineligible(f"registers {made[0]}, a module it makes during the call")
+            self.put_back()  # (the eager call makes it)
+            return
         for m, name, d, old in self.changed():
             source = program.sources.get(id(m))
             if source is None:
@@ -230,6 +236,13 @@ class Registries:
                 continue
             program.note_changed_container(d, Attr(source, name), old)
             program.writes.append(f"{source.name()}.{name} (registered during the call)")
+
+    def made_modules(self) -> list[str]:
+        """`Owner.name` of each submodule registered during the call that was not in the tree before (its
+        parameters were initialized on fakes: a capture cannot give them eager's values)."""
+        known = {id(m) for m, *_ in self.before}
+        return [f"{type(m).__name__}.{k}" for m, name, d, old in self.changed() if name == "_modules"
+                for k, v in d.items() if old.get(k) is not v and v is not None and id(v) not in known]
 
     def put_back(self) -> None:
         for _, _, d, old in self.changed():

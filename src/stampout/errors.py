@@ -11,6 +11,11 @@ class CaptureError(StampoutError):
     """The program cannot be captured as written (data-dependent Python, unsupported values)."""
 
 
+class AutogradCallError(CaptureError):
+    """The program differentiates inside itself (`torch.autograd.grad`): `compile` runs the module that does it
+    eagerly, its children included (a gradient penalty's double backward cannot go through a compiled graph)."""
+
+
 class RegionError(StampoutError):
     """A region is used in a way that cannot be made safe (reuse cap, bad `reuse_hash_fn`)."""
 

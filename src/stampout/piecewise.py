@@ -25,6 +25,7 @@ from typing import Any
 
 from torch import nn
 
+from .errors import AutogradCallError
 from .frames import user_location
 
 log = logging.getLogger("stampout.breaks")
@@ -140,7 +141,8 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
         compiled.breaks.append(brk)
     by_path: dict[str, Any] = {}
     table: dict[int, Callable] = {}
-    if root is not None:
+    whole = isinstance(error, AutogradCallError) and culprit is root  # (its children are differentiated twice)
+    if root is not None and not whole:
         for child_path, child in callable_children(root):
             if id(child) not in table:
                 table[id(child)] = by_path[child_path] = make_child(child, prefix + child_path)

@@ -27,7 +27,7 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
 from . import caches
 from .constants import ConstantValues, mutating
-from .errors import CaptureError, message
+from .errors import AutogradCallError, CaptureError, message
 from .frames import python_hooks_off, user_frame, user_location, user_source_line
 from .guards import is_constant
 from .kernels import Specializer, is_symbolic_limit
@@ -337,6 +337,9 @@ class CaptureMode(PreDispatchTorchFunctionMode):
         return self.tracer.on_call(func, args, kwargs or {})
 
 
+_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+
+
 class Tracer:
     """State of one capture: the fake mode, the stack of graphs being built, the names of lifted tensors."""
 
@@ -361,8 +364,15 @@ class Tracer:
         # Real tensors reached through input objects whose dims are captured symbolic (a growing KV cache):
         # id -> (tensor, dims, name). Their fakes have symbols and they are lifted as soon as they are made.
         self.dynamic_tensors: dict[int, tuple[torch.Tensor, tuple[int, ...], str]] = {}
+        # Saved-tensor hooks the caller set around the capture apply to the graph's autograd when it runs too.
+        self.saved_hooks_outside = _saved_tensors_hooks(False) is not None
         if regions is not None:
             self.regions = regions(self)
+
+    def _compiling(self) -> bool:
+        """A compiled program is being captured: what makes it ineligible runs it eagerly, with a warning."""
+        program = getattr(self.regions, "program", None)
+        return program is not None and program.abandon
 
     @property
     def builder(self) -> Builder:
@@ -472,6 +482,16 @@ class Tracer:
         if func is torch._assert and args and isinstance(args[0], torch.Tensor):
             # `torch._assert(tensor, msg)`: a check, not data; the graph asserts it when it runs
             return self._on_call(torch._assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
+        if _saved_tensors_hooks(False) is not None and not self.saved_hooks_outside and not self._compiling():
+            raise CaptureError(message(  # (a graph keeps no hooks: backward would save the plain tensors)
+                "the program sets torch.autograd.graph.saved_tensors_hooks (or save_on_cpu) around torch calls",
+                user_location(), "move the hooks outside the captured call, or use stampout.compile, which runs "
+                "such a module eagerly"))
+        if func is torch.autograd.grad:  # (on fakes it cannot run: the program's own backward is not traced)
+            raise AutogradCallError(message(
+                "the program calls torch.autograd.grad (a gradient inside the forward)", user_location(),
+                "stampout.compile runs such a module eagerly; call torch.autograd.grad outside the captured code",
+            ))
         if func is _SET_GRAD:
             func(*args, **kwargs)
             self.builder.graph.call_function(_SET_GRAD, args)

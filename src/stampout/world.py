@@ -177,13 +177,13 @@ class Snapshot:
             return
         fields = getattr(value, "__dict__", None)
         if type(fields) is dict and not callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module)):
-            for item in list(fields.values())[:config.guard_max_items]:  # memos an object keeps
+            for item in list(fields.values())[:config.scan_items]:  # memos an object keeps
                 if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                     self.note(item, depth + 1)
             return
-        if isinstance(value, type) and _is_user_module(sys.modules.get(value.__module__)):
+        if isinstance(value, type) and _is_user_class(value):
             for klass in value.__mro__[:-1]:
-                if id(klass) not in self.classes and _is_user_module(sys.modules.get(klass.__module__)):
+                if id(klass) not in self.classes and _is_user_class(klass):
                     self.classes[id(klass)] = (klass, _class_state(klass))
                 for item in list(vars(klass).values()):
                     item = item.__func__ if isinstance(item, (staticmethod, classmethod)) else item
@@ -341,6 +341,15 @@ def _is_user_module(module: Any) -> bool:
     return module is not None and is_user_file(filename or "<module>")
 
 
+def _is_user_class(klass: type) -> bool:
+    """A class of user code: of a user module, or (made by `exec`, its module not imported) with user methods."""
+    module = sys.modules.get(klass.__module__)
+    if module is not None:
+        return _is_user_module(module)
+    codes = [getattr(v, "__code__", None) for v in vars(klass).values()]
+    return any(c is not None and is_user_file(c.co_filename) for c in codes)
+
+
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
 
@@ -356,6 +365,10 @@ def clear_fakes(objects: list[Any]) -> list[str]:
             continue
         for key in [k for k, v in fields.items() if not k.startswith("_") and holds_fake(v)]:
             value = fields[key]
+            if type(value) in (list, dict) and not holds_fake(value, tensors_only=True):  # sizes stored in it
+                _concrete_items(value)
+                removed.append(f"{type(obj).__name__}.{key}")
+                continue
             inner = getattr(value, "__dict__", None)
             if type(inner) is dict and not callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module)):
                 removed.extend(f"{type(obj).__name__}.{name}" for name in clear_fakes([value]))  # its fields only
@@ -363,6 +376,15 @@ def clear_fakes(objects: list[Any]) -> list[str]:
             del fields[key]
             removed.append(f"{type(obj).__name__}.{key}")
     return removed
+
+
+def _concrete_items(container: list | dict, depth: int = 0) -> None:
+    """Each symbolic size in `container` (and the lists and dicts it holds) replaced by its value."""
+    for key, item in list(container.items() if type(container) is dict else enumerate(container)):
+        if type(item) in (list, dict) and depth < config.scan_depth:
+            _concrete_items(item, depth + 1)
+        elif holds_fake(item):
+            container[key] = concrete(item)
 
 
 def holds_traced_tensor(fn: Any) -> bool:

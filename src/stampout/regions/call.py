@@ -31,7 +31,7 @@ from .events import Outcome, RegionEvent, RegionStats
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
-from .purity import impure_call, location, reseeds_torch, user_caller, watched_file
+from .purity import impure_call, location, torch_state_call, user_caller, watched_file
 
 log = logging.getLogger("stampout.regions")
 _NN_MODULES = os.path.dirname(torch.nn.modules.__file__) + os.sep  # nn.GELU.forward reads F.gelu: guarded too
@@ -153,13 +153,16 @@ class RegionCalls:
         if watched_file(frame.f_code.co_filename):
             what = impure_call(arg)
             caller = user_caller(frame) if what is not None else None
-        else:  # (torch's Python reseeding its generator for the user: torch.manual_seed)
-            what = "a torch.Generator method (torch.manual_seed?)" if reseeds_torch(arg) else None
+        else:  # (torch's Python reseeding its generator or setting autograd hooks for the user)
+            what = torch_state_call(arg)
             caller = user_frame(1) if what is not None else None
         if caller is not None:
             reason = f"calls {what}, which is not known to be pure (at {location(caller)})"
             for f in self.frames:
-                f.mark_ineligible(reason)
+                if watched_file(frame.f_code.co_filename):
+                    f.mark_ineligible(reason)
+                else:  # (torch's own Python sets its state: stopping it halfway would leave the state set)
+                    f.ineligible.append(reason)
 
     def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         """A trace function (called once per Python call, on this thread only): user code that is about to

@@ -165,6 +165,7 @@ class RegionFrame:
         self.states: list[tuple[Any, Any]] = []  # (object, getstate()) of opaque objects the trace read
         self._adopted: dict[int, Callable] = {}  # functions whose cells and defaults are guarded
         self._written: set[tuple[int, str]] = set()  # attributes this trace wrote: later reads read its value
+        self.made: set[int] = set()  # objects first seen as the value of such an attribute (made during the call)
         self.containers: list[tuple[Any, Source, tuple]] = []
         self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
         self.lifted: list[LiftedInput] = []
@@ -358,6 +359,11 @@ class RegionFrame:
                     self.guard(source, Kind.SAME, first, where)
                 return
         self.containers.append((value, source, _contents(value), _copy(value)))
+        if is_constant(value) and type(value) in (list, dict):  # (a dict of lists: the trace may change an inner
+            # one through a subscript)
+            for key, item in list(value.items() if isinstance(value, dict) else enumerate(value)):
+                if type(item) in (list, dict, set):
+                    self._note_container(item, Item(source, key), where)
 
     def note_changed_container(self, value: dict, source: Source, before: dict) -> None:
         """A container changed by the program behind the watch (a module's `_buffers` by `register_buffer`), with
@@ -565,8 +571,8 @@ class RegionFrame:
                 )
             return  # made during this capture (`type(self)(...)` of a watched object, a ModuleList slice)
         if (id(obj), name) in self._written:
-            if not is_constant(value):  # (an int's identity means nothing: 8 is every 8)
-                self._name(value, Attr(base, name))  # the trace's own value, not one from outside
+            if not is_constant(value) and self._name(value, Attr(base, name)):  # (an int's identity means nothing)
+                self.made.add(id(value))  # the trace's own value, not one from outside
             return
         where = user_location(3)
         if value is MISSING:

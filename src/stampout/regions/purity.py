@@ -114,9 +114,25 @@ def impure_call(fn: Any) -> str | None:
     return None if pure else f"{cls.__module__}.{cls.__qualname__}.{name}"
 
 
-def reseeds_torch(fn: Any) -> bool:
-    """A method of a torch Generator (torch.manual_seed calls one from torch's own Python)."""
-    return type(getattr(fn, "__self__", None)) is _torch_generator
+# Process-wide torch state torch's Python sets for the user, which a graph neither keeps nor sets again: default
+# hooks on saved tensors (`saved_tensors_hooks`, `save_on_cpu`) change what backward computes with; inference mode
+# makes inference tensors; the default dtype and deterministic switch outlive the call.
+_TORCH_STATE = {
+    torch._C._autograd._push_saved_tensors_default_hooks: "torch.autograd.graph.saved_tensors_hooks",
+    torch._C._InferenceMode.__dict__["__enter__"].__func__: "torch.inference_mode",
+    torch._C._set_default_dtype: "torch.set_default_dtype",
+    torch._C._set_deterministic_algorithms: "torch.use_deterministic_algorithms",
+}
+
+
+def torch_state_call(fn: Any) -> str | None:
+    """How to name a C call torch's own Python makes for the user that a trace cannot keep, or None."""
+    if type(getattr(fn, "__self__", None)) is _torch_generator:
+        return "a torch.Generator method (torch.manual_seed?)"
+    try:
+        return _TORCH_STATE.get(fn)
+    except TypeError:  # (unhashable)
+        return None
 
 
 _STDLIB = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
