@@ -38,6 +38,16 @@ def user_frame(skip: int = 1) -> FrameType | None:
     return frame
 
 
+def caller_outside_torch(frame: FrameType) -> FrameType | None:
+    """The first frame from `frame` outward that is not torch's: the user's frame, or None where it is
+    stampout's own (torch's Python called by stampout, as converting a tensor to a fake enters inference mode)."""
+    while frame is not None and _is_own(frame.f_code.co_filename):
+        if frame.f_code.co_filename.startswith(_OWN_DIRS[0]) and not frame.f_code.co_filename.startswith(_TOOLS):
+            return None
+        frame = frame.f_back
+    return frame
+
+
 def user_location(skip: int = 2) -> str:
     """`file:line in function` of the user's innermost frame ("<unknown>" if none)."""
     frame = user_frame(skip)

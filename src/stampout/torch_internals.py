@@ -81,6 +81,13 @@ def _original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
 # where they are used, lazily (Inductor and export take seconds to import); the ones whose absence would make
 # stampout misbehave rather than fail are also loaded at import above.
 PRIVATE_NAMES = (
+    "torch._C._InferenceMode",
+    "torch._C._InferenceMode.__dict__",
+    "torch._C._autograd",
+    "torch._C._autograd._push_saved_tensors_default_hooks",
+    "torch._C._autograd._top_saved_tensors_default_hooks",
+    "torch._C._set_default_dtype",
+    "torch._C._set_deterministic_algorithms",
     "torch._assert",
     "torch._assert_async",
     "torch._check_tensor_all_with",

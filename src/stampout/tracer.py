@@ -34,6 +34,7 @@ from .kernels import Specializer, is_symbolic_limit
 from .meta import NOT_HANDLED, MetaRunner, meta_like
 from .op_errors import op_failed
 from .regions import slots
+from .regions.purity import saved_hooks_keep_values
 from .shapes import SIZES, SymbolicValues, Symbols, any_symbolic, symbolic_fake
 from .sources import Source
 from .structure import tensors_of
@@ -482,7 +483,9 @@ class Tracer:
         if func is torch._assert and args and isinstance(args[0], torch.Tensor):
             # `torch._assert(tensor, msg)`: a check, not data; the graph asserts it when it runs
             return self._on_call(torch._assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
-        if _saved_tensors_hooks(False) is not None and not self.saved_hooks_outside and not self._compiling():
+        hooks = _saved_tensors_hooks(False)
+        if (hooks is not None and not self.saved_hooks_outside and not self._compiling()
+                and not saved_hooks_keep_values(hooks[0])):
             raise CaptureError(message(  # (a graph keeps no hooks: backward would save the plain tensors)
                 "the program sets torch.autograd.graph.saved_tensors_hooks (or save_on_cpu) around torch calls",
                 user_location(), "move the hooks outside the captured call, or use stampout.compile, which runs "

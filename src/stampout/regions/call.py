@@ -17,7 +17,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..context import listeners
 from ..errors import RegionError, message
-from ..frames import python_hooks_off, user_frame, user_location
+from ..frames import caller_outside_torch, python_hooks_off, user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
@@ -154,8 +154,8 @@ class RegionCalls:
             what = impure_call(arg)
             caller = user_caller(frame) if what is not None else None
         else:  # (torch's Python reseeding its generator or setting autograd hooks for the user)
-            what = torch_state_call(arg)
-            caller = user_frame(1) if what is not None else None
+            what = torch_state_call(arg, frame)
+            caller = caller_outside_torch(frame) if what is not None else None
         if caller is not None:
             reason = f"calls {what}, which is not known to be pure (at {location(caller)})"
             for f in self.frames:

@@ -125,14 +125,30 @@ _TORCH_STATE = {
 }
 
 
-def torch_state_call(fn: Any) -> str | None:
-    """How to name a C call torch's own Python makes for the user that a trace cannot keep, or None."""
+# Saved-tensor hooks of torch's own that change only where a saved tensor lives until backward, never its value
+# (activation checkpointing drops and recomputes it, save_on_cpu moves it): a graph without them computes the same.
+_VALUE_KEEPING_HOOKS = ("torch.utils.checkpoint", "torch.autograd.graph")
+
+
+def saved_hooks_keep_values(pack_hook: Any) -> bool:
+    """Whether saved-tensor hooks with this pack function are torch's own value-keeping ones."""
+    return getattr(pack_hook, "__module__", None) in _VALUE_KEEPING_HOOKS
+
+
+def torch_state_call(fn: Any, frame: types.FrameType | None = None) -> str | None:
+    """How to name a C call torch's own Python makes for the user that a trace cannot keep, or None. `frame`
+    makes the call (`saved_tensors_hooks.__enter__` of checkpointing: its hooks keep values, see above)."""
     if type(getattr(fn, "__self__", None)) is _torch_generator:
         return "a torch.Generator method (torch.manual_seed?)"
     try:
-        return _TORCH_STATE.get(fn)
+        what = _TORCH_STATE.get(fn)
     except TypeError:  # (unhashable)
         return None
+    if what is not None and fn is torch._C._autograd._push_saved_tensors_default_hooks and frame is not None:
+        hooks = frame.f_locals.get("self")
+        if saved_hooks_keep_values(getattr(hooks, "pack_hook", None)):
+            return None
+    return what
 
 
 _STDLIB = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
