@@ -11,6 +11,8 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from .inline import inline_writing_regions
+
 _ATEN = torch.ops.aten
 
 
@@ -62,6 +64,7 @@ def _boxed_nop(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., A
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    inline_writing_regions(gm, example_inputs)
     context = torch._guards.TracingContext(FakeTensorMode())
     with torch._guards.tracing(context):
         return aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_nop, bw_compiler=_boxed_nop)

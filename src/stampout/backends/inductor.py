@@ -41,6 +41,7 @@ import torch.fx as fx
 from .. import progress, timing
 from ..torch_internals import INVOKE_SUBGRAPH
 from . import pipeline, split, toolchain
+from .inline import inline_writing_regions
 
 log = logging.getLogger("stampout.backends")
 
@@ -213,6 +214,7 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    inline_writing_regions(gm, example_inputs)
     if _on_cpu(example_inputs):
         toolchain.warm_up()
     if GLUE == "whole":
