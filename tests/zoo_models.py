@@ -113,10 +113,7 @@ DECODERS = [
                                            num_kv_heads=2), _causal, (6, 9)),
     ZooModel("stablelm", Family.DECODER, _decoder("StableLmConfig", "StableLmForCausalLM"), _causal, (6, 9)),
     ZooModel("olmo", Family.DECODER, _decoder("OlmoConfig", "OlmoForCausalLM"), _causal, (6, 9)),
-    ZooModel("olmo2", Family.DECODER, _decoder("Olmo2Config", "Olmo2ForCausalLM"), _causal, (6, 9)),
     ZooModel("cohere", Family.DECODER, _decoder("CohereConfig", "CohereForCausalLM"), _causal, (6, 9)),
-    ZooModel("starcoder2", Family.DECODER, _decoder("Starcoder2Config", "Starcoder2ForCausalLM"), _causal, (6, 9)),
-    ZooModel("granite", Family.DECODER, _decoder("GraniteConfig", "GraniteForCausalLM"), _causal, (6, 9)),
 ]
 
 MOE = [
@@ -212,8 +209,8 @@ def _clip(config_cls: str, text_cls: str, vision_cls: str, model_cls: str) -> Ca
 VISION = [
     ZooModel("vit", Family.VISION, _hf("ViTConfig", "ViTModel", **_VIT), _batched_pixels, (1, 2)),
     ZooModel("swin", Family.VISION, _hf("SwinConfig", "SwinModel", image_size=32, patch_size=2, embed_dim=16,
-                                        depths=[2, 2], num_heads=[2, 4], window_size=4), lambda s: _pixels(s),
-             (32, 48)),
+                                        depths=[2, 2], num_heads=[2, 4], window_size=4), _batched_pixels,
+             (1, 2)),  # two batch sizes: a symbolic image size costs torch's AOTAutograd a minute (as torch.compile)
     ZooModel("convnext", Family.VISION, _hf("ConvNextConfig", "ConvNextModel", hidden_sizes=[16, 32], depths=[2, 2],
                                             num_stages=2), lambda s: _pixels(s), (32, 48)),
     ZooModel("resnet", Family.VISION, _hf("ResNetConfig", "ResNetModel", embedding_size=16, hidden_sizes=[16, 32],
