@@ -37,4 +37,22 @@ def build(name: str, layers: int = 3) -> torch.nn.Module:
     return model
 
 
+PROMPT = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
+NEW_TOKENS = 4
+
+
+def greedy(model, cache: str, prompt: torch.Tensor = PROMPT):
+    """`model.generate` greedy, NEW_TOKENS tokens, with its per-step logits."""
+    with torch.no_grad():
+        return model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation=cache,
+                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+
+
+def assert_same_generation(got, expected) -> None:
+    assert torch.equal(got.sequences, expected.sequences)
+    assert len(got.logits) == len(expected.logits) == NEW_TOKENS
+    for step, (a, b) in enumerate(zip(got.logits, expected.logits)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, s=step: f"step {s}: {m}")
+
+
 MODELS = ("llama", "qwen3", "mistral", "gpt2", "gemma2", "mixtral", "qwen3_moe")

@@ -69,20 +69,13 @@ def test_check_with_dynamic_sizes():
 
 def test_llava_compiles_at_two_lengths():
     """transformers' LLaVA checks its image-token count with torch._check_tensor_all while tracing."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=4, image_size=16, patch_size=4, projection_dim=32)
-    text = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    config = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=127,
-                                      vision_feature_layer=-1)
-    model = transformers.LlavaForConditionalGeneration(config).eval()
+    pytest.importorskip("transformers")
+    from zoo_models import llava, llava_inputs
+
+    model = llava()
     fn = stampout.compile(model, backend="aot_eager")
     with torch.no_grad():
         for extra in (0, 3):
-            ids = torch.cat([torch.full((1, 16), 127), torch.randint(0, 120, (1, 4 + extra))], 1)
-            pixels = torch.randn(1, 3, 16, 16)
-            expected = model(input_ids=ids, pixel_values=pixels, use_cache=False).logits
-            torch.testing.assert_close(fn(input_ids=ids, pixel_values=pixels, use_cache=False).logits, expected)
+            kwargs = llava_inputs(extra)
+            torch.testing.assert_close(fn(**kwargs).logits, model(**kwargs).logits)
     assert fn.breaks == [] and fn.stats.captures == 2

@@ -13,23 +13,9 @@ import torch
 import stampout
 
 transformers = pytest.importorskip("transformers")
-from generation_models import MODELS, VOCAB, build  # noqa: E402
-
-PROMPT = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(1))
-NEW_TOKENS = 4
-
-
-def _generate(model, cache: str, prompt: torch.Tensor = PROMPT):
-    with torch.no_grad():
-        return model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False, cache_implementation=cache,
-                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-
-
-def _assert_same_generation(got, expected) -> None:
-    assert torch.equal(got.sequences, expected.sequences)
-    assert len(got.logits) == len(expected.logits) == NEW_TOKENS
-    for step, (a, b) in enumerate(zip(got.logits, expected.logits)):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=lambda m, s=step: f"step {s}: {m}")
+from generation_models import MODELS, PROMPT, VOCAB, build  # noqa: E402
+from generation_models import assert_same_generation as _assert_same_generation  # noqa: E402
+from generation_models import greedy as _generate  # noqa: E402
 
 
 def _compiled_forward(model, backend: str = "eager"):

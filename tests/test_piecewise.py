@@ -162,23 +162,14 @@ def test_threads_share_a_piecewise_model():
 def test_qwen2_vl_compiles_around_its_vision_position_ids():
     """Qwen2-VL reads `grid_thw.tolist()` for its vision position ids: the vision tower's own code runs
     eagerly, its blocks and the language model are compiled."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.Qwen2VLConfig(
-        vision_config=dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4, mlp_ratio=2, patch_size=4,
-                           spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
-        text_config=dict(vocab_size=160, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         bos_token_id=0, eos_token_id=1, rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]}),
-        image_token_id=150, video_token_id=151, vision_start_token_id=152)
-    model = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    pytest.importorskip("transformers")
+    from zoo_models import qwen2_vl, qwen2_vl_inputs
+
+    model = qwen2_vl()
     fn = stampout.compile(model, backend="aot_eager")
-    grid, pixels = torch.tensor([[1, 4, 4]]), torch.randn(16, 3 * 2 * 4 * 4)
     with torch.no_grad():
         for extra in (0, 3):
-            ids = torch.cat([torch.tensor([[152]]), torch.full((1, 4), 150), torch.randint(0, 140, (1, 4 + extra))], 1)
-            kwargs = dict(input_ids=ids, pixel_values=pixels, image_grid_thw=grid,
-                          mm_token_type_ids=(ids == 150).long(), use_cache=False)
+            kwargs = qwen2_vl_inputs(extra)
             torch.testing.assert_close(fn(**kwargs).logits, model(**kwargs).logits)
     assert fn.breaks[0].module == "model.visual" and "tensor.item()" in fn.breaks[0].reason
     assert fn.pieces["model"].pieces["model.language_model"].stats.captures >= 1

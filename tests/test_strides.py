@@ -71,12 +71,10 @@ def test_channels_last_convolution_strides_match():
 def test_vae_compiles_with_aot_eager(regions):
     """diffusers' AutoencoderKL: fake and real layouts part after its attention block; aot_eager's group_norm
     must take the real tensor's (forward and backward), at two sizes."""
-    diffusers = pytest.importorskip("diffusers")
-    torch.manual_seed(0)
-    vae = diffusers.AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(32, 64), layers_per_block=1,
-        latent_channels=4, norm_num_groups=16, sample_size=32)
+    pytest.importorskip("diffusers")
+    from zoo_models import vae as build_vae
+
+    vae = build_vae()
     reference = copy.deepcopy(vae)
     fn = stampout.compile(vae, backend="aot_eager", regions=regions)
     for size in (32, 16):

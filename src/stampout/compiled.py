@@ -479,6 +479,11 @@ class CompiledFunction:
         except StampoutError:
             raise
         except Exception as error:
+            if cap.shapes is not None:  # torch's tracer cannot take what the symbolic capture hands it
+                log.warning("%s: the backend failed on the symbolic capture (%s: %s); capturing with static sizes",
+                            _name(self.fn), type(error).__name__, first_line(error))
+                self._static_only.add(structure)
+                return self._recapture(args, kwargs, key, ctx)
             raise BackendError(message(
                 f"backend {getattr(self.backend, '__module__', self.backend)} failed on {_name(self.fn)}: "
                 f"{type(error).__name__}: {error}",

@@ -14,7 +14,7 @@ from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .inline import inline_regions, reason_to_inline
+from .inline import inline_regions, inline_writing_regions, subclass_operands
 
 log = logging.getLogger("stampout.backends")
 
@@ -95,10 +95,12 @@ def _graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Any, tupl
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    why = reason_to_inline(gm)
-    if why is not None:  # (see inline.py: graphs AOTAutograd takes flat but not with region calls)
+    why = subclass_operands(gm)
+    if why is not None:  # (see inline.py: invoke_subgraph refuses DTensor operands)
         log.info("aot_eager: region calls inlined (each region compiled once per call): %s", why)
         gm = inline_regions(gm)
+    else:
+        inline_writing_regions(gm, example_inputs)
     key = None if why is not None else _graph_key(gm, example_inputs)
     if key is not None:
         known = _SAME_GRAPHS.get(key[0], {}).get(key[1])

@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from .. import config, progress, timing
 from ..torch_internals import INVOKE_SUBGRAPH
 from . import pipeline, split, toolchain
-from .inline import inline_regions, subclass_operands
+from .inline import inline_regions, inline_writing_regions, subclass_operands
 
 log = logging.getLogger("stampout.backends")
 
@@ -218,6 +218,7 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    inline_writing_regions(gm, example_inputs)
     if _on_cpu(example_inputs):
         toolchain.warm_up()
     subclass = subclass_operands(gm)

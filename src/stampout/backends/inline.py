@@ -1,21 +1,23 @@
-"""Region calls inlined: the outer graph with each invoke_subgraph replaced by a copy of its subgraph's nodes.
-
-For graphs AOTAutograd cannot take with region calls in them, while it takes the same ops in a flat graph
-(the values are the same, only the body is no longer shared):
+"""Region calls inlined: a region call replaced by a copy of its subgraph's nodes, for graphs AOTAutograd takes
+flat but not with region calls in them (the values are the same; only the body is no longer shared).
 
 # Note: tensor-subclass operands
 torch 2.13's invoke_subgraph refuses tensor subclass operands (a DTensor parameter of a tensor-parallel layer:
 "aten.mm.default got mixed torch.Tensor and DTensor"); in a flat graph they are desugared to local tensors and
-collectives.
+collectives. Every region call of such a graph is inlined (`inline_regions`).
 
-# Note: custom ops that write an argument
-torch 2.13 functionalizes an invoke_subgraph body with a FunctionalTensorMode that refuses a custom (non-aten)
-op writing one of its arguments (`Tensor! out`: "Found a custom (non-ATen) operator whose output has alias
-annotations"); the same op in a flat graph is auto-functionalized.
+# Note: subgraphs that write
+torch 2.13 refuses training through a subgraph that writes its inputs in place ("does not currently support
+training with in-place input or buffer mutations": BatchNorm's running stats in a ResNet stage), and it
+functionalizes a subgraph with a FunctionalTensorMode that refuses a custom (non-aten) op writing one of its
+arguments (`Tensor! out`: "Found a custom (non-ATen) operator whose output has alias annotations"), while the same
+ops in a flat graph are functionalized. Only those region calls are inlined (`inline_writing_regions`), nested
+ones with them; the others stay shared subgraphs.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 from typing import Any
 
@@ -24,7 +26,9 @@ import torch.fx as fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..torch_internals import INVOKE_SUBGRAPH
-from .split import region_calls
+from .split import region_calls, writes_an_input
+
+log = logging.getLogger(__name__)
 
 
 def subclass_operands(gm: fx.GraphModule) -> str | None:
@@ -37,28 +41,17 @@ def subclass_operands(gm: fx.GraphModule) -> str | None:
     return None
 
 
-def reason_to_inline(gm: fx.GraphModule) -> str | None:
-    """Why AOTAutograd cannot take `gm`'s region calls (the first region found, see the Notes), or None."""
-    why = subclass_operands(gm)
-    if why is not None:
-        return why
-    for call in region_calls(gm):
-        written = _custom_op_writing(getattr(gm, call.node.args[0].target))
-        if written is not None:
-            return f"{call.node.args[1]} calls {written}, a custom op that writes an argument"
-    return None
-
-
 def _custom_op_writing(gm: fx.GraphModule) -> str | None:
+    """The first custom op in `gm` (or the graphs it holds) whose schema writes one of its arguments, or None."""
     for module in gm.modules():
         if isinstance(module, fx.GraphModule):
             for node in module.graph.nodes:
-                if node.op == "call_function" and _writes(node.target):
+                if node.op == "call_function" and _op_writes_argument(node.target):
                     return str(node.target)
     return None
 
 
-def _writes(target: Any) -> bool:
+def _op_writes_argument(target: Any) -> bool:
     """A custom op (any overload, for a packet) whose schema writes one of its arguments."""
     if isinstance(target, torch._ops.OpOverloadPacket):
         overloads = [getattr(target, name) for name in target.overloads()]
@@ -100,3 +93,76 @@ def inline_regions(gm: fx.GraphModule, prefix: str = "") -> fx.GraphModule:
             attrs[new.target] = getattr(gm, node.target)
         env[node] = new
     return fx.GraphModule(attrs, graph, class_name=type(gm).__name__)
+
+
+def _trains(example_inputs: list[Any]) -> bool:
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs)
+
+
+def _writes(sub: fx.GraphModule, trains: bool) -> bool:
+    """Whether a subgraph writes through a custom op, or (training) writes its inputs: itself or through a region
+    call nested in it (conservatively)."""
+    return (_custom_op_writing(sub) is not None or (trains and writes_an_input(sub))
+            or any(_writes(getattr(sub, node.args[0].target), trains)
+                   for node in sub.graph.nodes if node.target is INVOKE_SUBGRAPH))
+
+
+def _fresh_name(gm: fx.GraphModule, base: str) -> str:
+    k = 0
+    while hasattr(gm, f"{base}_inlined_{k}"):
+        k += 1
+    return f"{base}_inlined_{k}"
+
+
+def _inline(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Replace one region call by its subgraph's nodes; False where its result is used other than by item."""
+    if any(user.target is not operator.getitem for user in node.users):
+        return False
+    sub = getattr(gm, node.args[0].target)
+    env: dict[fx.Node, Any] = dict(zip(sub.graph.find_nodes(op="placeholder"), node.args[2:]))
+    outputs: Any = ()
+    with gm.graph.inserting_before(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                outputs = fx.map_arg(n.args[0], env.__getitem__)
+                break
+            if n.op == "get_attr":  # a nested region's subgraph (or a constant) of the inlined one
+                name = _fresh_name(gm, n.target.replace(".", "_"))
+                setattr(gm, name, getattr(sub, n.target))
+                env[n] = gm.graph.get_attr(name)
+                env[n].meta = dict(n.meta)
+            else:
+                env[n] = gm.graph.node_copy(n, env.__getitem__)
+    for user in list(node.users):
+        user.replace_all_uses_with(outputs[user.args[1]])
+        gm.graph.erase_node(user)
+    holder = node.args[0]
+    gm.graph.erase_node(node)
+    if not holder.users:
+        gm.graph.erase_node(holder)
+    return True
+
+
+def inline_writing_regions(gm: fx.GraphModule, example_inputs: list[Any]) -> int:
+    """Inline every region call whose subgraph writes through a custom op, or writes its inputs when the graph
+    trains (see the Note); how many were."""
+    trains = _trains(example_inputs)
+    inlined = 0
+    skipped: set[fx.Node] = set()
+    while True:
+        call = next((node for node in gm.graph.nodes if node.target is INVOKE_SUBGRAPH and node not in skipped
+                     and _writes(getattr(gm, node.args[0].target), trains)), None)
+        if call is None:
+            break
+        if _inline(gm, call):
+            inlined += 1
+        else:
+            skipped.add(call)
+    if inlined:
+        gm.graph.lint()
+        gm.recompile()
+        log.info("inlined %d region calls that write (torch cannot functionalize them as subgraphs)",
+                 inlined)
+    return inlined

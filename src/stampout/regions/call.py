@@ -19,6 +19,7 @@ from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import caller_outside_torch, python_hooks_off, user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
+from ..runner import as_call_modules
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
@@ -518,9 +519,10 @@ class RegionCalls:
             setattr(obj, name, value if kind is Store.CONST else slots[value] if kind is Store.SLOT else values[value])
 
     def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[tuple]:
-        """Output metadata of the entry's subgraph for inputs that differ only in requires_grad."""
+        """Output metadata of the entry's subgraph for inputs that differ only in requires_grad (its nested region
+        calls run as their subgraphs: invoke_subgraph refuses gradients through one that writes its inputs)."""
         inputs = [self.tracer.fake_of(v) if isinstance(v, torch.Tensor) else v for v in values]
-        outs = fx.Interpreter(entry.gm).run(*inputs)
+        outs = fx.Interpreter(as_call_modules(entry.gm)).run(*inputs)
         return [_out_meta(t) for t in outs]
 
     def _fake(self, meta: tuple) -> torch.Tensor:
