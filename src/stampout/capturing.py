@@ -4,11 +4,8 @@ and the finished `Capture`."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
 import logging
-import types
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,20 +20,31 @@ from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
 from .effects import Plan, Registries, Value, undo
 from .errors import CaptureError, message
 from .frames import user_location
-from .guards import is_constant
+from .held_inputs import (
+    Held,
+    check_no_hidden_tensors,
+    held_map,
+    hold_input_containers,
+    in_input_container,
+    input_objects,
+    input_stores,
+    note_input_containers,
+    object_fields,
+    rebuild_inputs,
+)
+from .leftovers import left_over_fakes, make_real, methods_of, modules_of
 from .names import TensorNames, root_module
 from .op_errors import quiet_fake_kernels
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost, torch_marked_call
-from .runner import as_call_modules
-from .shapes import SIZES, ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
-from .sources import Arg, Attr, CallContext, Input, Item, Source
-from .structure import aliases_of, flatten_inputs, positional_names, template_constants, to_template
+from .shapes import ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
+from .sources import Attr, CallContext, Source
+from .structure import aliases_of, flatten_inputs, positional_names, to_template
 from .tracer import CaptureMode, Tracer, identifier
 from .tracking import Watch
-from .world import RandomStates, autograd_refusal, check_left_over, clear_fakes, plain_object
+from .world import RandomStates, autograd_refusal, check_left_over, clear_fakes
 
 log = logging.getLogger("stampout.capture")
 
@@ -184,14 +192,14 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
 
     program = None
     plan = None
-    held = _held_by_inputs(leaves, labels) if not guard_program else _Held()
+    held = held_map(leaves, labels) if not guard_program else Held()
     if not guard_program:  # the lists and dicts the call was given (rebuilt for the capture): what it stores in them
-        _hold_input_containers(held, signature_of, fn, fake_args, fake_kwargs)
-    before = {id(obj): _fields(obj) for obj in held}
+        hold_input_containers(held, signature_of, fn, fake_args, fake_kwargs)
+    before = {id(obj): object_fields(obj) for obj in held}
     states = RandomStates.save()
-    modules = _modules_of(fn)
+    modules = modules_of(fn)
     registries = Registries(modules)
-    handler.snapshot.note_program([frame_function(fn), *_methods_of(modules)])
+    handler.snapshot.note_program([frame_function(fn), *methods_of(modules)])
     for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
         handler.snapshot.note(klass, 1)
     try:
@@ -205,7 +213,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 handler.program = program
                 handler.push(program)
                 if guard_program:
-                    _note_input_containers(program, signature_of, fn, fake_args, fake_kwargs)
+                    note_input_containers(program, signature_of, fn, fake_args, fake_kwargs)
                 for i, (keys, fields) in input_fields.items():
                     program.note_tensor_fields(i + 1, keys, fields, "attributes of the input tensors")
                 ctx.read, ctx.write = handler.on_read, handler.on_write
@@ -213,8 +221,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
             if program is not None:
                 program.abandon = False
             slots: list[torch.Tensor] = []
-            template = to_template(out, slots, _input_objects(leaves), sizes=True)
-            _check_no_hidden_tensors(template)
+            template = to_template(out, slots, input_objects(leaves), sizes=True)
+            check_no_hidden_tensors(template)
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 if guard_program:
                     registries.plan(program)
@@ -234,7 +242,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         registries.put_back()
         handler.snapshot.put_back_classes()
         _unplant(planted)
-        objects = [*_modules_of(fn), *_held_by_inputs(leaves, labels)]
+        objects = [*modules_of(fn), *held_map(leaves, labels)]
         _restore_world(handler, states, objects)
         with torch._C.DisableTorchFunction():
             check_left_over(handler.snapshot, objects)
@@ -251,7 +259,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 handler.snapshot.put_back_classes()
                 program.mark_ineligible(f"writes the class attribute {classes[0]} (a Python side effect stampout "
                                         "does not replay)")
-            left_behind = _restore_world(handler, states, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+            left_behind = _restore_world(handler, states, [*modules_of(fn), *held_map(leaves, labels)])
             if left_behind:
                 program.mark_ineligible(f"stores traced values outside the objects stampout replays: "
                                         f"{left_behind}")
@@ -261,11 +269,11 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         plan, program = None, None
     if plan is None:  # what the Python stored on the model and objects it read must end up real, as in eager
         plan = Plan(None)
-        stores, unreplayable = _input_stores(held, before, tracer, plan)
-        made = [h for h in _held_by_inputs(leaves, labels) if h not in held]  # objects the call added to inputs
+        stores, unreplayable = input_stores(held, before, tracer, plan)
+        made = [h for h in held_map(leaves, labels) if h not in held]  # objects the call added to inputs
         if made and not unreplayable:
             unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
-        left = _left_over_fakes([h for h in [*made, *holders, *_modules_of(fn)] if h not in held], tracer, plan)
+        left = left_over_fakes([h for h in [*made, *holders, *modules_of(fn)] if h not in held], tracer, plan)
         left += handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals: real too
     nodes = [tracer.root.node_for(t) for t in [*slots, *plan.extra]]
     if not guard_program:
@@ -301,21 +309,21 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         ctx = CallContext([fn, *leaves], None, (args, kwargs))
         if real:  # the caller's containers were not the program's (it ran on copies): stored into as eager does
             for s, key, _, v in stores:  # (in the program's order: a dict keeps eager's key order)
-                if _in_input_container(s):
+                if in_input_container(s):
                     holder = s.resolve(ctx, {})
                     if v.kind != "out":
                         holder[key] = v.get(ctx, [])
                     elif isinstance(holder, dict):
                         holder.setdefault(key, None)  # its real value comes from the graph, below
         if real and (plan.extra or held):  # the caller's objects end up as one eager call leaves them
-            _make_real(cap, [(s.resolve(ctx, {}), key, kind)
+            make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
                        _mutated_in_place(tracer, leaves, fake_leaves))
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
-        _restore_world(handler, None, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+        _restore_world(handler, None, [*modules_of(fn), *held_map(leaves, labels)])
     if real:  # (export puts its objects back itself, after this)
         with torch._C.DisableTorchFunction():
-            check_left_over(handler.snapshot, [*_modules_of(fn), *_held_by_inputs(leaves, labels)])
+            check_left_over(handler.snapshot, [*modules_of(fn), *held_map(leaves, labels)])
     return cap
 
 
@@ -335,43 +343,6 @@ def _mutated_in_place(tracer: Tracer, leaves: list[Any], fake_leaves: list[Any])
     return list({id(t): t for t, f in pairs if f._version > 0 and not isinstance(t, FakeTensor)}.values())
 
 
-def _hold_input_containers(held: _Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:
-    names = positional_names(signature_of)
-    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
-        names = names[1:]
-
-    def walk(value: Any, source: Source) -> None:
-        if type(value) in (list, dict):
-            dict.__setitem__(held, id(value), (value, source))
-        if type(value) in (list, tuple, dict):
-            for k, item in (value.items() if isinstance(value, dict) else enumerate(value)):
-                walk(item, Item(source, k))
-
-    for i, value in enumerate(args):
-        walk(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
-    for key, value in kwargs.items():
-        walk(value, Input(key, key))
-
-
-def _in_input_container(source: Source) -> bool:
-    while source.base() is not None:
-        source = source.base()
-    return isinstance(source, Input)
-
-
-def _note_input_containers(program: RegionFrame, signature_of: Callable, fn: Callable, args: tuple,
-                           kwargs: dict) -> None:
-    """The lists and dicts the call was given (a KV cache dict the program fills): effects on them are planned
-    on the call's own containers, found by position (`Input`)."""
-    names = positional_names(signature_of)
-    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
-        names = names[1:]
-    for i, value in enumerate(args):
-        program.note_input_containers(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
-    for key, value in kwargs.items():
-        program.note_input_containers(value, Input(key, key))
-
-
 def _restore_world(handler: RegionCalls, states: RandomStates | None, objects: list[Any]) -> str:
     """Put back the random generators, and take every fake tensor and symbolic size out of what the program's
     code could reach (globals, memo caches, class dicts; the attributes of `objects`). Returns what held
@@ -386,10 +357,10 @@ def _restore_world(handler: RegionCalls, states: RandomStates | None, objects: l
     return ", ".join(repairs.places)
 
 
-def _concrete_stores(program: RegionFrame, held: _Held) -> None:
+def _concrete_stores(program: RegionFrame, held: Held) -> None:
     """What the captured Python stored (attributes, list and dict items, globals) holds no symbolic size
     afterwards: each has its value for the capture's own inputs, as one eager call leaves it. (Stores on the
-    input objects are the Capture's to repeat per call, computed by the graph: see `_input_stores`.)"""
+    input objects are the Capture's to repeat per call, computed by the graph: see `input_stores`.)"""
     with torch._C.DisableTorchFunction(), listeners(None, None):
         for obj, name, _, _, _ in program.stores:
             value = getattr(obj, name, None)
@@ -472,189 +443,6 @@ def _held_dynamic(fn: Callable, leaves: list[Any], sources: dict[Source, set[int
     return found
 
 
-def _fields(obj: Any) -> dict:
-    return dict(obj) if isinstance(obj, dict) else dict(enumerate(obj)) if isinstance(obj, list) else dict(vars(obj))
-
-
-def _input_stores(held: _Held, before: dict[int, dict], tracer: Tracer, plan: Plan) -> tuple[list, str]:
-    """What the program changed on its input objects (`cache.layers[0].keys = cat(...)`,
-    `layer.is_initialized = True`), as stores each call of the capture repeats on its own objects: (holder
-    source, key, "attr" | "item", Value). Tensors become extra outputs; a change that cannot be repeated (an
-    object made during the call, an item removed) is described in the second result."""
-    stores: list = []
-    unreplayable = ""
-    nodes = tracer.root.nodes
-    for obj in held:
-        old, new = before[id(obj)], _fields(obj)
-        kind = "attr" if not isinstance(obj, (list, dict)) else "item"
-        source = held[obj]
-        if any(k not in new for k in old) or (isinstance(obj, list) and len(new) != len(old)):
-            unreplayable = unreplayable or f"changes the items of {source.name()}"
-            continue
-        for key, value in new.items():
-            if key in old and old[key] is value:
-                continue
-            if type(value) is FakeTensor and id(value) in nodes or isinstance(value, (torch.SymInt, torch.SymFloat)):
-                plan.extra.append(value)  # (a symbolic size too: its value for each call comes from the graph)
-                stores.append((source, key, kind, Value("out", len(plan.extra) - 1)))
-            elif is_constant(value) and type(value) not in (list, dict, set):
-                stores.append((source, key, kind, Value("const", value)))
-            elif value in held:
-                stores.append((source, key, kind, Value("source", held[value])))
-            else:
-                made = f"stores a {type(value).__name__} made during the call on {source.name()}"
-                unreplayable = unreplayable or made
-    return stores, unreplayable
-
-
-def _input_objects(leaves: list[Any]) -> dict[int, int]:
-    """id -> leaf index of the inputs that are objects (a KV cache): returned as the call's own object."""
-    return {id(leaf): i for i, leaf in enumerate(leaves)
-            if not isinstance(leaf, torch.Tensor) and not is_constant(leaf) and not callable(leaf)}
-
-
-class _Held(dict):
-    """Objects reachable from a call's input objects (attributes, list and dict items), by identity, with their
-    sources relative to `[fn, *inputs]`."""
-
-    def __contains__(self, obj: object) -> bool:
-        return dict.__contains__(self, id(obj))
-
-    def get(self, obj: Any, default: Any = None) -> Any:
-        hit = dict.get(self, id(obj))
-        return default if hit is None else hit[1]
-
-    def __getitem__(self, obj: Any) -> Source:
-        return dict.__getitem__(self, id(obj))[1]
-
-    def __iter__(self):
-        return iter([obj for obj, _ in self.values()])
-
-
-def _held_by_inputs(leaves: list[Any], labels: list[str], depth: int = 3) -> _Held:
-    held = _Held()
-
-    def walk(obj: Any, source: Source, level: int) -> None:
-        if id(obj) in held.keys() or level > depth:
-            return
-        if type(obj) in (list, dict):  # (even empty: the call may fill it)
-            dict.__setitem__(held, id(obj), (obj, source))
-            for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
-                walk(v, Item(source, k), level + 1)
-            return
-        if isinstance(obj, (torch.Tensor, torch.nn.Module, type, *SIZES)) or is_constant(obj) or callable(obj):
-            return
-        if isinstance(obj, (list, dict)):
-            dict.__setitem__(held, id(obj), (obj, source))
-            for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
-                walk(v, Item(source, k), level + 1)
-            return
-        fields = getattr(obj, "__dict__", None)
-        if type(fields) is not dict:
-            return
-        dict.__setitem__(held, id(obj), (obj, source))
-        for key, value in list(fields.items()):
-            walk(value, Attr(source, key), level + 1)
-
-    for i, (leaf, label) in enumerate(zip(leaves, labels)):
-        if id(leaf) in _input_objects(leaves):
-            walk(leaf, Arg(i + 1, label), 0)
-    return held
-
-
-def held_by_inputs(leaves: list[Any], labels: list[str]) -> list[Any]:
-    """The objects and containers the call's input objects reach (what the program may change on them)."""
-    return list(_held_by_inputs(leaves, labels))
-
-
-def _methods_of(modules: list[Any]) -> list[Any]:
-    """The functions the classes of `modules` define (their forwards and helpers), each class once."""
-    seen: set[type] = set()
-    out = []
-    for m in modules:
-        for klass in type(m).__mro__:
-            if klass in seen:
-                continue
-            seen.add(klass)
-            out.extend(v for v in vars(klass).values() if isinstance(v, types.FunctionType))
-    return out
-
-
-def _modules_of(fn: Callable) -> list[Any]:
-    root = root_module(fn)
-    return list(root.modules()) if root is not None else []
-
-
-def _left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, str]]:
-    """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`): (holder,
-    key, "attr" | "item"), each appended to `plan.extra` so the graph computes its real value."""
-    found: list[tuple[Any, Any, str]] = []
-    seen: set[tuple[int, Any]] = set()
-    nodes = tracer.root.nodes
-
-    def note(obj: Any, key: Any, kind: str, value: Any) -> None:
-        if any_symbolic(value):  # a size of this capture's inputs (or a tuple of them): its value for them
-            if kind == "attr":
-                setattr(obj, key, concrete(value))
-            else:
-                obj[key] = concrete(value)
-            return
-        if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
-            seen.add((id(obj), key))
-            found.append((obj, key, kind))
-            plan.extra.append(value)
-
-    walked: set[int] = set()
-
-    def walk(holder: Any, depth: int) -> None:
-        fields = getattr(holder, "__dict__", None)
-        if type(fields) is not dict or id(holder) in walked:
-            return
-        walked.add(id(holder))
-        for key, value in list(fields.items()):
-            t = type(value)
-            if t in _INERT or t is OrderedDict and not value.__dict__:  # (a module's flags and hook dicts:
-                continue  # nothing a note or a walk would find there)
-            if t is list:
-                for i, item in enumerate(value):
-                    note(value, i, "item", item)
-            elif t is dict or key in _REGISTRIES:
-                for k, item in list(value.items()):
-                    note(value, k, "item", item)
-            else:
-                note(holder, key, "attr", value)
-                if depth < 2 and plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
-                    walk(value, depth + 1)
-
-    for holder in holders:
-        walk(holder, 0)
-    return found
-
-
-_REGISTRIES = ("_parameters", "_buffers")
-_INERT = frozenset({bool, int, float, str, type(None), set, frozenset, torch.nn.Parameter, torch.Tensor})
-
-
-def _make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict,
-               mutated: list[torch.Tensor]) -> None:
-    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
-    tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
-    does not touch real tensors (each call of the Capture updates them)."""
-    leaves = flatten_inputs(args, kwargs)[0]
-    inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
-    # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
-    with torch.no_grad():
-        saved = [(t, t.clone()) for t in mutated]
-        outputs = as_call_modules(cap.gm)(*inputs)
-        for t, value in saved:
-            t.copy_(value)
-    for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
-        if kind == "attr":
-            setattr(obj, key, value)
-        else:
-            obj[key] = value
-
-
 def _warn_unnamed(tracer: Tracer, program: RegionFrame | None) -> None:
     """A Capture reads every tensor from its source on each call: a tensor the capture could not name (held
     too deep in an object, by an object in a global) stays the capture's own — say so."""
@@ -682,43 +470,3 @@ def _lifted_source(t: torch.Tensor, found: Source | None, program: RegionFrame |
     return found
 
 
-def _check_no_hidden_tensors(template: Any) -> None:
-    """An output object that carries traced tensors where stampout cannot see them (a KV-cache object, say)
-    would hand fake tensors to the caller: refuse it."""
-    for value in template_constants(template):
-        fields = getattr(value, "__dict__", None)
-        if not isinstance(fields, dict):
-            continue
-        for name, field in fields.items():
-            items = field if isinstance(field, (list, tuple)) else [field]
-            inner = [getattr(i, "__dict__", {}).values() for i in items if not isinstance(i, torch.Tensor)]
-            if any(isinstance(t, FakeTensor) for t in [*items, *(v for d in inner for v in d)]):
-                raise CaptureError(message(
-                    f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
-                    "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
-                    user_location(),
-                    "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
-                    "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
-                ))
-
-
-def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple, dict]:
-    """`(args, kwargs)` with the flat leaves of `flatten_inputs` replaced by `leaves`."""
-    it = iter(leaves)
-
-    def walk(value: Any) -> Any:
-        t = type(value)
-        if t is tuple or t is list:
-            return t(walk(v) for v in value)
-        if isinstance(value, tuple) and hasattr(t, "_fields"):
-            return t(*(walk(v) for v in value))
-        if t is dict:
-            return {k: walk(v) for k, v in value.items()}
-        if isinstance(value, dict):  # a dict subclass (OrderedDict, ModelOutput): a copy with the new items
-            new = copy.copy(value)
-            for k, v in value.items():
-                new[k] = walk(v)
-            return new
-        return next(it)
-
-    return tuple(walk(a) for a in args), {k: walk(v) for k, v in kwargs.items()}

@@ -43,10 +43,11 @@ from torch.export.graph_signature import (
 
 from .aoti import enable_aoti_regions
 from .capture import Capture
-from .capturing import capture_program, held_by_inputs
+from .capturing import capture_program
 from .compile_args import check_call, check_callable
 from .errors import ExportError, message
 from .frames import user_location
+from .held_inputs import held_by_inputs
 from .kept_state import kept_state
 from .lowering import invokes, lower, mode_switches_as_hops
 from .names import root_module

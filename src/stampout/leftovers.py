@@ -1,0 +1,111 @@
+"""Fakes a capture leaves behind in user state: found on the modules, methods and objects the program reached,
+and replaced by the real values an eager call would have stored (or the capture refuses)."""
+
+from __future__ import annotations
+
+import types
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
+from .capture import Capture
+from .effects import Plan
+from .names import root_module
+from .runner import as_call_modules
+from .shapes import any_symbolic, concrete
+from .structure import flatten_inputs
+from .tracer import Tracer
+from .world import plain_object
+
+
+def methods_of(modules: list[Any]) -> list[Any]:
+    """The functions the classes of `modules` define (their forwards and helpers), each class once."""
+    seen: set[type] = set()
+    out = []
+    for m in modules:
+        for klass in type(m).__mro__:
+            if klass in seen:
+                continue
+            seen.add(klass)
+            out.extend(v for v in vars(klass).values() if isinstance(v, types.FunctionType))
+    return out
+
+
+def modules_of(fn: Callable) -> list[Any]:
+    root = root_module(fn)
+    return list(root.modules()) if root is not None else []
+
+
+def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, str]]:
+    """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`): (holder,
+    key, "attr" | "item"), each appended to `plan.extra` so the graph computes its real value."""
+    found: list[tuple[Any, Any, str]] = []
+    seen: set[tuple[int, Any]] = set()
+    nodes = tracer.root.nodes
+
+    def note(obj: Any, key: Any, kind: str, value: Any) -> None:
+        if any_symbolic(value):  # a size of this capture's inputs (or a tuple of them): its value for them
+            if kind == "attr":
+                setattr(obj, key, concrete(value))
+            else:
+                obj[key] = concrete(value)
+            return
+        if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
+            seen.add((id(obj), key))
+            found.append((obj, key, kind))
+            plan.extra.append(value)
+
+    walked: set[int] = set()
+
+    def walk(holder: Any, depth: int) -> None:
+        fields = getattr(holder, "__dict__", None)
+        if type(fields) is not dict or id(holder) in walked:
+            return
+        walked.add(id(holder))
+        for key, value in list(fields.items()):
+            t = type(value)
+            if t in _INERT or t is OrderedDict and not value.__dict__:  # (a module's flags and hook dicts:
+                continue  # nothing a note or a walk would find there)
+            if t is list:
+                for i, item in enumerate(value):
+                    note(value, i, "item", item)
+            elif t is dict or key in _REGISTRIES:
+                for k, item in list(value.items()):
+                    note(value, k, "item", item)
+            else:
+                note(holder, key, "attr", value)
+                if depth < 2 and plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
+                    walk(value, depth + 1)
+
+    for holder in holders:
+        walk(holder, 0)
+    return found
+
+
+_REGISTRIES = ("_parameters", "_buffers")
+
+
+_INERT = frozenset({bool, int, float, str, type(None), set, frozenset, torch.nn.Parameter, torch.Tensor})
+
+
+def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict,
+               mutated: list[torch.Tensor]) -> None:
+    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
+    tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
+    does not touch real tensors (each call of the Capture updates them)."""
+    leaves = flatten_inputs(args, kwargs)[0]
+    inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
+    # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
+    with torch.no_grad():
+        saved = [(t, t.clone()) for t in mutated]
+        outputs = as_call_modules(cap.gm)(*inputs)
+        for t, value in saved:
+            t.copy_(value)
+    for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
+        if kind == "attr":
+            setattr(obj, key, value)
+        else:
+            obj[key] = value
