@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -25,42 +25,32 @@ from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
 from .compile_args import check_arguments, describe, shorten
+from .compiled_entries import CallKey, EagerEntry, Entry, new_key
 from .context import current
 from .effects import replay
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import failed_at, raised_by_user, user_location
-from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
+from .guards import Kind
 from .names import root_module
-from .piecewise import GraphBreak, Pieces, first_line, split
-from .protection import Anchors, anchored, protected, protected_path
+from .piecewise import GraphBreak, first_line, split
+from .protection import protected, protected_path
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
-    describe_difference,
     fingerprint,
     requires_grad_pattern,
     without_sizes,
 )
 from .regions.frame import ProgramIneligible
 from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
-from .sources import MISSING, Absolute, Arg, Attr, CallContext, Source, TypeOf
+from .sources import Arg, Attr, CallContext, Source
 from .structure import argument_names, build, flatten_inputs
-from .torch_internals import dict_sentinel, patch_parameter_writes, tensor_guards
+from .torch_internals import patch_parameter_writes
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 from .world import autograd_refusal
 
 log = logging.getLogger("stampout.guards")
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-class CallKey(NamedTuple):
-    """What a compiled call is looked up by: its inputs' fingerprint and which tensor inputs require grad."""
-
-    fingerprint: tuple
-    requires_grad: tuple[bool, ...]
-
-
-_new = tuple.__new__  # a CallKey without NamedTuple's keyword __new__ (every call builds one)
 
 
 @dataclass
@@ -69,240 +59,6 @@ class CompileStats:
 
     captures: int = 0
     traces: int = 0
-
-
-def _values_in_dict(guard: Guard) -> bool:
-    """A protected guard on a value a module holds in its `__dict__` (a constant, a config object; not a
-    parameter, a submodule, `training` or the absence of a per-instance `forward`): its module's dict is
-    version-checked on every call, so writes that bypass `__setattr__` are seen."""
-    source = guard.source
-    if guard.kind in (Kind.TENSOR, Kind.HOOKS, Kind.TYPE, Kind.NO_OVERRIDE):
-        return False
-    return not (isinstance(source, Attr) and source.attr == "training")
-
-
-def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
-    """Guards on class attributes read through instances, as guards on the classes themselves (each
-    instance's class is guarded separately): one check per class instead of one per instance."""
-    out: list[Guard] = []
-    seen: set[tuple] = set()
-    memo: dict[Source, Any] = {}
-
-    def on_class(source: Source) -> Source:
-        if isinstance(source, TypeOf):
-            cls = source.resolve(ctx, memo)
-            return Absolute(cls, cls.__qualname__)
-        parent = source.base()
-        if parent is None:
-            return source
-        new = on_class(parent)
-        return source if new is parent else source.with_parent(new)
-
-    for guard in guards:
-        source = on_class(guard.source)
-        if source is not guard.source:
-            if (source, guard.kind) in seen:
-                continue
-            seen.add((source, guard.kind))
-            guard = Guard(source, guard.kind, guard.expected, guard.where)
-        out.append(guard)
-    return out
-
-
-def _relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list[Guard]:
-    """A tensor the capture held with symbolic sizes is guarded on its kind only; its shape guards check the
-    sizes (the exact-metadata guard its reads left would defeat the symbolic capture)."""
-    if cap.shapes is None:
-        return guards
-    dynamic = {id(cap.lifted[i][0]) for i in cap.shapes.lifted}
-    memo: dict[Source, Any] = {}
-    out = []
-    for guard in guards:
-        if guard.kind is Kind.SIZE:
-            continue  # an int captured as a symbol: it is an input of the graph, checked by the shape guards
-        if guard.kind is Kind.TENSOR:
-            value = guard.source.resolve(ctx, memo)
-            if id(value) in dynamic:
-                guard = Guard(guard.source, Kind.TENSOR_KIND, tensor_kind(value), guard.where)
-        out.append(guard)
-    return out
-
-
-class _State:
-    """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
-    metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
-
-    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard", "unwritten", "anchors")
-
-    def __init__(self, epoch: int, tensors: list, names: list, fixed: list, tensor_guard: Any,
-                 unwritten: Callable[[], bool], anchors: tuple) -> None:
-        self.epoch = epoch
-        self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
-        self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
-        self.tensors = tensors
-        self.names = names
-        self.fixed = fixed
-        self.tensor_guard = tensor_guard
-
-
-class _Entry:
-    """One capture and its compiled callable, with the guards that say when it may run.
-
-    Guards whose value only a write to a watched object can change are checked after such a write (EPOCH
-    moved); all others run on every call in one generated function, which also returns the lifted tensors
-    that cannot be proven unchanged (globals, closures, tensors held by input objects or in containers):
-    those are read from their sources on every call, never reused from an earlier one. That function starts
-    from anchors (objects reached through watched modules, resolved after each write), not from the root."""
-
-    def __init__(self, cap: Capture, compiled: Callable, key: CallKey, ctx: CallContext, watch: WriteWatch):
-        self.capture = cap
-        self.compiled = compiled
-        self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
-        self.masked = frozenset(cap.shapes.leaves) if cap.shapes is not None else None
-        self.key = self.key_for(key, ctx.leaves[1:])
-        with torch._C.DisableTorchFunction():
-            guards = self.guards = _relax_symbolic(by_class(cap.program.guards, ctx), cap, ctx)
-        self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
-        always: list[Guard] = []
-        tensors: list[Guard] = []
-        self.protected_sources: list[tuple[Source, bool]] = []  # (source, guarded absent?)
-        memo: dict[Source, Any] = {}
-        with torch._C.DisableTorchFunction():
-            for guard in guards:
-                if not protected(guard, ctx, memo, watch):
-                    always.append(guard)
-                elif guard.kind is Kind.TENSOR:
-                    tensors.append(guard)
-                elif _values_in_dict(guard):
-                    self.protected_sources.append((guard.source, guard.kind is Kind.ABSENT))
-            self.fixed_sources: list[Source | None] = []  # per lifted input; None: read per call
-            per_call: list[Source] = []
-            self.per_call_positions: list[int] = []
-            for position, (_, source) in enumerate(cap.lifted):
-                if protected_path(source, ctx, memo, watch):
-                    self.fixed_sources.append(source)
-                else:
-                    self.fixed_sources.append(None)
-                    self.per_call_positions.append(position)
-                    per_call.append(source)
-            self.anchors = Anchors(ctx, memo, watch)
-            always = anchored(always, self.anchors)
-            per_call = [self.anchors.rewrite(source) for source in per_call]
-        self.always = compile_guards(always, per_call)
-        self.tensor_sources = [g.source for g in tensors]
-        self.state: _State | None = None
-
-    def refresh(self, ctx: CallContext) -> _State | None:
-        """After a full check passed: the current protected tensors, a C++ check of their metadata, and the
-        anchors; None when the anchors no longer hold (the entry is dropped from lookups)."""
-        memo: dict[Source, Any] = {}
-        with torch._C.DisableTorchFunction():
-            tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
-            fixed = [None if s is None else s.resolve(ctx, memo) for s in self.fixed_sources]
-            anchors = self.anchors.resolve(ctx, memo)
-        if anchors is None:
-            log.info("a write made objects the per-call check shares differ; this entry is dropped")
-            self.key = None  # never matches a call again: a recapture makes an entry for the new world
-            self.state = None
-            return None
-        # One entry per tensor object: tied weights (lm_head.weight is wte.weight) reach it by two paths,
-        # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
-        # the full check, after any write that could change it.
-        names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
-        unique = list({id(t): t for t in [*tensors, *fixed] if isinstance(t, torch.Tensor)}.values())
-        # Parameters change metadata only through writes that bump EPOCH (torch_internals.patch_parameter_writes):
-        # the full check covers them. One stays in the per-call check, as the sentinel of the thread's dispatch
-        # state (inference mode, autocast, functorch transforms), which the C++ check compares for every tensor.
-        parameters = [t for t in unique if isinstance(t, torch.nn.Parameter)]
-        unique = [t for t in unique if not isinstance(t, torch.nn.Parameter)] + parameters[:1]
-        modules: dict[int, torch.nn.Module] = {}
-        with torch._C.DisableTorchFunction():
-            for source, absent in self.protected_sources:
-                parent = source.base()
-                if isinstance(parent, Attr) and parent.attr == "__dict__":
-                    parent = parent.base()
-                obj = parent.resolve(ctx, memo) if parent is not None else MISSING
-                name = getattr(source, "attr", getattr(source, "item", None))
-                if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
-                    modules[id(obj)] = obj
-            modules.update((id(m), m) for m in self.anchors.holders(ctx, memo))
-        state = _State(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
-                       tensor_guards(unique), dict_sentinel([m.__dict__ for m in modules.values()]), anchors)
-        self.state = state
-        return state
-
-    def admits(self, ctx: CallContext) -> tuple | None:
-        """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
-        state = self.state
-        if state is None or state.epoch != EPOCH.value or not state.unwritten():
-            if self._full is None:
-                self._full = compile_guards(self.guards)
-            with torch._C.DisableTorchFunction():
-                if not self._full(ctx.leaves, ctx.fn):
-                    return None
-            state = self.refresh(ctx)
-            if state is None:
-                return None
-        per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
-        if per_call is False:
-            return None
-        if not state.tensor_guard.check(*state.tensors):
-            return None
-        if per_call:
-            lifted = list(state.fixed)
-            for position, value in zip(self.per_call_positions, per_call):
-                lifted[position] = value
-        else:
-            lifted = state.fixed
-        shapes = self.shapes
-        if shapes is not None and not shapes.check(shapes.values(ctx.leaves[1:], lifted)):
-            return None
-        return lifted
-
-    def key_for(self, key: CallKey, leaves: list[Any]) -> CallKey:
-        """A call's key as this entry compares it: without the sizes its shape guards check."""
-        if self.masked is None:
-            return key
-        return CallKey(without_sizes(key.fingerprint, leaves, self.masked), key.requires_grad)
-
-    def why_not(self, ctx: CallContext, key: CallKey, labels: list[str]) -> str:
-        if self.key is None:
-            return "a write made objects its per-call check shared differ (the entry was dropped)"
-        shapes = self.shapes
-        if shapes is not None:
-            key = self.key_for(key, ctx.leaves[1:])
-            if key == self.key:
-                lifted = self.capture.placeholders_for_lifted(ctx)
-                values = shapes.values(ctx.leaves[1:], lifted)
-                if not shapes.check(values):
-                    return f"the symbolic capture assumed {shapes.why_not(values)}"
-        if key != self.key:
-            if key.fingerprint != self.key.fingerprint:
-                return "inputs: " + describe_difference(self.key.fingerprint, key.fingerprint, labels)
-            return "which inputs require grad differs"
-        failure = first_failure(self.guards, ctx)
-        if failure is not None:
-            _, guard, actual = failure
-            return (f"{guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
-                    f"got {actual} (read at {guard.where})")
-        state = self.state
-        if state is not None and not state.tensor_guard.check(*state.tensors):
-            return str(state.tensor_guard.check_verbose(*state.tensors, tensor_check_names=state.names))
-        return "no difference found"
-
-
-class _EagerEntry:
-    """Calls with this key run the original function: its capture read something stampout cannot guard."""
-
-    def __init__(self, key: CallKey, reason: str, pieces: Pieces | None = None) -> None:
-        self.key = key
-        self.reason = reason
-        self.capture = None
-        self.masked = None
-        self.pieces = pieces  # its children compiled (piecewise.py), or None: all of it runs eagerly
-
-    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
-        return fn(*args, **kwargs) if self.pieces is None else self.pieces.run(fn, args, kwargs)
 
 
 class CompiledFunction:
@@ -347,7 +103,7 @@ class CompiledFunction:
         self._frame_fn = frame_function(fn)
         self._sharded = is_sharded(fn)  # fully_shard'ed: its hooks run eagerly, its forward is a region
         self._arg_names = argument_names(fn)  # labels in messages: `input_ids`, not `args[0]`
-        self._entries: tuple[_Entry | _EagerEntry, ...] = ()  # replaced whole (threads read it unlocked)
+        self._entries: tuple[Entry | EagerEntry, ...] = ()  # replaced whole (threads read it unlocked)
         self._lock = threading.Lock()  # one recapture at a time; calls that only check guards never take it
         self._cache = RegionCache()
         self._watch = WriteWatch()
@@ -379,7 +135,7 @@ class CompiledFunction:
         """A call: `program` (the function, or a sharded module's forward) runs as compiled, or eagerly."""
         leaves, spec, labels = flatten_inputs(args, kwargs, self._arg_names)
         with torch._C.DisableTorchFunction():
-            key = _new(CallKey, (fingerprint(spec, leaves), requires_grad_pattern(leaves)))
+            key = new_key(CallKey, (fingerprint(spec, leaves), requires_grad_pattern(leaves)))
         ctx = CallContext([self.fn, *leaves], self._frame_fn, (args, kwargs))
         hit = self._lookup(key, ctx, leaves)
         if hit is None:
@@ -389,12 +145,12 @@ class CompiledFunction:
                     entries = self._entries
                     if entries and log.isEnabledFor(logging.INFO):
                         last = entries[-1]
-                        reason = (last.why_not(ctx, key, labels) if isinstance(last, _Entry)
+                        reason = (last.why_not(ctx, key, labels) if isinstance(last, Entry)
                                   else "the last capture could not be guarded")
                         log.info("guard failed for %s: %s; capturing again", _name(self.fn), shorten(reason))
                     hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
-        if isinstance(entry, _EagerEntry):
+        if isinstance(entry, EagerEntry):
             return entry.run(program, args, kwargs)
         cap = entry.capture
         self.last_capture = cap
@@ -419,7 +175,7 @@ class CompiledFunction:
                 if entry_key is None:
                     entry_key = masked_keys[masked] = entry.key_for(key, leaves)
             if entry.key == entry_key:
-                if isinstance(entry, _EagerEntry):
+                if isinstance(entry, EagerEntry):
                     return entry, ()
                 lifted = entry.admits(ctx)
                 if lifted is not None:
@@ -454,7 +210,7 @@ class CompiledFunction:
                     pieces = None if current() is not None else split(self, self._piece, first_line(error), error)
                     if pieces is None:  # fullgraph=True, or called inside a capture
                         raise
-                    return self._add(_EagerEntry(key, first_line(error), pieces)), ()
+                    return self._add(EagerEntry(key, first_line(error), pieces)), ()
             self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
@@ -503,7 +259,7 @@ class CompiledFunction:
                 return self._recapture(args, kwargs, key, ctx)
             log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.summary())
             log.debug("%s: all the symbolic capture assumes: %s", _name(self.fn), cap.shapes.describe())
-        entry = _Entry(cap, compiled, key, ctx, self._watch)
+        entry = Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
         self._add(entry)
         lifted = entry.admits(ctx)
@@ -511,7 +267,7 @@ class CompiledFunction:
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
 
-    def _run_eagerly(self, key: CallKey, why: str, stopped: BaseException | None) -> _EagerEntry:
+    def _run_eagerly(self, key: CallKey, why: str, stopped: BaseException | None) -> EagerEntry:
         """The entry for inputs whose program stampout cannot guard or keep the gradients of (`why`): it runs
         eagerly, at module granularity where the capture `stopped` inside a child; fullgraph=True refuses."""
         if self.fullgraph:
@@ -521,7 +277,7 @@ class CompiledFunction:
                 "eagerly",
             ))
         log.warning("%s runs eagerly for these inputs: %s", _name(self.fn), why)
-        return self._add(_EagerEntry(key, why, split(self, self._piece, why, stopped)))
+        return self._add(EagerEntry(key, why, split(self, self._piece, why, stopped)))
 
     def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:
         """The compiled function of a child this function's eager code calls (one per child)."""
@@ -616,7 +372,7 @@ class CompiledFunction:
         ctx = CallContext([self.fn], self._frame_fn)
         with torch._C.DisableTorchFunction():
             for entry in self._entries:
-                if isinstance(entry, _EagerEntry):
+                if isinstance(entry, EagerEntry):
                     continue
                 for guard in entry.guards:
                     protected(guard, ctx, memo, self._watch)

@@ -157,7 +157,7 @@ class Absolute(Source):
 
 class Anchor(_Root):
     """An object a per-call check reaches through watched modules, resolved once per epoch by the compiled
-    function and passed to the generated check as `anchors[index]` (see compiled._anchored)."""
+    function and passed to the generated check as `anchors[index]` (see protection.anchored)."""
 
     __slots__ = ()
     KIND = "anchor"
