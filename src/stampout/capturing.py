@@ -15,6 +15,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import higher_order, torch_internals
+from .builder import identifier
 from .capture import Capture
 from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
 from .effects import Plan, Registries, Value, undo
@@ -42,7 +43,7 @@ from .regions.marker import innermost, torch_marked_call
 from .shapes import ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
 from .sources import Attr, CallContext, Source
 from .structure import aliases_of, flatten_inputs, positional_names, to_template
-from .tracer import CaptureMode, Tracer, identifier
+from .tracer import CaptureMode, Tracer
 from .tracking import Watch
 from .world import RandomStates, autograd_refusal, check_left_over, clear_fakes
 

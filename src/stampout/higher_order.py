@@ -20,11 +20,12 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from .builder import Builder, identifier, map_tensors
 from .errors import CaptureError, message
 from .frames import user_location
 from .meta import NOT_HANDLED
 from .shapes import SIZES, SymbolicValues
-from .tracer import Builder, Tracer, identifier, map_tensors
+from .tracer import Tracer
 
 _HOPS = torch.ops.higher_order
 

@@ -15,6 +15,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from ..builder import Builder, identifier, map_tensors
 from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import caller_outside_torch, python_hooks_off, user_location
@@ -23,7 +24,7 @@ from ..runner import as_call_modules
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
 from ..torch_internals import invoke_subgraph
-from ..tracer import Builder, Tracer, identifier, map_tensors
+from ..tracer import Tracer
 from ..tracking import Watch
 from ..world import Snapshot
 from .cache import ArgInput, Output, RegionCache, ReuseEntry, SourceInput, Store, SymbolInput
