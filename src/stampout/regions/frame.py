@@ -8,8 +8,6 @@ that fits none of these makes the trace ineligible for reuse.
 from __future__ import annotations
 
 import functools
-import os
-import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -17,114 +15,33 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .. import caches, config
+from .. import config
 from ..classpatch import PATCHED_NAMES
 from ..frames import user_location
-from ..guards import Guard, Kind, const_key, hooks_key, is_auto_mark, is_constant, tensor_meta
+from ..guards import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
 from ..namespaces import TENSOR_DICT, NamespaceReads, patched_tensor_methods
-from ..shapes import SIZES, size_key, sizes_key
+from ..shapes import SIZES, size_key
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
-from ..tracking import Watch, original_class, shim_class
+from ..tracking import Watch, original_class
 from .cache import ArgInput, LiftedInput
 from .code import code_facts, is_user_file
+from .objects import (
+    BY_IDENTITY,
+    CONTAINERS,
+    accepted_types,
+    by_name,
+    contents,
+    copy_value,
+    fake_fields,
+    found_on_class,
+    hidden_state,
+    is_user_class,
+    is_user_class_object,
+    meta_key,
+    ours,
+    raw_meta,
+)
 from .slots import SlotTracker
-
-_CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
-               torch.nn.ParameterDict)
-# Immutable callables and namespaces: guarded by identity.
-_BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
-                types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
-                types.ClassMethodDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
-                torch._ops.HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
-_MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
-_SLOT = types.MemberDescriptorType
-
-
-def _raw_meta(t: torch.Tensor) -> tuple:
-    return (type(t), tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad, t.layout)
-
-
-def _meta_key(meta: tuple) -> tuple:
-    cls, shape, stride, offset, *rest = meta
-    return (cls, sizes_key(shape), sizes_key(stride), size_key(offset), *rest)
-
-
-def _contents(value: Any) -> Any:
-    if is_constant(value):
-        return const_key(value)
-    if isinstance(value, dict):
-        return tuple((k, id(v)) for k, v in value.items())
-    return tuple(id(v) for v in value)
-
-
-def _copy(value: Any) -> Any:
-    return dict(value) if isinstance(value, dict) else list(value)
-
-
-def _accepted_types(obj: Any) -> tuple[type, ...]:
-    """The object's class and the shim classes stampout may have swapped in (read and write watching)."""
-    cls = original_class(obj)
-    shim = shim_class(cls)
-    return (cls,) if shim is None else (cls, shim)
-
-
-def _found_on_class(obj: Any, name: str) -> tuple[bool, Any]:
-    """(True, raw class attribute) when `obj.name` came from its class, not from the instance."""
-    d = getattr(obj, "__dict__", None)
-    if isinstance(d, dict) and name in d and not is_auto_mark(d[name]):
-        return False, None
-    for klass in original_class(obj).__mro__:
-        raw = klass.__dict__.get(name, MISSING)
-        if raw is not MISSING:
-            return not isinstance(raw, (_SLOT, _MEMBER)), raw
-    return False, None
-
-
-def _hidden_state(cls: type) -> bool:
-    """Whether instances keep state in C fields that attribute watching cannot see (`random.Random`)."""
-    declared = [k.__dict__.get("__slots__") for k in cls.__mro__]
-    slots = sum(len(d) for d in declared if isinstance(d, (tuple, list)))
-    return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
-
-
-@caches.memo
-def _fake_fields() -> frozenset[str]:
-    """The attributes every FakeTensor keeps in its `__dict__` (its mode, memos): not the program's."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode() as mode:
-        return frozenset(mode.from_tensor(torch.empty(0)).__dict__)
-
-
-_STAMPOUT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _ours(value: Any) -> bool:
-    code = getattr(value, "__code__", None)
-    return isinstance(code, types.CodeType) and code.co_filename.startswith(_STAMPOUT_DIR)
-
-
-def _by_name(value: Any) -> bool:
-    """A module attribute guarded by identity alone: a namespace, class, builtin or library function (not one
-    of stampout's own, which replace torch's only while a capture runs: `torch.compiler.is_compiling`)."""
-    if isinstance(value, types.FunctionType):
-        filename = value.__code__.co_filename
-        return not is_user_file(filename) and not filename.startswith(_STAMPOUT_DIR)
-    return isinstance(value, _BY_IDENTITY) or isinstance(value, (torch.dtype, torch.device))
-
-
-def _is_user_class_object(klass: type) -> bool:
-    module = sys.modules.get(klass.__module__)
-    return klass is not object and is_user_file(getattr(module, "__file__", None) or "<module>")
-
-
-def _is_user_class(obj: Any, name: str) -> bool:
-    """Whether the class that defines `name` for `obj` is user code (not torch's or stampout's)."""
-    for klass in original_class(obj).__mro__:
-        if name in klass.__dict__:
-            module = sys.modules.get(klass.__module__)
-            return is_user_file(getattr(module, "__file__", None) or "")
-    return False
 
 
 class ProgramIneligible(BaseException):  # noqa: N818 - control flow, not an error (user code must not catch it)
@@ -178,7 +95,7 @@ class RegionFrame:
                 if not isinstance(leaf, torch.Tensor):
                     watch.arguments.add(id(leaf))
                 self.adopt(leaf, Arg(i, labels[i]), from_arg=True)
-        self._input_meta = [(i, _raw_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        self._input_meta = [(i, raw_meta(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
         # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
         self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
         self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
@@ -241,13 +158,13 @@ class RegionFrame:
             self.guard(source, Kind.TYPE, (functools.partial,), where)
             for part in ("func", "args", "keywords"):
                 self.adopt(getattr(value, part), Attr(source, part), where=where)
-        elif isinstance(value, _BY_IDENTITY):
+        elif isinstance(value, BY_IDENTITY):
             self.guard(source, Kind.ID, value, where)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
-        elif not _hidden_state(type(value)) and self.watch.watch(value):
+        elif not hidden_state(type(value)) and self.watch.watch(value):
             if not from_arg:
-                self.guard(source, Kind.TYPE, _accepted_types(value), where)
+                self.guard(source, Kind.TYPE, accepted_types(value), where)
             if self._name(value, source, where):
                 self._adopt_class(original_class(value), where)
         else:
@@ -260,20 +177,20 @@ class RegionFrame:
 
     def _adopt_module(self, value: torch.nn.Module, source: Source, from_arg: bool, where: str) -> None:
         # (an argument's class is in the fingerprint too; the guard lets the guard code read it fast)
-        self.guard(source, Kind.TYPE, _accepted_types(value), where)
+        self.guard(source, Kind.TYPE, accepted_types(value), where)
         self.guard(source, Kind.HOOKS, hooks_key(value), where)
         if not self._name(value, source, where):
             return
         self.watch.watch(value)
         self._adopt_class(original_class(value), where)
-        if isinstance(value, _CONTAINERS):
+        if isinstance(value, CONTAINERS):
             self._adopt_children(value, source, where)
 
     def _adopt_class(self, cls: type, where: str) -> None:
         """What a user class defines (defaults, methods, classmethods' data): a class attribute changed
         between calls, or a method swapped on the class, changes what its instances compute."""
         for klass in cls.__mro__:
-            if klass in self._classes or not _is_user_class_object(klass):
+            if klass in self._classes or not is_user_class_object(klass):
                 continue
             self._classes.add(klass)
             namespace = Attr(Absolute(klass, klass.__qualname__), "__dict__")
@@ -304,7 +221,7 @@ class RegionFrame:
     def _close_tensor_fields(self) -> None:
         """Attributes the traced Python set on (or deleted from) an input tensor: a store the program's
         compiled calls replay on their own inputs; a region trace that does it cannot be stamped."""
-        internal = _fake_fields()
+        internal = fake_fields()
         for i, t, before in self._input_fields:
             after = t.__dict__
             for name in [k for k in {**before, **after} if k not in internal and not k.startswith("_")]:
@@ -358,7 +275,7 @@ class RegionFrame:
                 if first != source:
                     self.guard(source, Kind.SAME, first, where)
                 return
-        self.containers.append((value, source, _contents(value), _copy(value)))
+        self.containers.append((value, source, contents(value), copy_value(value)))
         if is_constant(value) and type(value) in (list, dict):  # (a dict of lists: the trace may change an inner
             # one through a subscript)
             for key, item in list(value.items() if isinstance(value, dict) else enumerate(value)):
@@ -368,7 +285,7 @@ class RegionFrame:
     def note_changed_container(self, value: dict, source: Source, before: dict) -> None:
         """A container changed by the program behind the watch (a module's `_buffers` by `register_buffer`), with
         its items `before`: planned and undone as the containers noted when read."""
-        self.containers.append((value, source, _contents(before), before))
+        self.containers.append((value, source, contents(before), before))
 
     def note_input_containers(self, value: Any, source: Source) -> None:
         """Lists and dicts among the call's arguments (opened into leaves), at `source`: what the program
@@ -409,7 +326,7 @@ class RegionFrame:
         read at `source` on each call (its class guarded there)."""
         self.sources[id(obj)] = source
         self._keep.append(obj)
-        self.guard(source, Kind.TYPE, _accepted_types(obj), user_location(4))
+        self.guard(source, Kind.TYPE, accepted_types(obj), user_location(4))
         if isinstance(obj, torch.nn.Module):
             self.guard(source, Kind.HOOKS, hooks_key(obj), user_location(4))
 
@@ -430,10 +347,10 @@ class RegionFrame:
         self._close_tensor_fields()
         for i, meta in self._input_meta:
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)
-            if _meta_key(_raw_meta(self.leaves[i])) != _meta_key(meta):
+            if meta_key(raw_meta(self.leaves[i])) != meta_key(meta):
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
         for value, source, before, _ in self.containers:
-            if _contents(value) != before:
+            if contents(value) != before:
                 self.writes.append(f"{source.name()} (changed in place)")
                 if not self.program:
                     self.mark_ineligible(f"changes {source.name()} in place (a Python side effect)")
@@ -517,7 +434,7 @@ class RegionFrame:
         label = g.get("__name__", "?")
         for name in facts.names:
             value = g.get(name, MISSING)
-            if value is MISSING or not _by_name(value):
+            if value is MISSING or not by_name(value):
                 continue
             self.namespaces.note(g, label, name, value)
             if isinstance(value, types.ModuleType):
@@ -528,7 +445,7 @@ class RegionFrame:
     def _note_chain(self, module: types.ModuleType, attrs: tuple[str, ...]) -> None:
         for attr in attrs:
             found = module.__dict__.get(attr, MISSING)
-            if found is MISSING or not _by_name(found):
+            if found is MISSING or not by_name(found):
                 return
             self.namespaces.note(module.__dict__, module.__name__, attr, found)
             if not isinstance(found, types.ModuleType):
@@ -553,9 +470,9 @@ class RegionFrame:
                 namespace = value.__dict__
                 found = getattr(value, attr, MISSING)
                 src = Attr(src, attr)
-                if _ours(found):
+                if ours(found):
                     break  # stampout's stand-in while capturing (`torch.compiler.is_compiling`)
-                if attr in namespace and namespace[attr] is found and _by_name(found):
+                if attr in namespace and namespace[attr] is found and by_name(found):
                     self.namespaces.note(namespace, value.__name__, attr, found)
                 else:
                     self.adopt(found, src, where=where)
@@ -578,10 +495,10 @@ class RegionFrame:
         if value is MISSING:
             self.guard(Attr(base, name), Kind.ABSENT, MISSING, where)
             return
-        on_class, raw = _found_on_class(obj, name)
+        on_class, raw = found_on_class(obj, name)
         if not on_class:
             self.adopt(value, Attr(base, name), where=where)
-        elif name == "forward" or _is_user_class(obj, name):
+        elif name == "forward" or is_user_class(obj, name):
             # A class attribute (method, property, default): the class's entry, and no instance override.
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
             entry = ClassAttr(TypeOf(base), name)

@@ -1,0 +1,123 @@
+"""How a region frame sees the objects its trace reads: which are guarded by identity, which are containers
+walked item by item, which are user classes (their attributes guarded) and which are stampout's own, and the
+metadata a tensor attribute is compared by."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import types
+from typing import Any
+
+import torch
+
+from .. import caches
+from ..guards import const_key, is_auto_mark, is_constant
+from ..shapes import size_key, sizes_key
+from ..sources import MISSING
+from ..tracking import original_class, shim_class
+from .code import is_user_file
+
+CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
+               torch.nn.ParameterDict)
+
+
+# Immutable callables and namespaces: guarded by identity.
+BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
+                types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
+                types.ClassMethodDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
+                torch._ops.HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
+
+
+_MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
+
+
+_SLOT = types.MemberDescriptorType
+
+
+def raw_meta(t: torch.Tensor) -> tuple:
+    return (type(t), tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad, t.layout)
+
+
+def meta_key(meta: tuple) -> tuple:
+    cls, shape, stride, offset, *rest = meta
+    return (cls, sizes_key(shape), sizes_key(stride), size_key(offset), *rest)
+
+
+def contents(value: Any) -> Any:
+    if is_constant(value):
+        return const_key(value)
+    if isinstance(value, dict):
+        return tuple((k, id(v)) for k, v in value.items())
+    return tuple(id(v) for v in value)
+
+
+def copy_value(value: Any) -> Any:
+    return dict(value) if isinstance(value, dict) else list(value)
+
+
+def accepted_types(obj: Any) -> tuple[type, ...]:
+    """The object's class and the shim classes stampout may have swapped in (read and write watching)."""
+    cls = original_class(obj)
+    shim = shim_class(cls)
+    return (cls,) if shim is None else (cls, shim)
+
+
+def found_on_class(obj: Any, name: str) -> tuple[bool, Any]:
+    """(True, raw class attribute) when `obj.name` came from its class, not from the instance."""
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict) and name in d and not is_auto_mark(d[name]):
+        return False, None
+    for klass in original_class(obj).__mro__:
+        raw = klass.__dict__.get(name, MISSING)
+        if raw is not MISSING:
+            return not isinstance(raw, (_SLOT, _MEMBER)), raw
+    return False, None
+
+
+def hidden_state(cls: type) -> bool:
+    """Whether instances keep state in C fields that attribute watching cannot see (`random.Random`)."""
+    declared = [k.__dict__.get("__slots__") for k in cls.__mro__]
+    slots = sum(len(d) for d in declared if isinstance(d, (tuple, list)))
+    return cls.__basicsize__ > object.__basicsize__ + 8 * slots + 16
+
+
+@caches.memo
+def fake_fields() -> frozenset[str]:
+    """The attributes every FakeTensor keeps in its `__dict__` (its mode, memos): not the program's."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        return frozenset(mode.from_tensor(torch.empty(0)).__dict__)
+
+
+_STAMPOUT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def ours(value: Any) -> bool:
+    code = getattr(value, "__code__", None)
+    return isinstance(code, types.CodeType) and code.co_filename.startswith(_STAMPOUT_DIR)
+
+
+def by_name(value: Any) -> bool:
+    """A module attribute guarded by identity alone: a namespace, class, builtin or library function (not one
+    of stampout's own, which replace torch's only while a capture runs: `torch.compiler.is_compiling`)."""
+    if isinstance(value, types.FunctionType):
+        filename = value.__code__.co_filename
+        return not is_user_file(filename) and not filename.startswith(_STAMPOUT_DIR)
+    return isinstance(value, BY_IDENTITY) or isinstance(value, (torch.dtype, torch.device))
+
+
+def is_user_class_object(klass: type) -> bool:
+    module = sys.modules.get(klass.__module__)
+    return klass is not object and is_user_file(getattr(module, "__file__", None) or "<module>")
+
+
+def is_user_class(obj: Any, name: str) -> bool:
+    """Whether the class that defines `name` for `obj` is user code (not torch's or stampout's)."""
+    for klass in original_class(obj).__mro__:
+        if name in klass.__dict__:
+            module = sys.modules.get(klass.__module__)
+            return is_user_file(getattr(module, "__file__", None) or "")
+    return False
