@@ -41,7 +41,7 @@ from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost, torch_marked_call
 from .shapes import ShapeGuards, Symbols, any_symbolic, concrete, dynamic_dims, has_symbols, symbolic_fake
-from .sources import Attr, CallContext, Source
+from .sources import Arg, Attr, CallContext, Input, Source
 from .structure import aliases_of, flatten_inputs, positional_names, to_template
 from .tracer import CaptureMode, Tracer
 from .tracking import Watch
@@ -319,7 +319,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         if real and (plan.extra or held):  # the caller's objects end up as one eager call leaves them
             make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
-                       _mutated_in_place(tracer, leaves, fake_leaves))
+                       _mutated_in_place(tracer, leaves, cap))
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         _restore_world(handler, None, [*modules_of(fn), *held_map(leaves, labels)])
     if real:  # (export puts its objects back itself, after this)
@@ -338,10 +338,21 @@ def _refuse_subclass(leaf: torch.Tensor, label: str, guard_program: bool) -> Non
                                "runs such calls eagerly"))
 
 
-def _mutated_in_place(tracer: Tracer, leaves: list[Any], fake_leaves: list[Any]) -> list[torch.Tensor]:
-    """The real tensors (buffers, parameters, inputs) the program changed in place, by their fakes' versions."""
-    pairs = [*tracer._fakes.values(), *((t, f) for t, f in zip(leaves, fake_leaves) if isinstance(f, FakeTensor))]
-    return list({id(t): t for t, f in pairs if f._version > 0 and not isinstance(t, FakeTensor)}.values())
+def _mutated_in_place(tracer: Tracer, leaves: list[Any], cap: Capture) -> list[torch.Tensor]:
+    """The real tensors of the program's own state (buffers, parameters, globals) it changed in place, by their
+    fakes' versions. Not the inputs' tensors (a KV cache's): the objects the caller passed are left as one eager
+    call leaves them, Python state and tensors together."""
+    inputs = {id(t) for t in leaves if isinstance(t, torch.Tensor)}
+    inputs.update(id(t) for t, source in cap.lifted if source is not None and _from_the_inputs(source))
+    return list({id(t): t for t, f in tracer._fakes.values()
+                 if f._version > 0 and not isinstance(t, FakeTensor) and id(t) not in inputs}.values())
+
+
+def _from_the_inputs(source: Source) -> bool:
+    """Whether `source` starts at an input of the call (leaf 0 of a call context is the program itself)."""
+    while source.base() is not None:
+        source = source.base()
+    return isinstance(source, Input) or (isinstance(source, Arg) and source.index != 0)
 
 
 def _restore_world(handler: RegionCalls, states: RandomStates | None, objects: list[Any]) -> str:

@@ -95,15 +95,19 @@ def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwarg
                mutated: list[torch.Tensor]) -> None:
     """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
     tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
-    does not touch real tensors (each call of the Capture updates them)."""
+    does not touch real tensors (each call of the Capture updates them), except those the program stores: a
+    tensor it made (`self.length = torch.tensor(0)`, then `add_`) holds the value eager leaves in it."""
     leaves = flatten_inputs(args, kwargs)[0]
     inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
     # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
     with torch.no_grad():
         saved = [(t, t.clone()) for t in mutated]
         outputs = as_call_modules(cap.gm)(*inputs)
+        stored = {v.untyped_storage().data_ptr() for v in outputs[len(outputs) - len(left):]
+                  if isinstance(v, torch.Tensor)}
         for t, value in saved:
-            t.copy_(value)
+            if t.untyped_storage().data_ptr() not in stored:
+                t.copy_(value)
     for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
         if kind == "attr":
             setattr(obj, key, value)

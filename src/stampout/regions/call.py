@@ -33,7 +33,7 @@ from .fingerprint import describe_difference, fingerprint, leaf_key, requires_gr
 from .frame import RegionFrame
 from .marker import Region
 from .purity import impure_call, location, torch_state_call, user_caller, watched_file
-from .views import out_meta, views_of_one_base
+from .views import output_meta, views_of_one_base
 
 log = logging.getLogger("stampout.regions")
 _NN_MODULES = os.path.dirname(torch.nn.modules.__file__) + os.sep  # nn.GELU.forward reads F.gelu: guarded too
@@ -378,7 +378,7 @@ class RegionCalls:
         for value in template_constants(template):
             if not is_constant(value):
                 frame.mark_ineligible(f"returns a {type(value).__name__} (outputs must be tensors and constants)")
-        out_meta = {rg: [out_meta(n.meta["val"]) for n in returned]}
+        out_meta = {rg: [output_meta(n.meta["val"]) for n in returned]}
         entry = ReuseEntry(
             region=region.name, fingerprint=fp, guards=frame.guards, check=None, lifted=frame.lifted, subgraph=name,
             gm=gm, outputs=outputs, template=template, out_meta=out_meta, n_outputs=len(returned),
@@ -524,7 +524,7 @@ class RegionCalls:
         calls run as their subgraphs: invoke_subgraph refuses gradients through one that writes its inputs)."""
         inputs = [self.tracer.fake_of(v) if isinstance(v, torch.Tensor) else v for v in values]
         outs = fx.Interpreter(as_call_modules(entry.gm)).run(*inputs)
-        return [out_meta(t) for t in outs]
+        return [output_meta(t) for t in outs]
 
     def _fake(self, meta: tuple) -> torch.Tensor:
         """An output of a stamped call: computed by it, so (like the traced call's) it stands for no autograd

@@ -103,5 +103,5 @@ def views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: list
     return keep, new_outputs
 
 
-def out_meta(t: torch.Tensor) -> tuple:
+def output_meta(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)
