@@ -196,23 +196,25 @@ def fsdp_inductor() -> dict:
             fully_shard(layer)
         return fully_shard(model)
 
-    def steps(model, fn) -> list:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        for step in range(2):
-            x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(step))
-            loss = fn(x).pow(2).mean()
-            loss.backward()
-            out.append((loss.item(), {n: _full(p.grad).clone() for n, p in model.named_parameters()}))
-            opt.step()
-            opt.zero_grad()
-        return out
-
     ref, model = make(), make()
-    eager = steps(ref, ref)
+    eager = _sgd_steps(ref, ref, 2)
     compiled = stampout.compile(model, backend="inductor")
-    got = steps(model, compiled)
+    got = _sgd_steps(model, compiled, 2)
     return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
+
+
+def _sgd_steps(model: nn.Module, fn, steps: int) -> list:
+    """`steps` SGD steps of `fn` (the model or its compiled form) on 2x4x16 inputs: each step's loss and full grads."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for step in range(steps):
+        x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(step))
+        loss = fn(x).pow(2).mean()
+        loss.backward()
+        out.append((loss.item(), {n: _full(p.grad).clone() for n, p in model.named_parameters()}))
+        opt.step()
+        opt.zero_grad()
+    return out
 
 
 class MLPBlock(nn.Module):
@@ -243,26 +245,14 @@ def tensor_parallel(backends: str, regions: str = "auto", mixed: str = "") -> di
                                                  "down": RowwiseParallel()})
         return model
 
-    def steps(model, fn) -> list:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = []
-        for step in range(3):
-            x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(step))
-            loss = fn(x).pow(2).mean()
-            loss.backward()
-            out.append((loss.item(), {n: _full(p.grad).clone() for n, p in model.named_parameters()}))
-            opt.step()
-            opt.zero_grad()
-        return out
-
     ref = make()
-    eager = steps(ref, ref)
+    eager = _sgd_steps(ref, ref, 3)
     report = {}
     for name in backends.split(","):
         stampout.reset()
         model = make()
         compiled = stampout.compile(model, backend=name, regions=regions)
-        got = steps(model, compiled)
+        got = _sgd_steps(model, compiled, 3)
         report[name] = {"rows": differences(eager, got), "stats": stampout_stats(compiled)}
     return report
 
