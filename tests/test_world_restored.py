@@ -203,3 +203,33 @@ def test_torch_marked_region_placeholder_restored():
     assert INVOKE_SUBGRAPH_MODULE.invoke_subgraph_placeholder is placeholder
     assert cap.stats.traces == 1
     torch.testing.assert_close(cap(x), good(x))
+
+
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_user_running_cprofile_keeps_it_and_gets_no_graph_break(how, caplog):
+    # (cProfile's profiler is a C function: sys.getprofile() returns its Profiler object, which is not callable;
+    # chaining it or handing it back to sys.setprofile broke every capture made while profiling)
+    import cProfile
+    import logging
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
+    x = torch.randn(2, 8)
+    expected = model(x)
+    profiler = cProfile.Profile()
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        profiler.enable()
+        try:
+            if how == "capture":
+                got = stampout.capture(model, x)(x)
+            else:
+                fn = stampout.compile(model, backend="eager")
+                got = fn(x)
+            still_on = sys.getprofile() is profiler
+        finally:
+            profiler.disable()
+    torch.testing.assert_close(got, expected)
+    assert still_on
+    assert not [r for r in caplog.records if "graph break" in r.getMessage() or "eagerly" in r.getMessage()]
+    if how == "compile":
+        assert fn.stats.captures == 1 and not fn.breaks

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import torch
 
@@ -99,6 +100,16 @@ def raised_by_user(error: BaseException) -> bool:
     return not dispatched and is_user_file(tb.tb_frame.f_code.co_filename)
 
 
+def set_profile(profile: Any) -> None:
+    """`sys.setprofile` of what `sys.getprofile` returned. A C profiler (cProfile's: `sys.getprofile` gives its
+    Profiler object, which is not callable) is turned back on by its own `enable()`."""
+    if profile is None or callable(profile):
+        sys.setprofile(profile)
+    else:
+        sys.setprofile(None)
+        profile.enable()
+
+
 @contextlib.contextmanager
 def python_hooks_off() -> Iterator[None]:
     """Run stampout's or torch's own Python without this thread's trace and profile functions (the capture's,
@@ -109,5 +120,5 @@ def python_hooks_off() -> Iterator[None]:
     try:
         yield
     finally:
-        sys.setprofile(profile)
+        set_profile(profile)
         sys.settrace(trace)

@@ -17,7 +17,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from ..builder import Builder, identifier, map_tensors
 from ..context import listeners
 from ..errors import RegionError, message
-from ..frames import caller_outside_torch, python_hooks_off, user_location
+from ..frames import caller_outside_torch, python_hooks_off, set_profile, user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
 from ..runner import as_call_modules
 from ..sources import MISSING, Absolute, CallContext, Input
@@ -128,7 +128,7 @@ class RegionCalls:
 
     def stop(self) -> None:
         self.frames.clear()
-        sys.setprofile(self._previous_profile)
+        set_profile(self._previous_profile)
         sys.settrace(self._previous_trace)
         self._previous_trace = self._previous_profile = None
 
@@ -141,14 +141,14 @@ class RegionCalls:
     def pop(self) -> None:
         self.frames.pop()
         if not self.frames:
-            sys.setprofile(self._previous_profile)
+            set_profile(self._previous_profile)
             sys.settrace(self._previous_trace)
 
     def _on_c_call(self, frame: types.FrameType, event: str, arg: Any) -> None:
         """A profile function: a C call that is not known pure (`random.random`, `time.time`) makes every open
         frame's trace ineligible (its result would be baked into reused and compiled calls)."""
         previous = self._previous_profile
-        if previous is not None:
+        if previous is not None and callable(previous):  # (a C profiler, cProfile's, misses the capture's events)
             previous(frame, event, arg)
         if event != "c_call" or not self.frames:
             return
@@ -457,7 +457,7 @@ class RegionCalls:
             with torch._C.DisableTorchFunction(), listeners(None, None):
                 return self._record_read(obj, name, value, sys._getframe(2))
         finally:
-            sys.setprofile(profile)
+            set_profile(profile)
 
     def _record_read(self, obj: Any, name: str, value: Any, user: types.FrameType) -> Any:
         frames = self.frames
