@@ -8,7 +8,7 @@ import builtins
 import operator
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
@@ -17,9 +17,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 from . import caches
 from .guards import is_constant
 from .shapes import SIZES, SymbolicValues
-
-if TYPE_CHECKING:
-    from .tracer import Tracer
 
 _T = torch.Tensor
 _TARGETS: dict[Any, tuple[str, Any]] = caches.register({}, "builder node targets")
@@ -120,10 +117,23 @@ def has_tensor(value: Any) -> bool:
     return False
 
 
+class Lifting(Protocol):
+    """What a Builder asks of the tracer that owns it (tracer.Tracer): fakes' metadata, tensors from outside
+    its graph lifted in, and the capture's symbols and region handler (for sizes). A protocol, so that this
+    module does not import the tracer, which imports it."""
+
+    symbols: Any
+    regions: Any
+
+    def meta_fake(self, t: torch.Tensor) -> FakeTensor: ...
+
+    def lift(self, builder: Builder, t: torch.Tensor) -> fx.Node: ...
+
+
 class Builder:
     """One FX graph under construction, with the map from live tensors to the nodes that produce them."""
 
-    def __init__(self, tracer: Tracer, parent: Builder | None = None, frame: Any = None) -> None:
+    def __init__(self, tracer: Lifting, parent: Builder | None = None, frame: Any = None) -> None:
         self.tracer = tracer
         self.parent = parent
         self.frame = frame  # the RegionFrame being traced into this graph (None for the outer graph)
