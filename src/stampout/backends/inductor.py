@@ -65,12 +65,8 @@ def has_region_calls(gm: fx.GraphModule) -> bool:
     return any(n.op == "call_function" and n.target is INVOKE_SUBGRAPH for n in gm.graph.nodes)
 
 
-def trains(example_inputs: list[Any]) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
-
-
 def needs_workaround(gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
-    return trains(example_inputs) and has_region_calls(gm)
+    return split.trains(example_inputs) and has_region_calls(gm)
 
 
 def _config_patches(gm: fx.GraphModule, example_inputs: list[Any]) -> dict[str, Any]:
@@ -80,7 +76,7 @@ def _config_patches(gm: fx.GraphModule, example_inputs: list[Any]) -> dict[str, 
         patches["cpp.max_horizontal_fusion_size"] = 1
     if not has_region_calls(gm):
         # (torch 2.13's C++ wrapper fails on graphs with symbolic int inputs: "view() received ... NoneType")
-        if (config.cpp_wrapper and on_cpu and not split.symbolic(example_inputs) and not trains(example_inputs)
+        if (config.cpp_wrapper and on_cpu and not split.symbolic(example_inputs) and not split.trains(example_inputs)
                 and not any(is_traceable_wrapper_subclass(t) for t in example_inputs)):  # (a DeviceMesh in C++)
             patches["cpp_wrapper"] = True
     elif config.avoid_reused_subgraph_buffer_bug and needs_workaround(gm, example_inputs):
@@ -170,7 +166,7 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: 
         # In training the backward is lowered now, not at the first backward(), so it overlaps the
         # forward's C++ compile (pipeline.overlapped) and fails, if it fails, inside the backend.
         with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
-                torch._functorch.config.patch(force_non_lazy_backward_lowering=trains(example_inputs)):
+                torch._functorch.config.patch(force_non_lazy_backward_lowering=split.trains(example_inputs)):
             compiled = compile_fx(_copy(gm, example_values=True), example_inputs,
                                   inner_compile=_timed_inner_compile(what), config_patches=patches or None,
                                   ignore_shape_env=not split.symbolic(example_inputs))

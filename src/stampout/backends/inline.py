@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..torch_internals import INVOKE_SUBGRAPH
-from .split import region_calls, writes_an_input
+from .split import region_calls, trains, writes_an_input
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +95,16 @@ def inline_regions(gm: fx.GraphModule, prefix: str = "") -> fx.GraphModule:
     return fx.GraphModule(attrs, graph, class_name=type(gm).__name__)
 
 
-def _trains(example_inputs: list[Any]) -> bool:
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in example_inputs)
-
-
-def _writes(sub: fx.GraphModule, trains: bool) -> bool:
+def _writes(sub: fx.GraphModule, training: bool, known: dict[int, bool]) -> bool:
     """Whether a subgraph writes through a custom op, or (training) writes its inputs: itself or through a region
-    call nested in it (conservatively)."""
-    return (_custom_op_writing(sub) is not None or (trains and writes_an_input(sub))
-            or any(_writes(getattr(sub, node.args[0].target), trains)
+    call nested in it (conservatively). `known`: the verdicts so far, by subgraph (a stack calls one 80 times)."""
+    verdict = known.get(id(sub))
+    if verdict is None:
+        verdict = known[id(sub)] = (
+            _custom_op_writing(sub) is not None or (training and writes_an_input(sub))
+            or any(_writes(getattr(sub, node.args[0].target), training, known)
                    for node in sub.graph.nodes if node.target is INVOKE_SUBGRAPH))
+    return verdict
 
 
 def _fresh_name(gm: fx.GraphModule, base: str) -> str:
@@ -148,12 +148,13 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> bool:
 def inline_writing_regions(gm: fx.GraphModule, example_inputs: list[Any]) -> int:
     """Inline every region call whose subgraph writes through a custom op, or writes its inputs when the graph
     trains (see the Note); how many were."""
-    trains = _trains(example_inputs)
+    training = trains(example_inputs)
+    known: dict[int, bool] = {}
     inlined = 0
     skipped: set[fx.Node] = set()
     while True:
         call = next((node for node in gm.graph.nodes if node.target is INVOKE_SUBGRAPH and node not in skipped
-                     and _writes(getattr(gm, node.args[0].target), trains)), None)
+                     and _writes(getattr(gm, node.args[0].target), training, known)), None)
         if call is None:
             break
         if _inline(gm, call):

@@ -174,6 +174,11 @@ def symbolic(values: list[Any]) -> bool:
     return any(isinstance(v, torch.SymInt) or has_symbols(v) for v in values)
 
 
+def trains(example_inputs: list[Any]) -> bool:
+    """Whether a graph with these inputs is compiled for training (grad on, an input that requires grad)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
 def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float | None = None) -> str | None:
     """None when each region may be compiled on its own with eager glue; else why not. The glue may do at
     most `max_glue` (default `config.thin_glue`) times the regions' work (in graph nodes). Measured here, a
