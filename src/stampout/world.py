@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import config
 from .classpatch import PATCHED_NAMES
-from .regions.code import code_facts, is_user_code, is_user_file
+from .regions.code import code_facts, is_user_code, is_user_file, module_file
 from .shapes import concrete
 
 
@@ -335,10 +335,7 @@ class Repairs:
 
 
 def _is_user_module(module: Any) -> bool:
-
-    fields = getattr(module, "__dict__", None)  # (not getattr: a module's own __getattr__ may raise anything)
-    filename = fields.get("__file__") if type(fields) is dict else None
-    return module is not None and is_user_file(filename or "<module>")
+    return module is not None and is_user_file(module_file(module) or "<module>")
 
 
 def _is_user_class(klass: type) -> bool:

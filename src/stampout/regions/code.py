@@ -46,6 +46,13 @@ def is_user_file(filename: str) -> bool:
     return user
 
 
+def module_file(module: types.ModuleType | None) -> str | None:
+    """A module's `__file__`, read from its `__dict__` (not getattr: a module's own `__getattr__` may raise
+    anything, or make something up), or None."""
+    fields = getattr(module, "__dict__", None)
+    return fields.get("__file__") if type(fields) is dict else None
+
+
 def is_user_code(code: types.CodeType) -> bool:
     """User code, less the methods the standard library generates with `exec` (dataclass `__init__`)."""
     return is_user_file(code.co_filename) and not code.co_qualname.startswith("__create_fn__")

@@ -17,7 +17,7 @@ from ..guards import const_key, is_auto_mark, is_constant
 from ..shapes import size_key, sizes_key
 from ..sources import MISSING
 from ..tracking import original_class, shim_class
-from .code import is_user_file
+from .code import is_user_file, module_file
 
 CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
@@ -110,14 +110,12 @@ def by_name(value: Any) -> bool:
 
 
 def is_user_class_object(klass: type) -> bool:
-    module = sys.modules.get(klass.__module__)
-    return klass is not object and is_user_file(getattr(module, "__file__", None) or "<module>")
+    return klass is not object and is_user_file(module_file(sys.modules.get(klass.__module__)) or "<module>")
 
 
 def is_user_class(obj: Any, name: str) -> bool:
     """Whether the class that defines `name` for `obj` is user code (not torch's or stampout's)."""
     for klass in original_class(obj).__mro__:
         if name in klass.__dict__:
-            module = sys.modules.get(klass.__module__)
-            return is_user_file(getattr(module, "__file__", None) or "")
+            return is_user_file(module_file(sys.modules.get(klass.__module__)) or "")
     return False
