@@ -16,8 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
+import stampout
+
 __all__ = [
+    "TOL",
     "assert_matches_eager",
+    "check_call",
+    "check_capture",
     "named_grads",
     "scalar_loss",
     "tree_assert_close",
@@ -200,8 +205,6 @@ def assert_matches_eager(
     ``grad``, ``rtol``, ``atol``, ``check_buffers`` and ``lint`` are reserved; every other keyword
     argument is passed to the program. Returns the ``Capture``.
     """
-    import stampout
-
     tol = {"rtol": rtol, "atol": atol}
     is_module = isinstance(model_or_fn, nn.Module)
     _zero_grads(model_or_fn)
@@ -269,3 +272,67 @@ def assert_matches_eager(
                 continue
             torch.testing.assert_close(a, e, msg=lambda m, i=i: f"grad of input leaf #{i}: {m}", **tol)
     return cap
+
+
+# ------------------------------------------------------------------------- live state, no copy
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _params(model: Any) -> list[tuple[str, torch.Tensor]]:
+    return list(model.named_parameters()) if isinstance(model, nn.Module) else []
+
+
+def _run_with_grads(fn: Callable[..., Any], args: tuple, params: list[tuple[str, torch.Tensor]],
+                    grad: bool) -> tuple[Any, dict[str, torch.Tensor | None], list[torch.Tensor | None]]:
+    """Run `fn` on a clone of `args`; with `grad`, backpropagate `scalar_loss` and collect the gradients of
+    `params` and of the leaf inputs that require grad."""
+    for _, p in params:
+        p.grad = None
+    args = tree_clone(args)
+    out = fn(*args)
+    if not grad:
+        return out, {}, []
+    scalar_loss(out).backward()
+    pgrads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in params}
+    igrads = [t.grad for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
+    for _, p in params:
+        p.grad = None
+    return out, pgrads, igrads
+
+
+def _assert_same(actual: tuple, expected: tuple, what: str) -> None:
+    out_a, pg_a, ig_a = actual
+    out_e, pg_e, ig_e = expected
+    tree_assert_close(out_a, out_e, f"{what}: out", **TOL)
+    assert list(pg_a) == list(pg_e)
+    for name in pg_e:
+        e, a = pg_e[name], pg_a[name]
+        assert (e is None) == (a is None), f"{what}: grad of {name}: eager {e is not None}, got {a is not None}"
+        if e is not None:
+            torch.testing.assert_close(a, e, msg=lambda m, n=name: f"{what}: grad of {n}: {m}", **TOL)
+    for i, (a, e) in enumerate(zip(ig_a, ig_e)):
+        assert (e is None) == (a is None), f"{what}: grad of input {i}"
+        if e is not None:
+            torch.testing.assert_close(a, e, msg=lambda m, i=i: f"{what}: grad of input {i}: {m}", **TOL)
+
+
+def check_capture(fn: Callable[..., Any], *args: Any, grad: bool = True, params_of: Any = None) -> stampout.Capture:
+    """Eager on `fn` itself (no copy: per-instance patches and closures stay as they are), then capture and run
+    the capture on the same live state; outputs and gradients must match."""
+    params = _params(params_of if params_of is not None else fn)
+    expected = _run_with_grads(fn, args, params, grad)
+    cap = stampout.capture(fn, *tree_clone(args))
+    cap.gm.graph.lint()
+    actual = _run_with_grads(cap, args, params, grad)
+    _assert_same(actual, expected, "capture")
+    return cap
+
+
+def check_call(eager: Callable[..., Any], compiled: Callable[..., Any], *args: Any, grad: bool = True,
+               params_of: Any = None, what: str = "call") -> None:
+    """One compiled call against eager on the same (current) state."""
+    params = _params(params_of if params_of is not None else eager)
+    expected = _run_with_grads(eager, args, params, grad)
+    actual = _run_with_grads(compiled, args, params, grad)
+    _assert_same(actual, expected, what)

@@ -1,4 +1,5 @@
-"""Second red-team round: ordinary programs that were wrong or crashed, each now equal to eager."""
+"""What a region's fingerprint must include: torch's global switches, the memory layouts kernels produce (channels
+last), in-place activations after ops that need grad, nested regions that differ. Each equals eager."""
 
 from __future__ import annotations
 

@@ -1,0 +1,45 @@
+"""Small models and inputs shared by the behaviour files (test_per_layer_state.py, test_state_between_calls.py, ...):
+`Block` is a residual block whose forward is the region, `stack_of(Block, n)` a seeded stack of them, `sample()`
+a seeded input of width `D`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+import stampout
+
+D = 4
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class Block(nn.Module):
+    """A residual block whose forward is the region."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = Mlp()
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.mlp(x))
+
+
+def stack_of(cls: type[nn.Module], n: int, *a: Any) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[cls(*a) for _ in range(n)])
+
+
+def sample(*shape: int, grad: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(*(shape or (2, D)), generator=g).requires_grad_(grad)

@@ -1,0 +1,124 @@
+"""Lookups a program keeps outside its tensors: a decision on `id()`, a class memo keyed by dtype, a weak-key memo
+global keyed by module, a module with its own `__getattr__`. Each is read for real and guarded, never baked."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import types
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+
+
+class IdBranch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if (id(x) >> 4) % 2 else self.b(x)
+
+
+def test_a_decision_on_id_is_not_baked(caplog):
+    torch.manual_seed(0)
+    model = IdBranch()
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for _ in range(12):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(fn(x), model(x))
+    assert any("builtins.id" in r.getMessage() for r in caplog.records)
+
+
+class ShapeDtypeMasks(nn.Module):
+    masks: dict = {}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = (x.shape[-2], x.dtype)  # (a dtype in a key: the guard on the item cannot be written as a literal)
+        if key not in type(self).masks:
+            type(self).masks[key] = torch.tril(torch.ones(x.shape[-2], x.shape[-2]))
+        return (self.lin(x).transpose(-1, -2) @ type(self).masks[key]).transpose(-1, -2)
+
+
+def test_a_class_memo_keyed_by_dtype_is_guarded():
+    ShapeDtypeMasks.masks.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(ShapeDtypeMasks(), ShapeDtypeMasks())
+    fn = stampout.compile(copy.deepcopy(model), backend="eager", regions="auto")
+    for n in (3, 4, 3):
+        x = torch.randn(2, n, 5)
+        torch.testing.assert_close(fn(x), model(x))
+    assert all(type(v) is torch.Tensor for v in ShapeDtypeMasks.masks.values())
+
+
+MEMO_BY_MODULE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class WeakMemo(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = MEMO_BY_MODULE.get(self)
+        if m is None:
+            m = MEMO_BY_MODULE[self] = torch.ones(4) * 0.5
+        return self.lin(x) * m
+
+
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_weak_key_memo_global_is_kept_and_real(how):
+    MEMO_BY_MODULE.clear()
+    torch.manual_seed(0)
+    model = WeakMemo()
+    x = torch.randn(2, 4)
+    expected = model(x)
+    MEMO_BY_MODULE.clear()
+    if how == "capture":
+        stampout.capture(model, x)
+    else:
+        torch.testing.assert_close(stampout.compile(model, backend="eager")(x), expected)
+    assert globals().get("MEMO_BY_MODULE") is not None  # (the repair once deleted the global itself)
+    assert all(type(v) is torch.Tensor for v in MEMO_BY_MODULE.values())
+    torch.testing.assert_close(model(x), expected)
+
+
+class _Settings(types.ModuleType):
+    def __getattr__(self, name: str):
+        return SETTINGS_VALUES[name]  # (raises KeyError, not AttributeError, for `__file__`)
+
+
+SETTINGS_VALUES = {"gain": 2.0}
+SETTINGS = _Settings("settings")
+
+
+class SettingsReader(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * SETTINGS.gain
+
+
+def test_a_module_with_its_own_getattr_is_read_and_guarded():
+    torch.manual_seed(0)
+    model = SettingsReader()
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(fn(x), model(x))
+    SETTINGS_VALUES["gain"] = -1.0
+    try:
+        torch.testing.assert_close(fn(x), model(x))
+    finally:
+        SETTINGS_VALUES["gain"] = 2.0

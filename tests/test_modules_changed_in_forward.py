@@ -1,0 +1,156 @@
+"""A forward that changes its module: a tensor stored on it, `param.data = ...`, a buffer registered, a submodule made
+or swapped during the call, spectral norm's power-iteration buffers. Each is kept and real after the call, or
+refused (capture) / run eagerly (compile) with a reason, never silently dropped."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from blocks import D, sample, stack_of
+from helpers import TOL, check_capture, tree_assert_close
+from torch import nn
+
+import stampout
+
+
+class Cached(nn.Module):
+    """The rotary-embedding pattern: a tensor cache built lazily inside forward and stored on the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.cache: torch.Tensor | None = None
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache is None or self.cache.shape[0] < x.shape[0]:
+            self.cache = torch.arange(x.shape[0] * D, dtype=x.dtype).view(x.shape[0], D) / 10
+        return self.fc(x) + self.cache[: x.shape[0]]
+
+
+def test_family_tensor_stored_on_module_during_capture() -> None:
+    """A tensor made and stored on `self` inside the captured program is left there as a real tensor (as eager
+    leaves it), and the model still runs eagerly afterwards."""
+    model = stack_of(Cached, 2)
+    ref = copy.deepcopy(model)
+    cap = stampout.capture(model, sample())
+    tree_assert_close(cap(sample()), ref(sample()), **TOL)
+    for i, layer in enumerate(model):
+        assert type(layer.cache) is torch.Tensor, f"layers[{i}].cache is a {type(layer.cache).__name__}"
+    tree_assert_close(model(sample()), ref(sample()), "eager after capture", **TOL)
+
+
+class DataSetter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.scale = nn.Parameter(torch.ones(D))
+        self.replacement = torch.full((D,), 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.scale.data = self.replacement  # e.g. weight loading / pruning code in forward
+        return self.fc(x) * self.scale
+
+
+def test_family_param_data_assignment_in_program() -> None:
+    """`param.data = tensor` inside a captured program."""
+    torch.manual_seed(0)
+    check_capture(DataSetter(), sample())
+
+
+class LazyBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "running"):
+            self.register_buffer("running", torch.zeros(4))
+        self.running.add_(x.mean(0))
+        return self.lin(x) + self.running
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_buffer_registered_in_forward_is_real_and_kept(backend):
+    torch.manual_seed(0)
+    model = LazyBuffer()
+    compiled_model = copy.deepcopy(model)
+    fn = stampout.compile(compiled_model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fn(x), model(x))
+        assert type(compiled_model.running) is torch.Tensor
+        torch.testing.assert_close(compiled_model.running, model.running)
+    assert fn.stats.captures == 2  # (the first call registered it; the second reads it as a buffer)
+    assert list(compiled_model.state_dict()) == list(model.state_dict())
+
+
+class SwapsChild(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU()
+        self.lin = nn.Linear(4, 4)
+        self.n = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.n += 1
+        if self.n == 2:
+            self.act = nn.Tanh()  # (made during the call: a compiled call cannot make it again)
+        return self.act(self.lin(x))
+
+
+def test_storing_a_module_made_during_the_call_is_refused_not_dropped():
+    torch.manual_seed(0)
+    model = SwapsChild()
+    fn = stampout.compile(model, backend="eager")
+    fn(torch.randn(2, 4))
+    with pytest.raises(stampout.StampoutError, match="stores a Tanh made during the call"):
+        fn(torch.randn(2, 4))
+    assert type(model.act) is nn.ReLU and model.n == 1  # (the refused capture left the model as it was)
+
+
+class LazyHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.shape[-1])
+        if key not in self.heads:
+            self.heads[key] = nn.Linear(x.shape[-1], 2)
+        return self.heads[key](x)
+
+
+def test_a_submodule_made_during_the_call_is_refused_by_capture_and_run_eagerly_by_compile(caplog):
+    model = LazyHeads()
+    with pytest.raises(stampout.CaptureError, match="ModuleDict.3, a module it makes during the call"):
+        stampout.capture(model, torch.randn(2, 3))
+    assert len(model.heads) == 0
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for d in (3, 4, 3):
+            x = torch.randn(2, d)
+            torch.testing.assert_close(fn(x), model(x))
+    assert sorted(model.heads) == ["3", "4"]
+    assert any("a module it makes during the call" in r.getMessage() for r in caplog.records)
+    assert all(type(p) is nn.Parameter and not isinstance(p, torch._subclasses.FakeTensor)
+               for p in model.parameters())
+
+
+def test_capture_of_spectral_norm_leaves_its_power_iteration_buffers_alone():
+    # (spectral_norm's pre-hook stores `module.weight` (made real, as eager) and updates u, v in place: a
+    # capture does not touch real tensors, as with BatchNorm's statistics; the Capture's first call does)
+    torch.manual_seed(0)
+    model = nn.Sequential(torch.nn.utils.spectral_norm(nn.Linear(4, 4)), nn.Tanh())
+    ref = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 4)
+    cap = stampout.capture(model, x)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+    torch.testing.assert_close(cap(x), ref(x))
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, ref.state_dict()[k])
