@@ -1,6 +1,17 @@
-"""Test helpers: compare a stampout capture against eager PyTorch. Usage:
+"""The differential check, in one place: run a program eagerly and through stampout on fresh clones of the same
+inputs, and assert that everything a user can see is the same — outputs, the inputs after the call (in-place
+writes), gradients of parameters and leaf inputs, buffers, and whatever the test says the program changes outside
+its inputs (`world()`).
 
-from helpers import assert_matches_eager, tree_assert_close   # or: from tests.helpers import ...
+* `assert_matches_eager(model, *args, grad=True)`: the reference is a deep copy of the model made before capturing;
+  `stampout.capture`, `graph.lint()`, then the Capture against the copy. Returns the Capture.
+* `check(fn, *args, traces=.., reuses=.., world=.., reset=..)`: on the live objects (no copy), eager vs capture vs
+  `stampout.compile` for `calls` calls, with exact trace/reuse counts; PyTorch's own reuse tests use it.
+* `check_capture(fn, *args)` / `check_call(eager, compiled, *args)`: one capture, or one compiled call, against
+  eager on the same live state.
+* Underneath: `run()` records one call as a `Run`, `assert_same()` compares two of them.
+
+from helpers import assert_matches_eager, check   # or: from tests.helpers import ...
 
 cap = assert_matches_eager(model, x, grad=True)
 assert cap.stats.traces == 1
@@ -20,15 +31,24 @@ import stampout
 
 __all__ = [
     "TOL",
+    "Run",
     "assert_matches_eager",
+    "assert_same",
+    "check",
     "check_call",
     "check_capture",
     "named_grads",
+    "run",
+    "same",
     "scalar_loss",
+    "summed_loss",
+    "traced",
     "tree_assert_close",
     "tree_clone",
     "tree_leaves",
 ]
+
+TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 # ------------------------------------------------------------------------------------ pytree walks
@@ -144,13 +164,14 @@ def _short(x: Any) -> str:
     return r if len(r) < 80 else r[:77] + "..."
 
 
-# ------------------------------------------------------------------------------------- gradients
+# ------------------------------------------------------------------------------------- one call, recorded
 
 
 def scalar_loss(out: Any) -> torch.Tensor:
-    """Sum over all floating-point tensor leaves of ``(t.float() ** 2).mean()``."""
+    """Sum over the floating-point (and complex: by magnitude) tensor leaves that require grad of
+    ``(t.float() ** 2).mean()``."""
     terms = [
-        (t.float() ** 2).mean()
+        ((t.abs() if t.is_complex() else t).float() ** 2).mean()
         for t in tree_leaves(out)
         if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) and t.requires_grad
     ]
@@ -158,25 +179,90 @@ def scalar_loss(out: Any) -> torch.Tensor:
     return torch.stack(terms).sum()
 
 
+def summed_loss(out: Any) -> torch.Tensor:
+    """Sum of the float (complex: real part) tensor leaves that require grad: an upstream gradient of ones, as in
+    PyTorch's own tests' ``out.sum().backward()``."""
+    terms = [(t.real if t.is_complex() else t).float().sum() for t in tree_leaves(out)
+             if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+    assert terms, "grad=True but no output requires grad"
+    return torch.stack(terms).sum()
+
+
 def named_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
     return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in model.named_parameters()}
 
 
-def _input_grads(args: Any) -> list[tuple[int, torch.Tensor | None]]:
-    return [
-        (i, None if t.grad is None else t.grad.detach().clone())
-        for i, t in enumerate(tree_leaves(args))
-        if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf
-    ]
+def _named_params(modules: Any) -> list[tuple[str, nn.Parameter]]:
+    """Parameters by name: one module's own names; several modules' as ``modules[j].name`` (each module once)."""
+    mods = [m for i, m in enumerate(modules) if isinstance(m, nn.Module) and all(m is not o for o in modules[:i])]
+    if len(mods) == 1:
+        return list(mods[0].named_parameters())
+    return [(f"modules[{j}].{n}", p) for j, m in enumerate(mods) for n, p in m.named_parameters()]
 
 
-def _zero_grads(model: Any) -> None:
-    if isinstance(model, nn.Module):
-        for p in model.parameters():
-            p.grad = None
+@dataclasses.dataclass
+class Run:
+    """What one call left behind: its output, its inputs after the call, the gradients (``parameter NAME`` and
+    ``input leaf #i``, with ``grad``), the buffers of ``buffers_of`` and what ``world()`` returned."""
+
+    out: Any
+    inputs: Any
+    grads: dict[str, torch.Tensor | None]
+    buffers: dict[str, torch.Tensor]
+    world: Any
 
 
-# ---------------------------------------------------------------------------------------- main
+def run(fn: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, *,
+        params: list[tuple[str, nn.Parameter]] = (), grad: bool = False,
+        loss: Callable[[Any], torch.Tensor] = scalar_loss, buffers_of: nn.Module | None = None,
+        reset: Callable[[], None] | None = None, world: Callable[[], Any] | None = None) -> Run:
+    """Call ``fn`` on fresh clones of ``args``/``kwargs`` (after ``reset()``, with the ``params``' grads cleared);
+    with ``grad``, backpropagate ``loss`` of the output and record the gradients."""
+    if reset is not None:
+        reset()
+    for _, p in params:
+        p.grad = None
+    a, k = tree_clone(args), tree_clone(kwargs or {})
+    out = fn(*a, **k)
+    grads: dict[str, torch.Tensor | None] = {}
+    if grad:
+        loss(out).backward()
+        grads = {f"parameter {n}": None if p.grad is None else p.grad.detach().clone() for n, p in params}
+        for i, t in enumerate(tree_leaves((a, k))):
+            if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf:
+                grads[f"input leaf #{i}"] = None if t.grad is None else t.grad.detach().clone()
+    buffers = {} if buffers_of is None else {n: b.detach().clone() for n, b in buffers_of.named_buffers()}
+    return Run(out, (a, k), grads, buffers, None if world is None else world())
+
+
+def assert_same(actual: Run, expected: Run, what: str = "call", *, python_inputs: bool = False, **tol: Any) -> None:
+    """Outputs, the tensor inputs after the call (with ``python_inputs``, the whole input tree: containers the
+    program mutates), gradients, buffers and world of ``actual`` equal ``expected``'s."""
+    tree_assert_close(actual.out, expected.out, f"{what}: out", **tol)
+    if python_inputs:
+        tree_assert_close(actual.inputs, expected.inputs, f"{what}: inputs after the call", check_requires_grad=False,
+                          **tol)
+    else:
+        for i, (a, e) in enumerate(zip(tree_leaves(actual.inputs), tree_leaves(expected.inputs))):
+            if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor):
+                torch.testing.assert_close(
+                    a.detach(), e.detach(), msg=lambda m, i=i: f"{what}: input leaf #{i} after the call: {m}", **tol
+                )
+    assert list(actual.grads) == list(expected.grads), f"{what}: grads of {list(actual.grads)} != eager's"
+    for name, e in expected.grads.items():
+        a = actual.grads[name]
+        assert (e is None) == (a is None), f"{what}: grad of {name}: eager {e is not None}, stampout {a is not None}"
+        if e is not None:
+            torch.testing.assert_close(a, e, msg=lambda m, n=name: f"{what}: grad of {n}: {m}", **tol)
+    assert list(actual.buffers) == list(expected.buffers), f"{what}: buffers {list(actual.buffers)} != eager's"
+    for name, e in expected.buffers.items():
+        torch.testing.assert_close(actual.buffers[name], e, msg=lambda m, n=name: f"{what}: buffer {n}: {m}", **tol)
+    if expected.world is not None and actual.world is not None:
+        tree_assert_close(actual.world, expected.world, f"{what}: world after the call", check_requires_grad=False,
+                          **tol)
+
+
+# ---------------------------------------------------------------------------------------- the checks
 
 
 def assert_matches_eager(
@@ -188,7 +274,7 @@ def assert_matches_eager(
     check_buffers: bool = True,
     lint: bool = True,
     **kwargs: Any,
-):
+) -> stampout.Capture:
     """Capture ``model_or_fn(*args, **kwargs)`` with ``stampout.capture`` and check it against eager.
 
     * The eager reference runs on ``copy.deepcopy(model)`` (made *before* capturing, so it sees the
@@ -205,134 +291,116 @@ def assert_matches_eager(
     ``grad``, ``rtol``, ``atol``, ``check_buffers`` and ``lint`` are reserved; every other keyword
     argument is passed to the program. Returns the ``Capture``.
     """
-    tol = {"rtol": rtol, "atol": atol}
     is_module = isinstance(model_or_fn, nn.Module)
-    _zero_grads(model_or_fn)
+    if is_module:
+        for p in model_or_fn.parameters():
+            p.grad = None
     ref = copy.deepcopy(model_or_fn) if is_module else model_or_fn
 
-    capture_args, capture_kwargs = tree_clone(args), tree_clone(kwargs)
-    cap = stampout.capture(model_or_fn, *capture_args, **capture_kwargs)
+    cap = stampout.capture(model_or_fn, *tree_clone(args), **tree_clone(kwargs))
     assert isinstance(cap.gm, torch.fx.GraphModule), f"cap.gm is {type(cap.gm).__name__}"
     if lint:
         cap.gm.graph.lint()
 
-    eager_args, eager_kwargs = tree_clone(args), tree_clone(kwargs)
-    cap_args, cap_kwargs = tree_clone(args), tree_clone(kwargs)
+    def recorded(fn: Callable[..., Any], module: Any) -> Run:
+        return run(fn, args, kwargs, params=_named_params([module]), grad=grad,
+                   buffers_of=module if check_buffers and is_module else None)
 
-    _zero_grads(ref)
-    expected = ref(*eager_args, **eager_kwargs)
-    _zero_grads(model_or_fn)
-    actual = cap(*cap_args, **cap_kwargs)
-
-    tree_assert_close(actual, expected, "out", **tol)
-    # In-place mutation of tensor inputs must match (Python-level container mutation is a side effect
-    # of the capture itself, not of ``cap(...)``, so only tensor leaves are compared).
-    for i, (a, e) in enumerate(
-        zip(tree_leaves((cap_args, cap_kwargs)), tree_leaves((eager_args, eager_kwargs)))
-    ):
-        if isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor):
-            torch.testing.assert_close(
-                a.detach(), e.detach(), msg=lambda m, i=i: f"input leaf #{i} after call: {m}", **tol
-            )
-
-    if check_buffers and is_module:
-        cap_bufs = dict(model_or_fn.named_buffers())
-        ref_bufs = dict(ref.named_buffers())
-        assert list(cap_bufs) == list(ref_bufs), f"buffers {list(cap_bufs)} != {list(ref_bufs)}"
-        for name, ref_buf in ref_bufs.items():
-            torch.testing.assert_close(
-                cap_bufs[name], ref_buf, msg=lambda m, name=name: f"buffer {name}: {m}", **tol
-            )
-
-    if grad:
-        scalar_loss(expected).backward()
-        scalar_loss(actual).backward()
-        if is_module:
-            exp_g, act_g = named_grads(ref), named_grads(model_or_fn)
-            assert list(act_g) == list(exp_g)
-            for name in exp_g:
-                e, a = exp_g[name], act_g[name]
-                if e is None or a is None:
-                    assert e is None and a is None, (
-                        f"grad of parameter {name}: eager {'None' if e is None else 'set'}, "
-                        f"captured {'None' if a is None else 'set'}"
-                    )
-                    continue
-                torch.testing.assert_close(
-                    a, e, msg=lambda m, name=name: f"grad of parameter {name}: {m}", **tol
-                )
-        exp_in = _input_grads((eager_args, eager_kwargs))
-        act_in = _input_grads((cap_args, cap_kwargs))
-        assert [i for i, _ in act_in] == [i for i, _ in exp_in]
-        for (i, e), (_, a) in zip(exp_in, act_in):
-            if e is None or a is None:
-                assert e is None and a is None, (
-                    f"grad of input leaf #{i}: eager {e is not None}, captured {a is not None}"
-                )
-                continue
-            torch.testing.assert_close(a, e, msg=lambda m, i=i: f"grad of input leaf #{i}: {m}", **tol)
+    expected = recorded(ref, ref)
+    actual = recorded(cap, model_or_fn)
+    # (Python-level container mutation is a side effect of the capture itself, not of ``cap(...)``: only tensor
+    # inputs are compared after the call.)
+    assert_same(actual, expected, "capture", rtol=rtol, atol=atol)
     return cap
 
 
-# ------------------------------------------------------------------------- live state, no copy
-
-TOL = {"rtol": 1e-4, "atol": 1e-5}
-
-
-def _params(model: Any) -> list[tuple[str, torch.Tensor]]:
-    return list(model.named_parameters()) if isinstance(model, nn.Module) else []
+def traced(cap: stampout.Capture) -> int:
+    """Region bodies traced, deduped ones included (what PyTorch's `speculate_subgraph` counter counts)."""
+    return cap.stats.traces + cap.stats.dedups
 
 
-def _run_with_grads(fn: Callable[..., Any], args: tuple, params: list[tuple[str, torch.Tensor]],
-                    grad: bool) -> tuple[Any, dict[str, torch.Tensor | None], list[torch.Tensor | None]]:
-    """Run `fn` on a clone of `args`; with `grad`, backpropagate `scalar_loss` and collect the gradients of
-    `params` and of the leaf inputs that require grad."""
-    for _, p in params:
-        p.grad = None
-    args = tree_clone(args)
-    out = fn(*args)
-    if not grad:
-        return out, {}, []
-    scalar_loss(out).backward()
-    pgrads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in params}
-    igrads = [t.grad for t in tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
-    for _, p in params:
-        p.grad = None
-    return out, pgrads, igrads
+def check(
+    fn: Callable,
+    *args: Any,
+    traces: int | None = None,
+    reuses: int | None = None,
+    grad: bool = False,
+    reset: Callable[[], None] | None = None,
+    world: Callable[[], Any] | None = None,
+    modules: Any = (),
+    backend: Any = "eager",
+    calls: int = 2,
+    dynamic: bool | None = None,
+    capture: bool = True,
+    loss: Callable[[Any], torch.Tensor] = summed_loss,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    **kwargs: Any,
+) -> stampout.Capture | None:
+    """Run ``fn`` three ways on fresh clones of the inputs — eager, ``stampout.capture`` then the Capture, and
+    ``stampout.compile`` for ``calls`` calls — all on the live objects (no copy), and assert each equals eager:
+    outputs, the whole input tree after the call, gradients (of ``loss``, ``summed_loss`` unless given) of leaf
+    inputs and of the parameters of ``fn`` (a module), of ``modules`` and of modules among the inputs, and
+    ``world()`` after every run. ``reset()`` puts the world back before each run, so the program's own Python side
+    effects happen once per run, as in eager.
 
+    Counts: PyTorch counts traced region bodies (``speculate_subgraph`` calls), a deduped trace included; here that
+    is ``traced(cap)``, and ``reuses`` is the number of stamped-out calls. ``capture=False``: a program ``capture``
+    refuses (data-dependent Python): only ``compile``, which runs that part eagerly, is checked. Returns the
+    Capture for more assertions."""
+    tol = {"rtol": rtol, "atol": atol}
+    mods = [fn, *modules, *(leaf for leaf in tree_leaves((args, kwargs)) if isinstance(leaf, nn.Module))]
+    params = _named_params(mods)
+    expected = run(fn, args, kwargs, params=params, grad=grad, loss=loss, reset=reset, world=world)
 
-def _assert_same(actual: tuple, expected: tuple, what: str) -> None:
-    out_a, pg_a, ig_a = actual
-    out_e, pg_e, ig_e = expected
-    tree_assert_close(out_a, out_e, f"{what}: out", **TOL)
-    assert list(pg_a) == list(pg_e)
-    for name in pg_e:
-        e, a = pg_e[name], pg_a[name]
-        assert (e is None) == (a is None), f"{what}: grad of {name}: eager {e is not None}, got {a is not None}"
-        if e is not None:
-            torch.testing.assert_close(a, e, msg=lambda m, n=name: f"{what}: grad of {n}: {m}", **TOL)
-    for i, (a, e) in enumerate(zip(ig_a, ig_e)):
-        assert (e is None) == (a is None), f"{what}: grad of input {i}"
-        if e is not None:
-            torch.testing.assert_close(a, e, msg=lambda m, i=i: f"{what}: grad of input {i}: {m}", **TOL)
+    cap = None
+    if capture:
+        holder: list[stampout.Capture] = []
+        # The capture runs the program's Python once, for real: the world after it is eager's after one call.
+        run(lambda *a, **k: holder.append(stampout.capture(fn, *a, **k)), args, kwargs, reset=reset)
+        cap = holder[0]
+        cap.gm.graph.lint()
+        if world is not None and not any(isinstance(t, torch.Tensor) for t in tree_leaves(expected.world)):
+            # (Python state only: the capture runs no tensor op for real and puts the generators back)
+            tree_assert_close(world(), expected.world, "world after capture", check_requires_grad=False, **tol)
+        if traces is not None:
+            assert traced(cap) == traces, f"traced {traced(cap)} region bodies, expected {traces}: {cap.stats}"
+        if reuses is not None:
+            assert cap.stats.reuses == reuses, f"reused {cap.stats.reuses}, expected {reuses}: {cap.stats}"
+        actual = run(cap, args, kwargs, params=params, grad=grad, loss=loss, reset=reset)
+        assert_same(actual, expected, "capture", python_inputs=True, **tol)
+
+    compiled = stampout.compile(fn, backend=backend, dynamic=dynamic) if calls else None
+    for i in range(calls):
+        actual = run(compiled, args, kwargs, params=params, grad=grad, loss=loss, reset=reset, world=world)
+        assert_same(actual, expected, f"compiled call {i}", python_inputs=True, **tol)
+    return cap
 
 
 def check_capture(fn: Callable[..., Any], *args: Any, grad: bool = True, params_of: Any = None) -> stampout.Capture:
-    """Eager on `fn` itself (no copy: per-instance patches and closures stay as they are), then capture and run
-    the capture on the same live state; outputs and gradients must match."""
-    params = _params(params_of if params_of is not None else fn)
-    expected = _run_with_grads(fn, args, params, grad)
-    cap = stampout.capture(fn, *tree_clone(args))
-    cap.gm.graph.lint()
-    actual = _run_with_grads(cap, args, params, grad)
-    _assert_same(actual, expected, "capture")
+    """Eager on ``fn`` itself (no copy: per-instance patches and closures stay as they are), then capture and run
+    the capture on the same live state: ``check(..., calls=0)`` with the parameters of ``params_of`` (default:
+    ``fn``), ``scalar_loss`` and ``TOL``."""
+    modules = [] if params_of is None else [params_of]
+    cap = check(fn, *args, grad=grad, modules=modules, calls=0, loss=scalar_loss, **TOL)
+    assert cap is not None
     return cap
 
 
 def check_call(eager: Callable[..., Any], compiled: Callable[..., Any], *args: Any, grad: bool = True,
-               params_of: Any = None, what: str = "call") -> None:
-    """One compiled call against eager on the same (current) state."""
-    params = _params(params_of if params_of is not None else eager)
-    expected = _run_with_grads(eager, args, params, grad)
-    actual = _run_with_grads(compiled, args, params, grad)
-    _assert_same(actual, expected, what)
+               params_of: Any = None, compiled_params_of: Any = None, what: str = "call", **tol: Any) -> None:
+    """One compiled call against eager on the same (current) state: outputs, tensor inputs after the call, and
+    with ``grad`` the gradients of ``params_of``'s parameters (default: ``eager``'s) and of leaf inputs. A compiled
+    copy of the eager model: its parameters are ``compiled_params_of``'s. ``tol``: ``TOL`` unless given (``rtol=None,
+    atol=None``: ``torch.testing.assert_close``'s defaults)."""
+    params = _named_params([params_of if params_of is not None else eager])
+    compiled_params = params if compiled_params_of is None else _named_params([compiled_params_of])
+    expected = run(eager, args, params=params, grad=grad)
+    actual = run(compiled, args, params=compiled_params, grad=grad)
+    assert_same(actual, expected, what, **(tol or TOL))
+
+
+def same(compiled: Callable[..., Any], eager: Callable[..., Any], *args: Any) -> None:
+    """``compiled(*args)`` equals ``eager(*args)`` on fresh clones of ``args``: ``check_call`` without gradients,
+    at ``torch.testing.assert_close``'s default tolerances."""
+    check_call(eager, compiled, *args, grad=False, rtol=None, atol=None)

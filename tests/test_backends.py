@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import named_grads
+from helpers import check_call, named_grads
 from torch import nn
 
 import stampout
@@ -50,18 +50,8 @@ def check_backend(backend, block, train: bool, n: int = 3, rtol=1e-4, atol=1e-5)
     reference = copy.deepcopy(model)
     x = torch.randn(4, 16)
     fn = stampout.compile(model, backend=backend)
-    with torch.set_grad_enabled(train):
-        out, expected = fn(x), reference(x)
-    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
-    if train:
-        out.pow(2).mean().backward()
-        expected.pow(2).mean().backward()
-        got, want = named_grads(model), named_grads(reference)
-        for name in want:
-            torch.testing.assert_close(got[name], want[name], rtol=rtol, atol=atol,
-                                       msg=lambda m, name=name: f"grad of {name}: {m}")
-    else:
-        assert not out.requires_grad
+    with torch.set_grad_enabled(train):  # (inference: the compiled output does not require grad, as eager's)
+        check_call(reference, fn, x, grad=train, compiled_params_of=model, rtol=rtol, atol=atol)
     return fn
 
 

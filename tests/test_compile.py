@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+from helpers import same
 from test_divergent import Stack
 from torch import nn
 
@@ -28,10 +29,6 @@ def compiled_pair(n=4, backend="eager", dynamic=None):
     torch.manual_seed(0)
     model = Stack(n)
     return model, copy.deepcopy(model), stampout.compile(model, backend=backend, dynamic=dynamic)
-
-
-def same(fn, reference, x):
-    torch.testing.assert_close(fn(x), reference(x))
 
 
 def test_second_call_runs_without_capture():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from helpers import same
 from test_divergent import Stack
 
 import stampout
@@ -15,10 +16,6 @@ def compiled_pair(n: int = 4):
     torch.manual_seed(0)
     model = Stack(n)
     return model, copy.deepcopy(model), stampout.compile(model, backend="eager")
-
-
-def same(fn, reference, x) -> None:
-    torch.testing.assert_close(fn(x), reference(x))
 
 
 def test_shared_config_is_checked_once_per_call():

@@ -17,7 +17,7 @@ import logging
 import pytest
 import torch
 import torch.utils._pytree as pytree
-from reuse_check import check
+from helpers import check
 from torch import nn
 
 import stampout

@@ -3,7 +3,7 @@ TestInvokeSubgraphCompile: outputs, gradients, mutation, aliasing, dedup) re-exp
 
 What PyTorch checks through Dynamo's graphs (FX node names, schemas, partitioned backward graphs) is re-expressed
 as what a user sees: values, gradients, the inputs and world after the call, and how many region bodies were
-traced. Checked with `check` (reuse_check.py); `traces` counts traced + deduped bodies, as PyTorch does.
+traced. Checked with `helpers.check`; `traces` counts traced + deduped bodies, as PyTorch does.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from reuse_check import check
+from helpers import check
 from torch import nn
 
 import stampout

@@ -1,6 +1,6 @@
 """PyTorch's region-reuse tests (test_invoke_subgraph.py, TestInvokeSubgraphReuse second half and
 TestInvokeSubgraphReuseHashFn) re-expressed against stampout: elements selected by per-layer indexes, globals
-rebound by the program, ways of marking modules, and `reuse_hash_fn`. Checked with `check` (see reuse_check.py).
+rebound by the program, ways of marking modules, and `reuse_hash_fn`. Checked with `helpers.check`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import types
 
 import pytest
 import torch
-from reuse_check import check
+from helpers import check
 from torch import nn
 
 import stampout

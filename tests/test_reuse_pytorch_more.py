@@ -1,6 +1,6 @@
 """PyTorch's invoke_subgraph tests (test_invoke_subgraph.py: the rest of TestInvokeSubgraphCompile, and
 TestInvokeSubgraphExport, NegativeTesting, TestInline*InvokeSubgraph, TestInvokeSubgraphTrainStepCapture)
-re-expressed against stampout as values, gradients, the world after the call and trace counts (reuse_check.py).
+re-expressed against stampout as values, gradients, the world after the call and trace counts (`helpers.check`).
 
 Not re-expressed (meaningless for stampout): make_fx without a ShapeEnv, the boxed-codegen epilogue wrapper,
 calling the invoke_subgraph HOP directly, Triton kernels and Inductor pattern-matcher passes (GPU only),
@@ -14,7 +14,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from reuse_check import check
+from helpers import check
 from torch import nn
 
 import stampout
