@@ -7,6 +7,7 @@ No notions of regions or captures here: a rule sees one guard and one value.
 from __future__ import annotations
 
 import enum
+import types
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -263,6 +264,11 @@ class IdRule(Rule):
         return f"{var} is {const}"
 
     def show(self, guard: Guard, observed: Any) -> str:
+        if isinstance(observed, types.ModuleType):
+            return f"<module {observed.__name__} at {id(observed):#x}>"
+        name = getattr(observed, "co_qualname", None) or getattr(observed, "__qualname__", None)
+        if isinstance(name, str) and not isinstance(observed, type):
+            return f"<{type(observed).__name__} {name} at {id(observed):#x}>"
         return f"<{type(observed).__name__} object at {id(observed):#x}>"
 
 

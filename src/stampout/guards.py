@@ -109,6 +109,7 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
     exec(compile(code, "<stampout guards>", "exec"), namespace)
     check = namespace["check"]
     check.source_code = code  # type: ignore[attr-defined]
+    check.guards, check.variables = guards, var_of  # (for printing it: report.annotated)  # type: ignore[attr-defined]
     return check
 
 
