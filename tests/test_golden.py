@@ -57,3 +57,87 @@ def test_grad_mode_and_autocast_sections_stay_in_the_graph():
     code = stampout.capture(fn, torch.randn(3, 3)).gm.code
     assert code.index("_set_grad_enabled(False)") < code.index("mul") < code.index("_set_grad_enabled(True)")
     assert code.index("_enter_autocast") < code.index("matmul") < code.index("_exit_autocast")
+
+
+GUARD_CODE = """
+# region Layer.forward -> subgraph_0 (traced at test_golden.py:LINE in test_guard_code_of_a_region_stack)
+def check(leaves, fn, anchors=()):
+    v0 = _leaf(leaves, 0)  # self
+    if not type(v0) in e0: return False  # class of self: Layer
+    if not (isinstance(v0, _Module) and _no_hooks(v0)): return False  # hooks of self: no hooks
+    v2 = getattr(a1, '__dict__', _MISSING)  # Layer.__dict__
+    v3 = _item(v2, 'forward')  # Layer.__dict__['forward']
+    v4 = getattr(v3, '__code__', _MISSING)  # Layer.__dict__['forward'].__code__
+    if not v4 is e2: return False  # object identity of Layer.__dict__['forward'].__code__: <code region.<locals>.call_region at 0x?>
+    v5 = getattr(v3, '__stampout_region__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__
+    v6 = getattr(v5, 'fn', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn
+    if not v6 is e3: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn: <function Layer.forward at 0x?>
+    if not ((a7.sentinel or _false)() or a7.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+    v8 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v8 is e5: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v9 = _module_attr(v0, 'lin')  # self.lin
+    if not type(v9) in e6: return False  # class of self.lin: Linear
+    if not (isinstance(v9, _Module) and _no_hooks(v9)): return False  # hooks of self.lin: no hooks
+    v10 = _object_dict(v9)  # self.lin.__dict__
+    v11 = _item(v10, 'forward')  # self.lin.__dict__['forward']
+    if not (v11 is _MISSING or _is_auto_mark(v11)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
+    v12 = _type_of(v9)  # type(self.lin)
+    v13 = mro_attr(v12, 'forward')  # type(self.lin).forward
+    if not v13 is e9: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
+    v14 = _module_attr(v9, 'weight')  # self.lin.weight
+    if not (isinstance(v14, _Tensor) and _tensor_meta(v14) == e10): return False  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True)
+    v15 = _module_attr(v9, 'bias')  # self.lin.bias
+    if not (isinstance(v15, _Tensor) and _tensor_meta(v15) == e11): return False  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True)
+    return (v14, v15, )
+"""  # noqa: E501
+
+
+def _normalized(text: str) -> str:
+    """Guard code without what differs between runs: object addresses, this file's directory, line numbers."""
+    import os
+    import re
+
+    text = text.replace(os.path.dirname(os.path.abspath(__file__)) + os.sep, "")
+    text = re.sub(r"0x[0-9a-f]+", "0x?", text)
+    return re.sub(r"test_golden\.py:\d+", "test_golden.py:LINE", text)
+
+
+def test_guard_code_of_a_region_stack():
+    cap = stampout.capture(nn.Sequential(Layer(), Layer()), torch.randn(2, 4))
+    assert _normalized(cap.guard_code()).strip() == GUARD_CODE.strip()
+
+
+SCALE = 2.0
+
+
+def scaled(x):
+    return torch.relu(x) * SCALE
+
+
+COMPILED_GUARD_CODE = """
+# the full check: after a write to a watched object
+def check(leaves, fn, anchors=()):
+    v0 = _leaf(leaves, 0)  # self
+    if not v0 is e0: return False  # object identity of self: <function scaled at 0x?>
+    if not ((a1.sentinel or _false)() or a1.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+    v2 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v2 is e2: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v3 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
+    if not (v3 is not _MISSING and _const_key(v3) == e3): return False  # constant of globals['SCALE']: 2.0
+    return True
+
+# every call (then one C++ check of the metadata of the tensors it read)
+def check(leaves, fn, anchors=()):
+    if not ((a0.sentinel or _false)() or a0.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+    v1 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v1 is e1: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v2 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
+    if not (v2 is not _MISSING and _const_key(v2) == e2): return False  # constant of globals['SCALE']: 2.0
+    return ()
+"""  # noqa: E501
+
+
+def test_guard_code_of_a_compiled_function():
+    fn = stampout.compile(scaled, backend="eager")
+    fn(torch.randn(3))
+    assert _normalized(fn.guard_code()).strip() == COMPILED_GUARD_CODE.strip()

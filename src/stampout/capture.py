@@ -46,6 +46,7 @@ class Capture:
     stores: list = field(default_factory=list)  # (capture only) (holder source | None, key, "attr" | "item",
     # effects.Value): what the program stored on its input objects (a KV cache), stored on each call's objects
     unreplayable: str = ""  # (capture only) a change to the input objects that calls cannot repeat
+    reuse_entries: list = field(default_factory=list)  # the region reuse entries this capture made (guard_code)
     _runner: fx.GraphModule | None = None
 
     @property
@@ -176,6 +177,30 @@ class Capture:
                 f"(parameters, buffers, ...), {nodes} graph nodes{symbolic})\n  regions: {self.stats}")
 
     def explain(self) -> str:
+        """A report of the capture: each region call's outcome, why a miss missed and why a trace cannot be
+        reused (`Ineligible` records, counted), then `guard_code()`."""
         from .report import explain_text
 
         return explain_text(self)
+
+    def guard_code(self) -> str:
+        """The source of the generated guard predicates this capture made: one per region reuse entry (a later
+        call of the region is stamped out from the entry when its predicate passes) and, for a capture made by
+        `stampout.compile`, the one over everything the whole program read.
+
+        Example::
+
+            cap = stampout.capture(Block(), x)
+            print(cap.guard_code())
+            # region Block.forward -> subgraph_0 (traced at model.py:12 in forward)
+            def check(leaves, fn, anchors=()):
+                v0 = leaves[0]
+                if not type(v0) in e0: return False
+                ...
+
+        Returns:
+            The predicates' Python source, each headed by a comment naming what it guards.
+        """
+        from .report import guard_code_text
+
+        return guard_code_text(self)

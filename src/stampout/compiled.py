@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import progress, timing
+from . import progress, report, timing
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
@@ -122,6 +122,15 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return describe(self)
+
+    def guard_code(self) -> str:
+        """The source of the generated guard predicates of the entry that ran last (thunder's
+        `last_prologue_traces`); see `Entry.guard_code`."""
+        return report.entry_guard_code(self.last_capture, self._entries)
+
+    def explain(self) -> str:
+        """Its entries (which run eagerly, and why), the last capture's report and the guard code that admits calls."""
+        return report.explain_compiled(self, self._entries)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.disable:

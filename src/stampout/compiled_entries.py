@@ -220,6 +220,17 @@ class Entry:
             return None
         return lifted
 
+    def guard_code(self) -> str:
+        """The source of the predicates that admit a call: the full check (run after a write to a watched object
+        moved EPOCH) and the per-call one (then one C++ check of the protected tensors' metadata)."""
+        if self._full is None:
+            self._full = compile_guards(self.guards)
+        from .report import annotated
+
+        return ("# the full check: after a write to a watched object\n" + annotated(self._full)
+                + "\n\n# every call (then one C++ check of the metadata of the tensors it read)\n"
+                + annotated(self.always))
+
     def key_for(self, key: CallKey, leaves: list[Any]) -> CallKey:
         """A call's key as this entry compares it: without the sizes its shape guards check."""
         if self.masked is None:

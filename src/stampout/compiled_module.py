@@ -21,7 +21,8 @@ from .compiled import CompiledFunction
 
 # Read through the wrapper from its CompiledFunction; every other missing name is the original module's.
 _COMPILED_NAMES = frozenset({"stats", "last_capture", "reset", "fullgraph", "disable", "dynamic", "regions",
-                             "backend", "max_entries", "mode", "options", "breaks", "pieces"})
+                             "backend", "max_entries", "mode", "options", "breaks", "pieces", "guard_code",
+                             "explain"})
 
 
 class CompiledModule(nn.Module):

@@ -1,14 +1,17 @@
-"""Reports: region events as text."""
+"""Reports: region events, refusals and generated guard code as text."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from .guards import compile_guards
 from .regions.events import Outcome
 
 
-def explain_text(cap: Any) -> str:
-    """One line per region call (outcome, site, reason on a miss), then the totals."""
+def explain_text(cap: Any, guards: bool = True) -> str:
+    """One line per region call (outcome, site, reason on a miss), the totals, the refusals counted by reason,
+    then (`guards`) the generated guard code."""
     lines = [f"stampout capture: {len(cap.gm.graph.nodes)} nodes in the outer graph; region calls: {cap.stats}"]
     for i, e in enumerate(cap.events):
         line = f"  [{i}] {e.region} at {e.call_site}: {e.outcome} -> {e.subgraph}"
@@ -21,4 +24,87 @@ def explain_text(cap: Any) -> str:
         lines.append("  (no region calls: mark repeated blocks with @stampout.region)")
     if getattr(cap, "shapes", None) is not None:
         lines.append(f"symbolic sizes; the capture serves every input for which this holds: {cap.shapes.describe()}")
+    lines.extend(ineligible_lines(cap))
+    if not guards:
+        return "\n".join(lines)
+    lines.append("guard code:")
+    lines.extend("  " + line if line else "" for line in guard_code_text(cap).splitlines())
+    return "\n".join(lines)
+
+
+def ineligible_lines(cap: Any) -> list[str]:
+    """The traces that cannot be reused, by reason: how many region calls, and where the first one did it."""
+    if not cap.stats.ineligible:
+        return []
+    first: dict[str, str] = {}
+    for e in cap.events:
+        for record in e.ineligibility:
+            first.setdefault(record.reason, record.where)
+    lines = [f"ineligible for reuse ({sum(cap.stats.ineligible.values())} region calls, by reason):"]
+    for reason, count in cap.stats.ineligible.items():
+        lines.append(f"  {count}x {reason}" + (f" (first at {first[reason]})" if first.get(reason) else ""))
+    return lines
+
+
+def guard_code_text(cap: Any) -> str:
+    """The generated predicates of a capture's reuse entries and, for a compiled capture, of its program."""
+    parts = []
+    for entry in cap.reuse_entries:
+        if entry.check is not None:
+            parts.append(f"# region {entry.region} -> {entry.subgraph} (traced at {entry.call_site})\n"
+                         + annotated(entry.check))
+    if cap.program is not None:
+        parts.append("# the whole program (stampout.compile): what it read\n"
+                     + annotated(compile_guards(cap.program.guards)))
+    return "\n\n".join(parts) if parts else "# no guard predicates: no region call of this capture can be stamped out"
+
+
+def explain_compiled(fn: Any, entries: tuple) -> str:
+    """What a compiled function did: its entries (those that run eagerly, and why), its last capture's report,
+    and the guard code of the entry that ran last."""
+    name = getattr(fn.fn, "__qualname__", type(fn.fn).__name__)
+    lines = [f"stampout.compile of {name}: {fn.stats.captures} captures, {len(entries)} entries"]
+    for i, entry in enumerate(entries):
+        if entry.capture is None:
+            lines.append(f"  [{i}] runs eagerly: {entry.reason}")
+        else:
+            last = "  (ran last)" if entry.capture is fn.last_capture else ""
+            lines.append(f"  [{i}] compiled: {entry.capture.stats}{last}")
+    for brk in fn.breaks:
+        lines.append(f"  {brk.describe()}")
+    if fn.last_capture is None:
+        lines.append("(no compiled call yet)")
+        return "\n".join(lines)
+    lines.append("last capture:")
+    lines.extend("  " + line for line in explain_text(fn.last_capture, guards=False).splitlines())
+    lines.append("guard code of the entry that ran last:")
+    lines.extend("  " + line if line else "" for line in entry_guard_code(fn.last_capture, entries).splitlines())
+    return "\n".join(lines)
+
+
+def entry_guard_code(cap: Any, entries: tuple) -> str:
+    """The guard predicates of the compiled entry of `cap` (see `Entry.guard_code`)."""
+    for entry in entries:
+        if entry.capture is not None and entry.capture is cap:
+            return entry.guard_code()
+    return "# no compiled entry: the function has not run a compiled call (or its entry was dropped)"
+
+
+_ASSIGN = re.compile(r"^    (v\d+) = ")
+
+
+def annotated(check: Any) -> str:
+    """A generated predicate's source with a comment per line: the source each variable holds, and what each
+    test checks (the guard's kind, source and expected value) — the predicate as a user reads it."""
+    names = {var: source for source, var in check.variables.items()}
+    guards = iter(check.guards)
+    lines = []
+    for line in check.source_code.splitlines():
+        assign = _ASSIGN.match(line)
+        if assign and assign.group(1) in names:
+            line += f"  # {names[assign.group(1)].name()}"
+        elif line.startswith("    if "):
+            guard = next(guards)
+            line += f"  # {guard.kind.value} of {guard.source.name()}: {guard.expected_text()}"
+        lines.append(line)
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from ..tracking import Watch
 from ..world import Snapshot
 from .cache import ArgInput, Output, RegionCache, ReuseEntry, SourceInput, Store, SymbolInput
 from .code import code_facts, is_user_code
-from .events import Outcome, RegionEvent, RegionStats
+from .events import Ineligible, Outcome, RegionEvent, RegionStats
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
 from .frame import RegionFrame
 from .marker import Region
@@ -164,7 +164,7 @@ class RegionCalls:
                 if watched_file(frame.f_code.co_filename):
                     f.mark_ineligible(reason)
                 else:  # (torch's own Python sets its state: stopping it halfway would leave the state set)
-                    f.ineligible.append(reason)
+                    f.ineligible.append(Ineligible(reason, location(caller)))
 
     def _on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         """A trace function (called once per Python call, on this thread only): user code that is about to
@@ -402,7 +402,7 @@ class RegionCalls:
             self.stats.dedups += 1
         else:
             self.stats.traces += 1
-        self._record(region, site, outcome, reason, name, "; ".join(frame.ineligible))
+        self._record(region, site, outcome, reason, name, tuple(frame.ineligible))
         return out
 
     @staticmethod
@@ -565,15 +565,16 @@ class RegionCalls:
         call.meta["val"] = tuple(out_fakes)
 
     def _record(self, region: Region, site: str, outcome: Outcome, reason: str, subgraph: str,
-                ineligible: str = "") -> None:
+                ineligible: tuple[Ineligible, ...] = ()) -> None:
         event = RegionEvent(region.name, site, outcome, reason, subgraph, ineligible)
+        self.stats.count_ineligible(ineligible)
         self.events.append(event)
         if log.isEnabledFor(logging.DEBUG) or (outcome is not Outcome.REUSED and log.isEnabledFor(logging.INFO)):
             text = f"region {region.name} at {site}: {outcome}"
             if reason and outcome is not Outcome.REUSED:
                 text += f" ({reason})"
             if ineligible:
-                text += f"; not reusable: {ineligible}"
+                text += f"; not reusable: {event.ineligible}"
             log.debug(text) if outcome is Outcome.REUSED else log.info(text)
 
     # ---- lifting into a region's subgraph -------------------------------------------------------

@@ -1,9 +1,10 @@
-"""What happens to region calls, as the region handler reports it: one event per call, counts by outcome."""
+"""What happens to region calls, as the region handler reports it: one event per call, counts by outcome, and
+why a trace cannot be reused (`Ineligible` records, counted by reason)."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Outcome(enum.StrEnum):
@@ -14,17 +15,37 @@ class Outcome(enum.StrEnum):
     DEDUPED = "deduped"  # traced, then found identical to an existing subgraph, which is used instead
 
 
+@dataclass(frozen=True)
+class Ineligible:
+    """Why a trace cannot be reused (a refusal as a value, as FakeTensor's cache-bypass entries): what its code
+    did, and the user's file:line that did it. `str()` is the reason."""
+
+    reason: str
+    where: str = ""
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 @dataclass
 class RegionStats:
-    """Region calls by outcome, and the number of distinct subgraphs."""
+    """Region calls by outcome, the number of distinct subgraphs, and the traced calls that cannot be reused,
+    counted by reason (`ineligible`)."""
 
     traces: int = 0
     reuses: int = 0
     dedups: int = 0
     subgraphs: int = 0
+    ineligible: dict[str, int] = field(default_factory=dict)
+
+    def count_ineligible(self, records: tuple[Ineligible, ...]) -> None:
+        for record in records:
+            self.ineligible[record.reason] = self.ineligible.get(record.reason, 0) + 1
 
     def __str__(self) -> str:
-        return f"traces={self.traces} reuses={self.reuses} dedups={self.dedups} subgraphs={self.subgraphs}"
+        text = f"traces={self.traces} reuses={self.reuses} dedups={self.dedups} subgraphs={self.subgraphs}"
+        refused = sum(self.ineligible.values())
+        return text + (f" ineligible={refused}" if refused else "")
 
 
 @dataclass
@@ -34,6 +55,11 @@ class RegionEvent:
     region: str
     call_site: str
     outcome: Outcome
-    reason: str = ""  # why a traced call could not reuse (the first failing check), or why it is ineligible
+    reason: str = ""  # why a traced call could not reuse (the first failing check)
     subgraph: str = ""
-    ineligible: str = ""
+    ineligibility: tuple[Ineligible, ...] = ()  # why its trace cannot be reused by later calls
+
+    @property
+    def ineligible(self) -> str:
+        """The reasons of `ineligibility`, as one line ("" when the trace can be reused)."""
+        return "; ".join(record.reason for record in self.ineligibility)

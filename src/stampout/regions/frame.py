@@ -25,6 +25,7 @@ from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, 
 from ..tracking import Watch, original_class
 from .cache import ArgInput, LiftedInput
 from .code import code_facts, is_user_file
+from .events import Ineligible
 from .objects import (
     BY_IDENTITY,
     CONTAINERS,
@@ -70,7 +71,7 @@ class RegionFrame:
         # Per (entry, region function) imported once: the entry's guards on class, global and closure facts,
         # which rebase to the same guards on every stamped call; later calls import only the per-call ones.
         self._facts_imported: dict[tuple[int, int], tuple[Any, list[Guard]]] = {}
-        self.ineligible: list[str] = []
+        self.ineligible: list[Ineligible] = []
         self.reads_requires_grad = False
         self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
         self.stores: list[tuple[Any, str, Any, Any, str]] = []  # (object, attribute, value, value before,
@@ -530,9 +531,9 @@ class RegionFrame:
     def leaves_contain(self, value: Any) -> bool:
         return any(leaf is value for leaf in self.leaves)
 
-    def mark_ineligible(self, reason: str) -> None:
-        if reason not in self.ineligible:
-            self.ineligible.append(reason)
+    def mark_ineligible(self, reason: str, where: str = "") -> None:
+        if all(record.reason != reason for record in self.ineligible):
+            self.ineligible.append(Ineligible(reason, where or user_location()))
         if self.abandon:  # (a compiled program that cannot be guarded runs eagerly: stop its capture here,
             raise ProgramIneligible(reason)  # before the call it is about to make draws or consumes anything)
 

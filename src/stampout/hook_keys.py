@@ -1,0 +1,107 @@
+"""What a guard on a module's hooks compares: each hook as an identity, by function, or by code and closure."""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+def hooks_key(module: torch.nn.Module) -> tuple:
+    """The hooks a module call would run (as identities; see `hook_key`)."""
+    d = module.__dict__
+    return tuple(tuple(map(hook_key, d[name].values())) if d.get(name) else () for name in HOOK_DICTS)
+
+
+# Note: hooks guarded by their function
+# FSDP2's hooks are bound methods of a per-module FSDPState; stampout runs them eagerly around the captured
+# forward of a sharded module (sharded.py), never inside a trace, so the state they are bound to is a per-call
+# input of that boundary: they are compared by function, and one trace serves every sharded layer. Any other
+# hook may be traced, so it is compared by identity.
+_EAGER_HOOK_OWNERS = frozenset({"torch.distributed.fsdp._fully_shard._fsdp_state.FSDPState"})
+
+
+# Tensor parallelism's hooks are lambdas of `distribute_module`, one per module, closing over the style's
+# bound `_prepare_input_fn` / `_prepare_output_fn` (a partial with the layouts) and the DeviceMesh: what they
+# do is a function of those values, so they are compared by code and closure values (the style's fields).
+_TP_HOOK = ("distribute_module.<locals>.<lambda>", os.path.join("torch", "distributed", "tensor", "_api.py"))
+
+
+def hook_key(hook: Any) -> Any:
+    """What a guard on a module's hooks compares of one hook: the hook itself; for a hook stampout never
+    traces (FSDP's), its function; for tensor parallelism's, its code and closure values."""
+    owner = getattr(hook, "__self__", None)
+    if owner is not None:
+        cls = type(owner)
+        if f"{cls.__module__}.{cls.__qualname__}" in _EAGER_HOOK_OWNERS:
+            return hook.__func__
+    code = getattr(hook, "__code__", None)
+    if code is not None and code.co_qualname == _TP_HOOK[0] and code.co_filename.endswith(_TP_HOOK[1]):
+        return HookByValue(code, tuple(_closure_value(cell.cell_contents) for cell in hook.__closure__ or ()))
+    return hook
+
+
+@dataclass(frozen=True)
+class HookByValue:
+    """A hook compared by its code and the values it closes over (see `hook_key`)."""
+
+    code: Any
+    closure: tuple
+
+    def describe(self) -> str:
+        return f"{self.code.co_qualname} (compared by value)"
+
+
+def _closure_value(value: Any) -> Any:
+    if isinstance(value, functools.partial):
+        fn, owner = getattr(value.func, "__func__", value.func), getattr(value.func, "__self__", None)
+        state = None if owner is None else (type(owner), tuple(sorted(vars(owner).items())))
+        return (fn, state, value.args, tuple(sorted(value.keywords.items())))
+    return _Same(value)  # the DeviceMesh: the same object
+
+
+class _Same:
+    """Equal to another `_Same` of the very same object."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.value is self.value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+
+def describe_hooks(observed: tuple) -> str:
+    """The hooks `hooks_key` saw, by name and owner (what differs between two calls shows)."""
+    parts = [f"{label} [{', '.join(map(_hook_name, hooks))}]"
+             for label, hooks in zip(("pre", "fwd", "bwd-pre", "bwd"), observed) if hooks]
+    return "hooks " + "; ".join(parts)
+
+
+def _hook_name(hook: Any) -> str:
+    if isinstance(hook, HookByValue):
+        return hook.describe()
+    name = getattr(hook, "__qualname__", None)
+    owner = getattr(hook, "__self__", None)
+    if name is None:
+        return f"<{type(hook).__name__} object at {id(hook):#x}>"
+    if owner is not None:
+        return f"{name} of <{type(owner).__name__} object at {id(owner):#x}>"
+    return f"{name} at {id(hook):#x}"
+
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+NO_HOOKS = ((), (), (), ())
+
+
+def no_hooks(module: torch.nn.Module) -> bool:
+    d = module.__dict__
+    return not (d.get("_forward_pre_hooks") or d.get("_forward_hooks") or d.get("_backward_pre_hooks")
+                or d.get("_backward_hooks"))
