@@ -6,9 +6,9 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from stampout import caches
+from stampout import caches, op_facts
 from stampout.backends.split import writes_in_place
-from stampout.constants import inplace_position, mutating
+from stampout.op_facts import inplace_position
 
 
 def _node(target, *args):
@@ -20,9 +20,9 @@ def _node(target, *args):
 def test_the_inplace_position_is_one_fact_for_capture_and_split():
     assert inplace_position(F.relu) == 1 and inplace_position(F.dropout) == 3 and inplace_position(torch.add) is None
     x = torch.randn(2)
-    assert mutating(F.relu, {}, (x, True)) and not mutating(F.relu, {}, (x, False))
+    assert op_facts.writes_in_place(F.relu, (x, True)) and not op_facts.writes_in_place(F.relu, (x, False))
     assert writes_in_place(_node(F.relu, True)) and not writes_in_place(_node(F.relu, False))
-    assert F.relu in caches.registered()["constants inplace positions"]
+    assert F.relu in caches.registered()["op_facts inplace positions"]
 
 
 def test_unhashable_callables_and_ones_without_a_signature():

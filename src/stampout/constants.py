@@ -9,63 +9,15 @@ in-place change that mixes in a non-constant value forgets every known value.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from . import caches, config
+from . import config
+from .op_facts import deterministic, writes_in_place
 from .structure import tensors_of
-
-_RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",
-           "geometric", "cauchy", "log_normal", "random", "empty", "seed")
-
-
-def _name(func: Callable) -> str:
-    return getattr(func, "__name__", "") or ""
-
-
-def deterministic(func: Callable) -> bool:
-    name = _name(func).lower()
-    return not any(word in name for word in _RANDOM)
-
-
-def mutating(func: Callable, kwargs: dict, args: tuple = ()) -> bool:
-    name = _name(func)
-    return name.endswith("_") and not name.endswith("__") or name in ("__setitem__", "setitem") or (
-        name.startswith("__i") and name.endswith("__")) or "out" in kwargs or _inplace(func, args, kwargs)
-
-
-_INPLACE_AT: dict[Any, int | None] = caches.register({}, "constants inplace positions")
-
-
-def inplace_position(func: Callable) -> int | None:
-    """The position of a function's `inplace` parameter (`F.relu(x, inplace=True)`), if it has one."""
-    try:
-        return _INPLACE_AT[func]
-    except (KeyError, TypeError):
-        pass
-    position = None
-    try:
-        names = list(inspect.signature(func).parameters)
-        position = names.index("inplace") if "inplace" in names else None
-    except (TypeError, ValueError):
-        pass
-    try:
-        _INPLACE_AT[func] = position
-    except TypeError:
-        pass
-    return position
-
-
-def _inplace(func: Callable, args: tuple, kwargs: dict) -> bool:
-    """`F.relu(x, inplace=True)` and friends: a function with an `inplace` parameter, asked to use it."""
-    if "inplace" in kwargs:
-        return kwargs["inplace"] is True
-    position = inplace_position(func)
-    return position is not None and position < len(args) and args[position] is True
 
 
 class ConstantValues:
@@ -110,7 +62,7 @@ class ConstantValues:
 
     def forget_if_mutated(self, func: Callable, args: tuple, kwargs: dict) -> None:
         """An op whose result is not constant: if it writes into a known tensor, forget every known value."""
-        if not self._known or not mutating(func, kwargs, args):
+        if not self._known or not writes_in_place(func, args, kwargs):
             return
         if any(id(t) in self._known for t in tensors_of((args, kwargs))):
             self._known.clear()
@@ -121,7 +73,7 @@ class ConstantValues:
             return
         inputs_known = self.knows_all(args, kwargs)
         if not inputs_known:
-            if mutating(func, kwargs, args) and any(id(t) in self._known for t in tensors_of((args, kwargs))):
+            if writes_in_place(func, args, kwargs) and any(id(t) in self._known for t in tensors_of((args, kwargs))):
                 self._known.clear()
             return
         outs = tensors_of(out)

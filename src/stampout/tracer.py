@@ -34,12 +34,13 @@ from .builder import (
     map_tensors,
     node_target,
 )
-from .constants import ConstantValues, mutating
+from .constants import ConstantValues
 from .errors import AutogradCallError, CaptureError, message
 from .frames import python_hooks_off, user_frame, user_location, user_source_line
 from .kernels import Specializer, is_symbolic_limit
 from .meta import NOT_HANDLED, MetaRunner, meta_like
 from .op_errors import op_failed
+from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, writes_in_place
 from .regions import slots
 from .regions.purity import saved_hooks_keep_values
 from .shapes import Symbols, any_symbolic, symbolic_fake
@@ -51,21 +52,8 @@ from .world import holds_traced_tensor
 log = logging.getLogger(__name__)
 
 _T = torch.Tensor
-# Python conversions of a tensor's *value*: impossible on fake tensors.
-_DATA_DEPENDENT = {
-    _T.__bool__: "bool(tensor)",
-    _T.item: "tensor.item()",
-    _T.tolist: "tensor.tolist()",
-    _T.__int__: "int(tensor)",
-    _T.__float__: "float(tensor)",
-    _T.__index__: "using a tensor as an index",
-    _T.__complex__: "complex(tensor)",
-    _T.numpy: "tensor.numpy()",
-}
 # Reading these makes a trace depend on which inputs require grad.
 _AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.is_leaf.__get__, _T.grad_fn.__get__, _T.requires_grad_}
-# Properties that make a new view of the tensor: computed on fakes and recorded, like any op.
-_VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
 _ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
 _EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
 _SET_GRAD = torch._C._set_grad_enabled
@@ -276,7 +264,7 @@ class Tracer:
         if slots.LIVE[0]:  # a per-layer index a region follows, passed to torch: used by value
             slots.touch(args)
             slots.touch(kwargs)
-        what = _DATA_DEPENDENT.get(func)
+        what = NEEDS_VALUE.get(func)
         if what is not None:
             if self.constants.knows_all(args, kwargs):
                 if self.regions is not None:
@@ -330,7 +318,7 @@ class Tracer:
         if self.symbols is not None and (any_symbolic(args) or any_symbolic(kwargs) or self._dynamic_in(args, kwargs)):
             return self._on_symbolic_call(func, args, kwargs, tensors_in)
         if (tensors_in and is_property_get(func) and not isinstance(args[0], FakeTensor)
-                and func.__self__.__name__ not in _VIEW_PROPERTIES):
+                and func.__self__.__name__ not in VIEW_PROPERTIES):
             value = func(args[0])  # `param.shape`, `buffer.dtype`: read the real tensor, record nothing
             if not isinstance(value, torch.Tensor):
                 return value
@@ -418,7 +406,8 @@ class Tracer:
         else:
             fake_args, fake_kwargs = args, kwargs
         try:
-            if tensors_in and self.meta.made(fake_args[0] if fake_args else None) and mutating(func, kwargs, args):
+            first = fake_args[0] if fake_args else None
+            if tensors_in and self.meta.made(first) and writes_in_place(func, args, kwargs):
                 out = self.meta.mutate(func, fake_args, fake_kwargs)
             else:
                 out = func(*fake_args, **fake_kwargs)

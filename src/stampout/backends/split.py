@@ -27,7 +27,8 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import caches, config, progress
-from ..constants import inplace_position
+from ..op_facts import may_alias, written
+from ..op_facts import writes_in_place as writes_in_place_op
 from ..shapes import has_symbols, size_key, sizes_key
 from ..torch_internals import INVOKE_SUBGRAPH
 
@@ -73,42 +74,9 @@ def _compute_nodes(gm: fx.GraphModule) -> int:
                for n in gm.graph.nodes)
 
 
-def _name(target: Any) -> str:
-    return target if isinstance(target, str) else getattr(target, "__name__", "")
-
-
 def writes_in_place(node: fx.Node) -> bool:
-    """Whether a node may write into an existing tensor: an in-place method or op (`add_`, a mutable
-    schema), `inplace=True`, `out=`."""
-    if node.op not in ("call_function", "call_method"):
-        return False
-    schema = getattr(node.target, "_schema", None)
-    if schema is not None and schema.is_mutable:
-        return True
-    name = _name(node.target)
-    if (name.endswith("_") and not name.startswith("__") or name in ("setitem", "__setitem__")
-            or "out" in node.kwargs or node.kwargs.get("inplace") is True):
-        return True
-    position = inplace_position(node.target) if node.op == "call_function" and callable(node.target) else None
-    return position is not None and len(node.args) > position and node.args[position] is True
-
-
-# Ops whose result may share memory with their first argument (views, and ops that can return `self`).
-_MAY_ALIAS = frozenset((
-    "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "expand", "expand_as", "narrow", "select",
-    "squeeze", "unsqueeze", "flatten", "unflatten", "t", "T", "mT", "as_strided", "split", "chunk", "unbind",
-    "movedim", "swapaxes", "swapdims", "diagonal", "detach", "alias", "contiguous", "to", "type", "type_as", "float",
-    "double", "half", "bfloat16", "int", "long", "bool", "cpu", "cuda", "real", "imag", "view_as_real",
-    "view_as_complex", "unfold", "getitem", "__getitem__", "tensor_split", "hsplit", "vsplit", "dsplit",
-    "identity", "clone_if_needed",
-))
-
-
-def _viewish(node: fx.Node) -> bool:
-    """Whether a call node's result may share memory with its arguments (a view-like op, an `operator` item)."""
-    schema = getattr(node.target, "_schema", None)
-    return (_name(node.target) in _MAY_ALIAS or getattr(node.target, "__module__", "") == "_operator"
-            or (schema is not None and any(r.alias_info is not None for r in schema.returns)))
+    """Whether a node may write into an existing tensor (op_facts.writes_in_place of its call)."""
+    return node.op in ("call_function", "call_method") and writes_in_place_op(node.target, node.args, node.kwargs)
 
 
 def _may_be_an_input(value: Any) -> bool:
@@ -119,7 +87,7 @@ def _may_be_an_input(value: Any) -> bool:
     if value.op == "placeholder" or value.op not in ("call_function", "call_method"):
         return True
     arguments = torch.utils._pytree.tree_leaves((value.args, value.kwargs))
-    return _viewish(value) and any(_may_be_an_input(a) for a in arguments)
+    return may_alias(value.target) and any(_may_be_an_input(a) for a in arguments)
 
 
 def may_alias_an_input(sub: fx.GraphModule) -> bool:
@@ -131,9 +99,8 @@ def writes_an_input(sub: fx.GraphModule) -> bool:
     """Whether the subgraph may write into one of its inputs (writes into tensors it made are fine)."""
     for node in sub.graph.nodes:
         if writes_in_place(node):
-            written = [node.args[0]] if node.args else []
-            written += torch.utils._pytree.tree_leaves(node.kwargs.get("out", []))
-            if not written or any(_may_be_an_input(w) for w in written):
+            into = written(node.target, node.args, node.kwargs)
+            if not into or any(_may_be_an_input(w) for w in into):
                 return True
     return False
 
@@ -142,7 +109,7 @@ def _bases(value: Any) -> set[fx.Node]:
     """The nodes whose memory `value` may share (itself, or what it is a view of, syntactically)."""
     if not isinstance(value, fx.Node) or value.op not in ("call_function", "call_method"):
         return {value} if isinstance(value, fx.Node) else set()
-    if not _viewish(value):
+    if not may_alias(value.target):
         return {value}
     return {base for a in torch.utils._pytree.tree_leaves((value.args, value.kwargs)) for base in _bases(a)}
 

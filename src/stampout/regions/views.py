@@ -3,33 +3,13 @@ give them back as views of the stamped base, as eager does, never as separate te
 
 from __future__ import annotations
 
-import builtins
 from typing import Any
 
 import torch
 import torch.fx as fx
 
+from ..op_facts import ALWAYS_VIEWS, SPLITS, VIEW_PROPERTIES, op_name
 from .cache import Output
-
-# Ops whose result is always a view of their first argument (never a copy: not reshape, flatten, contiguous,
-# to; not detach, whose view does not carry gradients).
-_VIEWS = frozenset({
-    "view", "view_as", "unflatten", "transpose", "permute", "t", "narrow", "select", "expand", "expand_as",
-    "squeeze", "unsqueeze", "as_strided", "diagonal", "movedim", "moveaxis", "swapaxes", "swapdims", "split",
-    "chunk", "unbind", "tensor_split", "split_with_sizes", "alias", "unfold", "view_as_real", "view_as_complex",
-})
-
-
-_VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
-
-
-_SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})
-
-
-def _op_name(node: fx.Node) -> str:
-    if node.target is builtins.getattr:
-        return "getattr"
-    return node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
 
 
 def _basic_index(index: Any) -> bool:
@@ -43,18 +23,18 @@ def _view_root(node: fx.Node) -> fx.Node:
     """The node whose storage `node` is a view of (following ops that always make views back through the
     graph); `node` itself when it is not a view."""
     while node.op in ("call_function", "call_method") and node.args and isinstance(node.args[0], fx.Node):
-        name, source = _op_name(node), node.args[0]
+        name, source = op_name(node.target), node.args[0]
         if name in ("getitem", "__getitem__") and not isinstance(source.meta.get("val"), torch.Tensor):
-            if _op_name(source) not in _SPLITS:  # an item of an op's tuple result (torch.max): its own tensor
+            if op_name(source.target) not in SPLITS:  # an item of an op's tuple result (torch.max): its own tensor
                 break
             source = source.args[0]  # a piece of a split: a view of what was split
         elif name in ("getitem", "__getitem__"):
             if len(node.args) < 2 or not _basic_index(node.args[1]):
                 break
         elif name == "getattr":
-            if len(node.args) < 2 or node.args[1] not in _VIEW_PROPERTIES:
+            if len(node.args) < 2 or node.args[1] not in VIEW_PROPERTIES:
                 break
-        elif name not in _VIEWS:
+        elif name not in ALWAYS_VIEWS:
             break
         node = source
         if not isinstance(node, fx.Node):

@@ -1,0 +1,153 @@
+"""Facts about ops, kept once: which write in place (and into which argument), which always make views, which
+may return memory of an argument, which need a tensor's value, which draw random numbers.
+
+Every pass asks here rather than keeping its own list: the tracer (in-place ops on fakes, view properties,
+data-dependent calls), known constant values (a write forgets them), the region layer (outputs that are views
+of one base) and the split backend (regions that write or return their inputs). A target is what the tracer
+sees (`torch.Tensor.add_`, `torch.add`, `torch.ops.aten.add_.Tensor`) or what an FX node holds (the method
+name `"add_"`, `operator.getitem`, `builtins.getattr`). Imports nothing of stampout but its cache registry.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import caches
+
+_T = torch.Tensor
+
+# Note: an op's name is its method or function name, without an aten overload (`add_.Tensor` is `add_`).
+# `x += y` reaches the tracer as `Tensor.__iadd__`; these are the in-place operator methods.
+IN_PLACE_OPERATORS = frozenset({
+    "__iadd__", "__isub__", "__imul__", "__imatmul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+    "__ilshift__", "__irshift__", "__iand__", "__ior__", "__ixor__",
+})
+
+# Ops whose result is always a view of their first argument (never a copy: not reshape, flatten, contiguous,
+# to; not detach, whose view does not carry gradients).
+ALWAYS_VIEWS = frozenset({
+    "view", "view_as", "unflatten", "transpose", "permute", "t", "narrow", "select", "expand", "expand_as",
+    "squeeze", "unsqueeze", "as_strided", "diagonal", "movedim", "moveaxis", "swapaxes", "swapdims", "split",
+    "chunk", "unbind", "tensor_split", "split_with_sizes", "alias", "unfold", "view_as_real", "view_as_complex",
+})
+
+# Tensor properties that make a new view (`x.mT`): computed on fakes and recorded as `getattr(x, "mT")`.
+VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+
+# Ops whose result is a tuple of views of their first argument.
+SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})
+
+# Ops whose result may share memory with their first argument: the views (hsplit and friends too), and ops
+# that can return `self` (reshape of a contiguous tensor, `to` the same dtype, `contiguous`, `detach`).
+MAY_ALIAS = ALWAYS_VIEWS | VIEW_PROPERTIES | frozenset({
+    "reshape", "reshape_as", "flatten", "hsplit", "vsplit", "dsplit", "detach", "contiguous", "to", "type",
+    "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool", "cpu", "cuda", "getitem",
+    "__getitem__", "identity", "clone_if_needed",
+})
+
+# Calls that need a tensor's value in Python, and what to call them in an error.
+NEEDS_VALUE: dict[Callable, str] = {
+    _T.__bool__: "bool(tensor)",
+    _T.item: "tensor.item()",
+    _T.tolist: "tensor.tolist()",
+    _T.__int__: "int(tensor)",
+    _T.__float__: "float(tensor)",
+    _T.__index__: "using a tensor as an index",
+    _T.__complex__: "complex(tensor)",
+    _T.numpy: "tensor.numpy()",
+}
+
+# Words in the names of ops whose result is not a function of their inputs.
+_RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",
+           "geometric", "cauchy", "log_normal", "random", "empty", "seed")
+
+
+def op_name(target: Any) -> str:
+    """The op's name: a method name as it is, a function's `__name__` without an aten overload."""
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "__name__", "") or ""
+    return name.partition(".")[0] if isinstance(target, torch._ops.OpOverload) else name
+
+
+def deterministic(func: Callable) -> bool:
+    name = op_name(func).lower()
+    return not any(word in name for word in _RANDOM)
+
+
+def writes_in_place(target: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
+    """Whether calling `target(*args, **kwargs)` may write into an existing tensor: an in-place method or op
+    (`add_`, `x += y`, `x[i] = v`, an aten overload with a mutable schema such as `aten.add_.Tensor`),
+    `out=`, or a function asked to work `inplace`."""
+    kwargs = kwargs or {}
+    schema = getattr(target, "_schema", None)
+    if isinstance(schema, torch._C.FunctionSchema) and schema.is_mutable:
+        return True
+    name = op_name(target)
+    dunder = name.startswith("__") and name.endswith("__")
+    return (name.endswith("_") and not dunder or name in IN_PLACE_OPERATORS or name in ("setitem", "__setitem__")
+            or "out" in kwargs or _asked_inplace(target, args, kwargs))
+
+
+def written(target: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments an in-place call writes: those its schema marks written, else the first argument and
+    what `out=` holds."""
+    schema = getattr(target, "_schema", None)
+    if isinstance(schema, torch._C.FunctionSchema) and schema.is_mutable:
+        values = []
+        for i, argument in enumerate(schema.arguments):
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                if i < len(args):
+                    values.append(args[i])
+                elif argument.name in kwargs:
+                    values.append(kwargs[argument.name])
+        return values
+    values = [args[0]] if args else []
+    return values + torch.utils._pytree.tree_leaves(kwargs.get("out", []))
+
+
+def may_alias(target: Any) -> bool:
+    """Whether a call's result may share memory with its arguments: a view-like op, a tensor property
+    (`getattr(x, "mT")`, `x.data`), an `operator` item, an aten op whose schema says its result aliases."""
+    if target is builtins.getattr:
+        return True
+    schema = getattr(target, "_schema", None)
+    return (op_name(target) in MAY_ALIAS or getattr(target, "__module__", "") == "_operator"
+            or isinstance(schema, torch._C.FunctionSchema) and any(r.alias_info is not None for r in schema.returns))
+
+
+_INPLACE_AT: dict[Any, int | None] = caches.register({}, "op_facts inplace positions")
+
+
+def inplace_position(func: Callable) -> int | None:
+    """The position of a function's `inplace` parameter (`F.relu(x, inplace=True)`), if it has one."""
+    try:
+        return _INPLACE_AT[func]
+    except (KeyError, TypeError):
+        pass
+    position = None
+    try:
+        names = list(inspect.signature(func).parameters)
+        position = names.index("inplace") if "inplace" in names else None
+    except (TypeError, ValueError):
+        pass
+    try:
+        _INPLACE_AT[func] = position
+    except TypeError:
+        pass
+    return position
+
+
+def _asked_inplace(target: Any, args: tuple, kwargs: dict) -> bool:
+    """`F.relu(x, inplace=True)` and friends: a function with an `inplace` parameter, asked to use it."""
+    if "inplace" in kwargs:
+        return kwargs["inplace"] is True
+    if isinstance(target, str) or not callable(target):
+        return False
+    position = inplace_position(target)
+    return position is not None and position < len(args) and args[position] is True
