@@ -33,7 +33,7 @@ from .frames import failed_at, raised_by_user, user_location
 from .guards import Kind
 from .names import root_module
 from .piecewise import GraphBreak, first_line, split
-from .protection import protected, protected_path
+from .protection import Protection
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
 from .regions.fingerprint import (
@@ -377,17 +377,16 @@ class CompiledFunction:
         return entry
 
     def _rewatch(self) -> None:
-        memo: dict[Source, Any] = {}
-        ctx = CallContext([self.fn], self._frame_fn)
+        protection = Protection(CallContext([self.fn], self._frame_fn), {}, self._watch)
         with torch._C.DisableTorchFunction():
             for entry in self._entries:
                 if isinstance(entry, EagerEntry):
                     continue
                 for guard in entry.guards:
-                    protected(guard, ctx, memo, self._watch)
+                    protection.guard(guard)
                 for source in entry.fixed_sources:
                     if source is not None:
-                        protected_path(source, ctx, memo, self._watch)
+                        protection.path(source)
         EPOCH.bump()
 
 

@@ -13,7 +13,7 @@ import torch
 from .capture import Capture
 from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
 from .piecewise import Pieces
-from .protection import Anchors, anchored, protected, protected_path
+from .protection import Anchors, Protection, anchored
 from .regions.fingerprint import describe_difference, without_sizes
 from .sources import MISSING, Absolute, Attr, CallContext, Source, TypeOf
 from .torch_internals import dict_sentinel, tensor_guards
@@ -128,9 +128,10 @@ class Entry:
         tensors: list[Guard] = []
         self.protected_sources: list[tuple[Source, bool]] = []  # (source, guarded absent?)
         memo: dict[Source, Any] = {}
+        protection = Protection(ctx, memo, watch)
         with torch._C.DisableTorchFunction():
             for guard in guards:
-                if not protected(guard, ctx, memo, watch):
+                if not protection.guard(guard):
                     always.append(guard)
                 elif guard.kind is Kind.TENSOR:
                     tensors.append(guard)
@@ -140,13 +141,13 @@ class Entry:
             per_call: list[Source] = []
             self.per_call_positions: list[int] = []
             for position, (_, source) in enumerate(cap.lifted):
-                if protected_path(source, ctx, memo, watch):
+                if protection.path(source):
                     self.fixed_sources.append(source)
                 else:
                     self.fixed_sources.append(None)
                     self.per_call_positions.append(position)
                     per_call.append(source)
-            self.anchors = Anchors(ctx, memo, watch)
+            self.anchors = Anchors(protection)
             always = anchored(always, self.anchors)
             per_call = [self.anchors.rewrite(source) for source in per_call]
         self.always = compile_guards(always, per_call)

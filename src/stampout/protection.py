@@ -31,47 +31,79 @@ def _path(source: Source) -> list[Source]:
     return out[::-1]
 
 
-def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
-    """Whether a write to a watched object is the only way this guard's value can change (watching the
-    objects on its path as a side effect)."""
-    if guard.kind is Kind.HOOKS and guard.expected != ((), (), (), ()):
-        return False  # hooks registered before compile may be removed through old handles
-    if guard.kind is Kind.SAME:
-        return False
-    if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
-        return False  # a mutable container: changed in place without any write to its holder
-    return protected_path(guard.source, ctx, memo, watch)
+class Protection:
+    """Which guards and sources only a write to a watched object can invalidate, in one call context (watching
+    the objects on their paths as a side effect). Each prefix of a path is decided once: the thousands of
+    guards of a deep model share their paths' prefixes (`self.layers[3].attn`), and walking every path from
+    the root cost as much as the capture itself."""
 
+    def __init__(self, ctx: CallContext, memo: dict, watch: WriteWatch) -> None:
+        self.ctx, self.memo, self.watch = ctx, memo, watch
+        self._prefix: dict[Source, bool] = {}  # a path's step: it and every step before it are watched modules
 
-def protected_path(source: Source, ctx: CallContext, memo: dict, watch: WriteWatch) -> bool:
-    """Whether every step to `source` is an attribute of a watched object reached from the module itself."""
-    path = _path(source)
-    if not (isinstance(path[0], Arg) and path[0].index == 0):
-        return False  # globals, closures, per-call input objects: checked on every call
-    if (len(path) > 1 and isinstance(path[1], Attr) and path[1].attr == "__self__"
-            and isinstance(path[0].resolve(ctx, memo), types.MethodType)):
-        path = path[1:]  # a compiled bound method (`model.forward`): its `__self__` is fixed, the module is the root
-    for source in path[:-1]:
+    def guard(self, guard: Guard) -> bool:
+        """Whether a write to a watched object is the only way this guard's value can change."""
+        if guard.kind is Kind.HOOKS and guard.expected != ((), (), (), ()):
+            return False  # hooks registered before compile may be removed through old handles
+        if guard.kind is Kind.SAME:
+            return False
+        if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
+            return False  # a mutable container: changed in place without any write to its holder
+        return self.path(guard.source)
+
+    def path(self, source: Source) -> bool:
+        """Whether every step to `source` is an attribute of a watched object reached from the module itself
+        (globals, closures, per-call input objects: checked on every call)."""
+        parent = source.base()
+        if parent is None:
+            return _is_module_arg(source)
+        if self._self_of_method(source):
+            return True  # a compiled bound method's `__self__` is fixed: the module is the root
+        return self._steps_watched(parent)
+
+    def _steps_watched(self, source: Source) -> bool:
+        """`source` and every step before it are watched modules (or their `__dict__`s)."""
+        try:
+            return self._prefix[source]
+        except KeyError:
+            pass
+        parent = source.base()
+        if parent is None:
+            ok = _is_module_arg(source) and self._step_watched(source)
+        elif self._self_of_method(source):
+            ok = self._step_watched(source)
+        else:
+            ok = self._steps_watched(parent) and self._step_watched(source)
+        self._prefix[source] = ok
+        return ok
+
+    def _self_of_method(self, source: Source) -> bool:
+        parent = source.base()
+        return (isinstance(source, Attr) and source.attr == "__self__" and _is_module_arg(parent)
+                and isinstance(parent.resolve(self.ctx, self.memo), types.MethodType))
+
+    def _step_watched(self, source: Source) -> bool:
         if isinstance(source, Attr) and source.attr == "__dict__":
-            continue  # the owner is watched: its __setattr__ writes this dict
+            return True  # the owner is watched: its __setattr__ writes this dict
         if source.base() is not None and not isinstance(source, Attr) and not _instance_dict_item(source):
             return False  # an item of a container: containers are not watched
-        obj = source.resolve(ctx, memo)
+        obj = source.resolve(self.ctx, self.memo)
         # Only modules: their state changes through __setattr__ and registries that bump the epoch. Other
         # objects (configs, dicts, lists, namespaces) are written in too many ways; their guards run per call.
-        if obj is MISSING or not isinstance(obj, torch.nn.Module) or not watch.watch(obj):
-            return False
-    return True
+        return obj is not MISSING and isinstance(obj, torch.nn.Module) and self.watch.watch(obj)
 
+
+def _is_module_arg(source: Source | None) -> bool:
+    return isinstance(source, Arg) and source.index == 0
 
 
 class Anchors:
     """Protected prefixes of per-call sources, grouped by the object they reached at capture: one anchor per
     object, so a config shared by 80 layers is checked once. `resolve` re-establishes them after a write."""
 
-    def __init__(self, ctx: CallContext, memo: dict, watch: WriteWatch) -> None:
+    def __init__(self, protection: Protection) -> None:
         self.groups: list[list[Source]] = []  # per anchor, the prefixes that reach its object
-        self._ctx, self._memo, self._watch = ctx, memo, watch
+        self._protection = protection
         self._index: dict[int, int] = {}
         self._of: dict[Source, Source | None] = {}
 
@@ -92,8 +124,9 @@ class Anchors:
         if prefix in self._of:
             return self._of[prefix]
         anchor = None
-        if not isinstance(prefix, Anchor) and protected_path(prefix, self._ctx, self._memo, self._watch):
-            obj = prefix.resolve(self._ctx, self._memo)
+        protection = self._protection
+        if not isinstance(prefix, Anchor) and protection.path(prefix):
+            obj = prefix.resolve(protection.ctx, protection.memo)
             index = self._index.setdefault(id(obj), len(self.groups))
             if index == len(self.groups):
                 self.groups.append([])
