@@ -5,8 +5,11 @@
 Models (``--models``): ``llama-like`` (the zoo's LlamaLike), ``user`` (a decoder defined in a user file,
 bench/user_model.py: user code is guarded as a user's model is), ``hf-llama`` (transformers'
 LlamaForCausalLM, small, ``use_cache=False``; regions marked by ``regions="auto"``, Dynamo's by wrapping
-the decoder layer class's forward in ``nested_compile_region``). Every variant compiles the model with N
-layers (ids [2, 16]) with a backend that computes nothing: it
+the decoder layer class's forward in ``nested_compile_region``), ``hf-decode-static`` / ``hf-decode-dynamic``
+(the same Llama, one decode step: a token per sequence after a 16-token prompt held in a ``StaticCache`` /
+``DynamicCache``, passed as ``past_key_values`` with ``cache_position``; after each step the dynamic cache's
+tensors are put back as the prompt left them, so every step sees the same cache). Every variant compiles the
+model with N layers (ids [2, 16]; a decode step: [2, 1]) with a backend that computes nothing: it
 returns precomputed zero tensors, as many as the captured graph has outputs (read from the graph's
 output node). What is left of a call is the guard check and the dispatch around the compiled code:
 
@@ -50,7 +53,8 @@ from torch.utils._pytree import tree_leaves  # noqa: E402
 from bench.common import console, environment, finish, reset_all, run_json_worker, short_error  # noqa: E402
 from stampout.tools.models import LlamaConfig, LlamaLike  # noqa: E402
 
-MODELS = ("llama-like", "user", "hf-llama")
+MODELS = ("llama-like", "user", "hf-llama", "hf-decode-static", "hf-decode-dynamic")
+DECODE = ("hf-decode-static", "hf-decode-dynamic")
 
 VARIANTS = ("stampout_regions", "stampout_flat", "torch_flat", "torch_nested", "eager")
 DEFAULT_VARIANTS = ("stampout_regions", "torch_flat", "torch_nested", "eager")
@@ -123,7 +127,7 @@ def _model(name: str, layers: int, regions: bool | str) -> torch.nn.Module:
 
         cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                       use_cache=False)
+                                       use_cache=name in DECODE)
         model = transformers.LlamaForCausalLM(cfg).eval()
         if regions == "nested":  # class-level marking, on a subclass: other models in this process keep theirs
             for layer in model.model.layers:
@@ -140,19 +144,51 @@ def _nested_llama_layer(cls: type) -> type:
     return _NESTED[cls]
 
 
-def _build(name: str, variant: str, layers: int, grad: bool) -> tuple[Callable, list[fx.GraphModule], torch.nn.Module]:
+class DecodeStep:
+    """One decode step of `fn` (the model, compiled or not) on a cache filled by a 16-token prompt: called with
+    the prompt's ids, it feeds their last token at the next position; a dynamic cache's tensors are put back
+    after each step, so that every step is the same call."""
+
+    def __init__(self, fn: Callable, model: torch.nn.Module, ids: torch.Tensor, cache_kind: str) -> None:
+        import transformers
+
+        if cache_kind == "static":
+            cache = transformers.StaticCache(config=model.config, max_cache_len=2 * ids.shape[1])
+        else:
+            cache = transformers.DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+        self.fn, self.cache = fn, cache
+        self.position = torch.tensor([ids.shape[1]])
+        self.kept = [(layer.keys, layer.values) for layer in cache.layers] if cache_kind == "dynamic" else None
+
+    def __call__(self, ids: torch.Tensor) -> Any:
+        out = self.fn(input_ids=ids[:, -1:], past_key_values=self.cache, cache_position=self.position,
+                      use_cache=True)
+        if self.kept is not None:
+            for layer, (keys, values) in zip(self.cache.layers, self.kept):
+                layer.keys, layer.values = keys, values
+        return out
+
+
+def _build(name: str, variant: str, layers: int, grad: bool) -> tuple[Callable, list[fx.GraphModule], Callable]:
     model = _model(name, layers, REGIONS[variant])
     model.requires_grad_(grad)
     compiled: list[fx.GraphModule] = []
+    ids = torch.randint(0, 256, INPUT_SHAPE, generator=torch.Generator().manual_seed(0))
+
+    def step(fn: Callable) -> Callable:
+        return DecodeStep(fn, model, ids, name.rsplit("-", 1)[1]) if name in DECODE else fn
+
     if variant == "eager":
-        return model, compiled, model
+        return step(model), compiled, step(model)
     backend = make_noop_backend(compiled)
     if variant.startswith("stampout"):
         import stampout
 
-        auto = "auto" if name == "hf-llama" and REGIONS[variant] is True else None
-        return stampout.compile(model, backend=backend, regions=auto), compiled, model
-    return torch.compile(model, backend=backend, fullgraph=True), compiled, model
+        auto = "auto" if name.startswith("hf-") and REGIONS[variant] is True else None
+        return step(stampout.compile(model, backend=backend, regions=auto)), compiled, step(model)
+    return step(torch.compile(model, backend=backend, fullgraph=True)), compiled, step(model)
 
 
 def _logits(y: Any) -> torch.Tensor:
@@ -160,7 +196,7 @@ def _logits(y: Any) -> torch.Tensor:
 
 
 def _captures(fn: Any) -> int | None:
-    st = getattr(fn, "stats", None)
+    st = getattr(getattr(fn, "fn", fn), "stats", None)
     return getattr(st, "captures", None)
 
 
@@ -218,7 +254,7 @@ def measure_one(name: str, variant: str, layers: int, grad_mode: str, calls: int
         r["recompiled_while_timed"] = graphs_after != graphs_before or captures_after != captures_before
     if variant.startswith("stampout"):
         r["captures"] = captures_after
-        r["traces"] = fn.stats.traces
+        r["traces"] = getattr(fn, "fn", fn).stats.traces
     if variant == "torch_nested":
         r["subgraphs"] = sum(
             1 for g in compiled for n, _ in g.named_children() if n.startswith(("subgraph", "invoke_subgraph"))

@@ -57,10 +57,15 @@ class RandomStates:
             torch.cuda.set_rng_state_all(self.torch_cuda)
 
 
+_ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device))
+
+
 def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
     """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (containers and
     plain objects, a few levels deep)."""
     t = type(value)
+    if t in _ATOMIC:  # (most values a module or config holds: no isinstance walk for them)
+        return False
     if t is FakeTensor or isinstance(value, FakeTensor):
         return True
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -351,16 +356,27 @@ def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def clear_fakes(objects: list[Any]) -> list[str]:
+def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> list[str]:
     """Attributes of `objects` (modules, the call's input objects) that hold a fake tensor or a symbolic size
     written behind their `__setattr__` (`functools.cached_property`, `obj.__dict__[k] = v`): removed.
-    Returns their names."""
+    Returns their names. `cleared`: the objects already made clean, by id (each object is walked once, so a
+    config object that every layer holds costs one walk; kept alive here, so no id is reused meanwhile)."""
     removed = []
+    cleared = {} if cleared is None else cleared
     for obj in objects:
         fields = getattr(obj, "__dict__", None)
-        if type(fields) is not dict:
+        if type(fields) is not dict or id(obj) in cleared:
             continue
-        for key in [k for k, v in fields.items() if not k.startswith("_") and holds_fake(v)]:
+        cleared[id(obj)] = obj
+        dirty = []
+        for k, v in list(fields.items()):
+            if k.startswith("_") or type(v) in _ATOMIC or id(v) in cleared:
+                continue
+            if holds_fake(v):
+                dirty.append(k)
+            elif plain_object(v):
+                cleared[id(v)] = v  # (clean as found: a later holder of it need not look again)
+        for key in dirty:
             value = fields[key]
             if type(value) in (list, dict) and not holds_fake(value, tensors_only=True):  # sizes stored in it
                 _concrete_items(value)
@@ -368,7 +384,8 @@ def clear_fakes(objects: list[Any]) -> list[str]:
                 continue
             inner = getattr(value, "__dict__", None)
             if type(inner) is dict and not callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module)):
-                removed.extend(f"{type(obj).__name__}.{name}" for name in clear_fakes([value]))  # its fields only
+                # (its fields only; clean afterwards)
+                removed.extend(f"{type(obj).__name__}.{name}" for name in clear_fakes([value], cleared))
                 continue
             del fields[key]
             removed.append(f"{type(obj).__name__}.{key}")
