@@ -124,7 +124,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     dynamic_sources: dict[Source, set[int]] | None = None,
                     ranges: dict[int, dict[int, tuple]] | None = None,
                     dynamic_ints: set[Source] | None = None, real: bool = True,
-                    body: Callable | None = None) -> Capture:
+                    body: Callable | None = None, sharded: bool = False) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
     guards on everything the whole program read, recorded in `Capture.program`.
 
@@ -134,8 +134,9 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
     symbols during the capture (inputs of the graph, read per call). With `real=False` (export) the graph is
     not run to store real values on the caller's objects: the caller puts its objects back itself. `body`
-    (a module's forward, see sharded.py) is what runs in place of `fn`: the module's hooks run outside."""
-    refusal = autograd_refusal(fn, own_hooks_outside=body is not None)
+    (a module's forward, see sharded.py) is what runs in place of `fn`: the module's hooks run outside. `sharded`:
+    `body` makes the calls of FSDP2-sharded modules boundary nodes (sharded_capture.py)."""
+    refusal = autograd_refusal(fn, own_hooks_outside=body is not None and not sharded, sharded_boundaries=sharded)
     if refusal is not None:
         raise CaptureError(message(
             f"stampout.capture cannot keep the gradients of this program: {refusal}", user_location(),
