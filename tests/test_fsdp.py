@@ -31,15 +31,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, tmp_path, world: int = 2, timeout: float = 420) -> list[dict]:
-    """Run `scenario` on `world` ranks; their reports, rank order. A rank that hangs or fails fails the test."""
+def run_ranks(scenario: str, tmp_path, world: int = 2, timeout: float = 420, worker: str = _WORKER) -> list[dict]:
+    """Run `scenario` of `worker` on `world` ranks; their reports, rank order. A rank that hangs or fails fails
+    the test."""
     port = _free_port()
     procs, outs = [], []
     for rank in range(world):
         out = tmp_path / f"rank{rank}.json"
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, _WORKER, scenario, str(out)], env=env,
+        procs.append(subprocess.Popen([sys.executable, worker, scenario, str(out)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs.append(out)
     logs = []
