@@ -31,15 +31,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(scenario: str, tmp_path, world: int = 2, timeout: float = 420) -> list[dict]:
-    """Run `scenario` on `world` ranks; their reports, rank order. A rank that hangs or fails fails the test."""
+def run_ranks(scenario: str, tmp_path, world: int = 2, timeout: float = 420, worker: str = _WORKER) -> list[dict]:
+    """Run `scenario` of `worker` on `world` ranks; their reports, rank order. A rank that hangs or fails fails
+    the test."""
     port = _free_port()
     procs, outs = [], []
     for rank in range(world):
         out = tmp_path / f"rank{rank}.json"
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, _WORKER, scenario, str(out)], env=env,
+        procs.append(subprocess.Popen([sys.executable, worker, scenario, str(out)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         outs.append(out)
     logs = []
@@ -107,11 +108,30 @@ def test_fsdp_ranks_capture_the_same_program(fsdp_reports, backend):
 
 
 @needs_gloo
-def test_fsdp_capture_refuses(fsdp_reports):
+def test_fsdp_capture_trains_as_eager(fsdp_reports):
+    """stampout.capture of the sharded model, called for 3 SGD steps: eager's loss and full gradients, bitwise; the
+    optimizer's steps on the sharded gradients leave the parameters as eager's."""
     for report in fsdp_reports:
-        text = report["capture"]
-        assert text.startswith("CaptureError: stampout.capture cannot keep the gradients of this program")
-        assert "FSDPLlama is sharded with fully_shard" in text and "stampout.compile" in text
+        rows = report["capture"]["rows"]
+        assert len(rows) == 3
+        for row in rows:
+            assert row["params"] == 39 and row["missing"] == []
+            assert row["loss"] <= 1e-6 and row["grad"] <= 1e-6, rows
+        world = report["capture"]["world"]
+        assert world["sharded"] and world["forwards"] == [] and world["param"] <= 1e-6
+
+
+@needs_gloo
+def test_fsdp_capture_is_one_graph_with_boundaries(fsdp_reports):
+    """One graph: each sharded module's hooks are two nodes around its forward, the 4 blocks one region trace;
+    the unsharded parameters are outputs of the pre-forward node, not placeholders; both ranks captured it."""
+    first, second = (r["capture"]["stats"] for r in fsdp_reports)
+    assert (first["traces"], first["reuses"], first["subgraphs"]) == (1, 3, 1)
+    assert first["placeholders"] == ["ids"] and first["lint"]
+    code = first["code"]
+    assert code.count("fsdp_pre_forward(") == code.count("fsdp_post_forward(") == 5  # the root and 4 blocks
+    assert code.count("invoke_subgraph(") == 4 and "layers_3_attn_q_weight = fsdp_pre_forward" in code
+    assert first == second
 
 
 class _Scale:

@@ -10,6 +10,7 @@ from .capturing import capture_program
 from .compile_args import check_call, check_callable
 from .errors import CaptureError
 from .piecewise import explain_break
+from .sharded_capture import Boundaries, sharded_modules
 
 
 def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
@@ -33,6 +34,9 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
     """
     check_callable(fn, "capture")
     check_call(fn, args, kwargs, "capture")
+    if sharded_modules(fn):  # FSDP2: each sharded module's hooks are nodes around its forward
+        boundaries = Boundaries(fn)
+        return capture_program(fn, args, kwargs, body=lambda *a, **k: boundaries.run(fn, a, k), sharded=True)
     return capture_program(fn, args, kwargs)
 
 

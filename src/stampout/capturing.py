@@ -130,7 +130,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                     dynamic_sources: dict[Source, set[int]] | None = None,
                     ranges: dict[int, dict[int, tuple]] | None = None,
                     dynamic_ints: set[Source] | None = None, real: bool = True,
-                    body: Callable | None = None) -> Capture:
+                    body: Callable | None = None, sharded: bool = False) -> Capture:
     """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
     guards on everything the whole program read, recorded in `Capture.program`.
 
@@ -140,8 +140,10 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
     symbols during the capture (inputs of the graph, read per call). With `real=False` (export) the graph is
     not run to store real values on the caller's objects: the caller puts its objects back itself. `body`
-    (a module's forward, see sharded.py) is what runs in place of `fn`: the module's hooks run outside."""
-    run = ProgramCapture(fn, args, kwargs, cache if cache is not None else RegionCache(), guard_program, body)
+    (a module's forward, see sharded.py) is what runs in place of `fn`: the module's hooks run outside. `sharded`:
+    `body` makes the calls of FSDP2-sharded modules boundary nodes (sharded_capture.py)."""
+    run = ProgramCapture(fn, args, kwargs, cache if cache is not None else RegionCache(), guard_program, body,
+                         sharded)
     run.refuse_lost_gradients()
     run.make_tracer(dynamic, automatic or {}, dynamic_sources or {}, dynamic_ints or set())
     run.make_fake_inputs(ranges, dynamic_ints or set())
@@ -162,8 +164,9 @@ class ProgramCapture:
     the graph, make the `Capture`, and store on the caller's objects what one eager call would have."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict, cache: RegionCache, guard_program: bool,
-                 body: Callable | None) -> None:
+                 body: Callable | None, sharded: bool = False) -> None:
         self.fn, self.args, self.kwargs, self.cache, self.body = fn, args, kwargs, cache, body
+        self.sharded = sharded
         self.guard_program = guard_program
         self.signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
         names = positional_names(self.signature_of)
@@ -181,7 +184,8 @@ class ProgramCapture:
         return [*modules_of(self.fn), *held_map(self.leaves, self.labels)]
 
     def refuse_lost_gradients(self) -> None:
-        refusal = autograd_refusal(self.fn, own_hooks_outside=self.body is not None)
+        refusal = autograd_refusal(self.fn, own_hooks_outside=self.body is not None and not self.sharded,
+                                   sharded_boundaries=self.sharded)
         if refusal is not None:
             raise CaptureError(message(
                 f"stampout.capture cannot keep the gradients of this program: {refusal}", user_location(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +33,16 @@ _TP_HOOK = ("distribute_module.<locals>.<lambda>", os.path.join("torch", "distri
 
 def hook_key(hook: Any) -> Any:
     """What a guard on a module's hooks compares of one hook: the hook itself; for a hook stampout never
-    traces (FSDP's), its function; for tensor parallelism's, its code and closure values."""
-    owner = getattr(hook, "__self__", None)
-    if owner is not None:
-        cls = type(owner)
-        if f"{cls.__module__}.{cls.__qualname__}" in _EAGER_HOOK_OWNERS:
-            return hook.__func__
+    traces (FSDP's, or the per-module wrappers grouped `fully_shard([a, b])` makes of them), its function; for
+    tensor parallelism's, its code and closure values."""
+    inner, depth = hook, 0
+    while inner is not None and depth < 4:  # (functools.wraps chains: `__wrapped__`)
+        owner = getattr(inner, "__self__", None)
+        if owner is not None:
+            cls = type(owner)
+            if f"{cls.__module__}.{cls.__qualname__}" in _EAGER_HOOK_OWNERS:
+                return inner.__func__
+        inner, depth = getattr(inner, "__wrapped__", None), depth + 1
     code = getattr(hook, "__code__", None)
     if code is not None and code.co_qualname == _TP_HOOK[0] and code.co_filename.endswith(_TP_HOOK[1]):
         return HookByValue(code, tuple(_closure_value(cell.cell_contents) for cell in hook.__closure__ or ()))
@@ -60,7 +65,10 @@ def _closure_value(value: Any) -> Any:
         fn, owner = getattr(value.func, "__func__", value.func), getattr(value.func, "__self__", None)
         state = None if owner is None else (type(owner), tuple(sorted(vars(owner).items())))
         return (fn, state, value.args, tuple(sorted(value.keywords.items())))
-    return _Same(value)  # the DeviceMesh: the same object
+    mesh = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
+    if mesh is not None and isinstance(value, mesh):
+        return value  # a DeviceMesh compares by value (its ranks, layout and dim names): `mesh["tp"]` makes new ones
+    return _Same(value)
 
 
 class _Same:

@@ -161,6 +161,8 @@ PRIVATE_NAMES = (
     "torch._subclasses.fake_tensor.FakeTensor",
     "torch._subclasses.fake_tensor.FakeTensorMode",
     "torch._subclasses.fake_tensor.unset_fake_temporarily",
+    "torch.distributed.fsdp.FSDPModule._get_fsdp_state",
+    "torch.distributed.fsdp._fully_shard._fsdp_state.FSDPState._lazy_init",
     "torch.amp.autocast_mode._enter_autocast",
     "torch.amp.autocast_mode._exit_autocast",
     "torch.autograd.grad_mode._enter_inference_mode",
@@ -175,6 +177,12 @@ PRIVATE_NAMES = (
     "torch.utils._filelock.FileLock",
     "torch.utils._python_dispatch.is_traceable_wrapper_subclass",
     "torch.utils._pytree.tree_leaves",
+    "torch.utils._pytree.tree_flatten",
+    "torch.utils._pytree.tree_unflatten",
+    "torch.utils._pytree.TreeSpec",
+    "torch.nn.modules.module._global_forward_pre_hooks",
+    "torch.nn.modules.module._global_forward_hooks",
+    "torch.nn.modules.module._global_forward_hooks_with_kwargs",
     "torch.utils._sympy.functions",
     "torch.utils._sympy.numbers",
 )
@@ -386,3 +394,15 @@ def check_message(message: Any) -> str:
         except Exception:  # it needs tensor values: unknown while tracing
             return default
     return default if "FakeTensor(" in text else text
+
+
+def fsdp_lazy_init(module: torch.nn.Module) -> None:
+    """FSDP2's lazy initialization from `module` (the outermost sharded module): what its first forward's root
+    pre-hook does (it finds the root and the shared state `FSDPModule.unshard()` needs). Idempotent."""
+    module._get_fsdp_state()._lazy_init()
+
+
+def fsdp_mixed_precision(module: torch.nn.Module) -> bool:
+    """Whether a module sharded with fully_shard casts its inputs, parameters or outputs (a MixedPrecisionPolicy)."""
+    policy = module._get_fsdp_state()._mp_policy
+    return policy.param_dtype is not None or policy.output_dtype is not None or policy.reduce_dtype is not None

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import (
     unset_fake_temporarily,
 )
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .builder import (
     Builder,
@@ -197,8 +198,8 @@ class Tracer:
         hit = self._fakes.get(id(t))
         if hit is not None:
             return hit[1]
-        if id(t) in self.dynamic_tensors:
-            return self.fake_of(t)
+        if id(t) in self.dynamic_tensors or (type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)):
+            return self.fake_of(t)  # (a DTensor parameter's fake is a DTensor: backends look for subclass inputs)
         with torch._C.DisableTorchFunction():
             return self.new_fake(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device,
                                  t.requires_grad)

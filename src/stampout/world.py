@@ -414,12 +414,13 @@ def holds_traced_tensor(fn: Any) -> bool:
     return any(holds_fake(p, tensors_only=True) for p in parts if p is not None)
 
 
-def autograd_refusal(fn: Any, own_hooks_outside: bool = False) -> str | None:
+def autograd_refusal(fn: Any, own_hooks_outside: bool = False, sharded_boundaries: bool = False) -> str | None:
     """Why stampout cannot keep the autograd registrations a call of `fn` makes behind the tensors' backs, or
     None: module backward hooks (torch registers them on the autograd nodes of the call's own tensors) and
     FSDP2's post-backward reduce-scatter (registered on the unsharded parameters each call makes). With
     `own_hooks_outside`, the program is the root module's forward, its own hooks run eagerly around it
-    (sharded.py): only the modules below it count."""
+    (sharded.py): only the modules below it count. With `sharded_boundaries`, sharded modules' hooks are nodes of
+    the graph (sharded_capture.py)."""
     from .names import root_module
     from .sharded import fsdp_module_class
 
@@ -435,7 +436,7 @@ def autograd_refusal(fn: Any, own_hooks_outside: bool = False) -> str | None:
         if own_hooks_outside and m is root:
             continue
         label = f"{type(root).__name__}.{name}" if name else type(root).__name__
-        if fsdp_module is not None and isinstance(m, fsdp_module):
+        if fsdp_module is not None and isinstance(m, fsdp_module) and not sharded_boundaries:
             return (f"{label} is sharded with fully_shard (FSDP2): its hooks all-gather its parameters and reduce "
                     "their gradients, so they run eagerly around its own compiled forward")
         d = m.__dict__
