@@ -15,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .inline import inline_regions, inline_writing_regions, subclass_operands
+from .whole_region import whole_region
 
 log = logging.getLogger("stampout.backends")
 
@@ -102,13 +103,18 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     else:
         inline_writing_regions(gm, example_inputs)
     key = None if why is not None else _graph_key(gm, example_inputs)
+    whole = whole_region(gm) if why is None else None
     if key is not None:
         known = _SAME_GRAPHS.get(key[0], {}).get(key[1])
         if known is not None:
             return known
     context = torch._guards.TracingContext(FakeTensorMode())
     with torch._guards.tracing(context):
-        compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_nop, bw_compiler=_boxed_nop)
+        if whole is not None:  # (whole_region.py: a sharded block's piece)
+            compiled = whole.wrap(aot_module_simplified(whole.subgraph, whole.inputs(example_inputs),
+                                                        fw_compiler=_boxed_nop, bw_compiler=_boxed_nop))
+        else:
+            compiled = aot_module_simplified(gm, example_inputs, fw_compiler=_boxed_nop, bw_compiler=_boxed_nop)
     if key is not None:
         _SAME_GRAPHS.setdefault(key[0], {})[key[1]] = compiled
     return compiled
