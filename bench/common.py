@@ -168,3 +168,33 @@ def diffusers_model(name: str, layers: int, seed: int = 0) -> tuple[torch.nn.Mod
             raise ValueError(f"unknown diffusers model {name!r}; one of {DIFFUSERS_MODELS}")
     inputs.update(timestep=torch.tensor([500]), return_dict=False)
     return model, inputs, blocks
+
+
+# ------------------------------------------------------------------ user-file and Hugging Face decoders
+
+USER_AND_HF = ("user", "hf-llama")  # stampout.tools.benchmark's models, as `stampout bench` builds them
+_NESTED: dict[type, type] = {}
+
+
+def _nested_class(cls: type) -> type:
+    """A subclass of a layer class whose forward is a nested_compile_region (class-level marking: torch 2.13's
+    Dynamo feeds every layer the first layer's weights when the forward is rebound per instance)."""
+    if cls not in _NESTED:
+        _NESTED[cls] = type(cls.__name__, (cls,), {"forward": torch.compiler.nested_compile_region(cls.forward)})
+    return _NESTED[cls]
+
+
+def user_or_hf_model(name: str, layers: int, variant: str) -> tuple[torch.nn.Module, tuple, dict[str, Any]]:
+    """A decoder defined in a user file (``user``: bench/user_model.py, guarded as a user's code is) or
+    transformers' LlamaForCausalLM (``hf-llama``), small, on ids [2, 8]: ``(model, args, kwargs)``. `variant`:
+    ``stampout`` (layers marked as stampout regions), ``torch_nested`` (nested_compile_region) or ``torch_flat``."""
+    from stampout.tools.benchmark import build
+
+    marked = {"stampout": "stampout_regions", "torch_nested": "dynamo_flat", "torch_flat": "dynamo_flat"}[variant]
+    if name == "user" and variant == "torch_nested":
+        marked = "dynamo_nested"  # (class-level marking: Decoder(regions="nested"))
+    model, args, kwargs = build(name, layers, marked)
+    if name == "hf-llama" and variant == "torch_nested":
+        for layer in model.model.layers:
+            layer.__class__ = _nested_class(type(layer))
+    return model, args, kwargs

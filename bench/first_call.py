@@ -46,10 +46,19 @@ if _ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from bench.common import DIFFUSERS_MODELS, console, diffusers_model, environment, finish, run_json_worker, short_error  # noqa: E402,E501
+from bench.common import (  # noqa: E402
+    DIFFUSERS_MODELS,
+    USER_AND_HF,
+    console,
+    diffusers_model,
+    environment,
+    finish,
+    run_json_worker,
+    short_error,
+    user_or_hf_model,
+)
 
 LLAMA_VARIANTS = ("stampout", "torch_nested", "torch_flat")
-USER_AND_HF = ("user", "hf-llama")  # stampout.tools.benchmark's models, as `stampout bench` builds them
 TARGETS = {"inference": (0.4, 0.15), "training": (0.25, 0.15), "repeated": (0.5, 0.5)}  # (cold, warm) ratios
 DIFFUSERS_VARIANTS = ("stampout", "compile_repeated_blocks")
 LABELS = {"stampout": "stampout", "torch_nested": "torch nested", "torch_flat": "torch flat",
@@ -87,17 +96,6 @@ def _grad_error(got: dict[str, torch.Tensor | None], ref: dict[str, torch.Tensor
     return worst, name
 
 
-_NESTED: dict[type, type] = {}
-
-
-def _nested_class(cls: type) -> type:
-    """A subclass of a Hugging Face layer class whose forward is a nested_compile_region (class-level marking:
-    torch 2.13's Dynamo feeds every layer the first layer's weights when the forward is rebound per instance)."""
-    if cls not in _NESTED:
-        _NESTED[cls] = type(cls.__name__, (cls,), {"forward": torch.compiler.nested_compile_region(cls.forward)})
-    return _NESTED[cls]
-
-
 def _build(model_name: str, layers: int, variant: str) -> tuple[torch.nn.Module, tuple, dict, list[str]]:
     if model_name == "llama":
         from stampout.tools.models import LlamaConfig, LlamaLike
@@ -105,17 +103,8 @@ def _build(model_name: str, layers: int, variant: str) -> tuple[torch.nn.Module,
         regions = {"stampout": True, "torch_nested": "nested", "torch_flat": False}[variant]
         ids = torch.randint(0, LlamaConfig().vocab, (2, 16), generator=torch.Generator().manual_seed(0))
         return LlamaLike(LlamaConfig(layers=layers), regions=regions, seed=0), (ids,), {}, []
-    if model_name in USER_AND_HF:  # a decoder defined in a user file (bench/user_model.py), transformers' Llama
-        from stampout.tools.benchmark import build
-
-        marked = {"stampout": "stampout_regions", "torch_nested": "dynamo_flat", "torch_flat": "dynamo_flat"}[variant]
-        if model_name == "user" and variant == "torch_nested":
-            marked = "dynamo_nested"  # (class-level marking: Decoder(regions="nested"))
-        model, args, kwargs = build(model_name, layers, marked)
-        if model_name == "hf-llama" and variant == "torch_nested":
-            for layer in model.model.layers:
-                layer.__class__ = _nested_class(type(layer))
-        return model, args, kwargs, []
+    if model_name in USER_AND_HF:
+        return (*user_or_hf_model(model_name, layers, variant), [])
     model, kwargs, blocks = diffusers_model(model_name, layers)
     return model, (), kwargs, blocks
 
