@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._guards import TracingContext, tracing
-from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
+
+from .torch_internals import TracingContext, patch_permanently, tracing
+from .torch_internals import invoke_subgraph_op as invoke_subgraph
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,9 @@ def _patch_cpp_wrapper(module: Any) -> None:
     except (OSError, TypeError):
         stub = False
     if stub:
-        cls.codegen_invoke_subgraph = _codegen_invoke_subgraph
+        patch_permanently(cls, "codegen_invoke_subgraph", _codegen_invoke_subgraph,
+                          "torch._inductor.codegen.cpp_wrapper_cpu.CppWrapperCpu.codegen_invoke_subgraph",
+                          "AOTInductor: C++ codegen for invoke_subgraph (one lambda per region)")
         log.info("AOTInductor: C++ codegen for invoke_subgraph installed (one lambda per region)")
 
 
@@ -90,7 +93,8 @@ def _patch_compile_fx(module: Any) -> None:
             return original(mod, *args, **kwargs)
 
     aot_export_module._stampout_traced_once = True  # type: ignore[attr-defined]
-    module.aot_export_module = aot_export_module
+    patch_permanently(module, "aot_export_module", aot_export_module, "torch._inductor.compile_fx.aot_export_module",
+                      "AOTInductor: one trace per subgraph (invoke_subgraph's cache on)")
 
 
 def _on_cpu(example_inputs: Any) -> bool:
@@ -117,8 +121,8 @@ def _region_depth(mod: Any) -> int:
 def _codegen_invoke_subgraph(self: Any, call: Any) -> None:
     """C++ for one region call: the region's body is emitted once per enclosing graph as a lambda taking its
     input tensors and filling its outputs; each call declares its outputs and invokes the lambda."""
-    from torch._inductor import ir
-    from torch._inductor.codegen.wrapper import EnterSubgraphLine, ExitSubgraphLine
+    from .torch_internals import EnterSubgraphLine, ExitSubgraphLine
+    from .torch_internals import inductor_ir as ir
 
     subgraph = call.subgraph
     if not all(isinstance(v, ir.TensorBox) for v in subgraph.graph.graph_inputs.values()) or not all(

@@ -12,26 +12,34 @@ from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
 
 from . import caches
 from .guards import is_constant
 from .shapes import SIZES, SymbolicValues
+from .torch_internals import (
+    FakeTensor,
+    HigherOrderOperator,
+    OpOverload,
+    OpOverloadPacket,
+    TensorBase,
+    enter_inference_mode,
+    exit_inference_mode,
+)
 
 _T = torch.Tensor
 _TARGETS: dict[Any, tuple[str, Any]] = caches.register({}, "builder node targets")
-_ENTER_INFERENCE = torch.autograd.grad_mode._enter_inference_mode
-_EXIT_INFERENCE = torch.autograd.grad_mode._exit_inference_mode
+_ENTER_INFERENCE = enter_inference_mode
+_EXIT_INFERENCE = exit_inference_mode
 
 
 def is_op(value: Any) -> bool:
-    return isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator))
+    return isinstance(value, (OpOverload, OpOverloadPacket, HigherOrderOperator))
 
 
 def _method_names() -> dict[Any, str]:
     """Tensor methods defined in Python under another name (`__pow__` is `torch._tensor.pow`)."""
     names: dict[Any, str] = {}
-    for cls in (torch._C.TensorBase, _T):
+    for cls in (TensorBase, _T):
         for name, value in vars(cls).items():
             for fn in (value, getattr(value, "__wrapped__", None)):
                 try:

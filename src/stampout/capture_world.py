@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .builder import identifier
 from .capture import Capture
@@ -23,6 +22,7 @@ from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost
 from .shapes import any_symbolic, concrete
 from .sources import Arg, Attr, CallContext, Input, Source
+from .torch_internals import DisableTorchFunction, FakeTensor
 from .tracer import Tracer
 from .world import RandomStates, clear_fakes
 
@@ -70,7 +70,7 @@ def restore_world(handler: RegionCalls, states: RandomStates | None, objects: li
     traced values other than in caches (empty: nothing). See world.py."""
     if states is not None:
         states.restore()
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         repairs = handler.snapshot.repair()
         repairs.places.extend(clear_fakes(objects))
     if repairs.caches or repairs.places:
@@ -82,7 +82,7 @@ def concrete_stores(program: RegionFrame, held: Held) -> None:
     """What the captured Python stored (attributes, list and dict items, globals) holds no symbolic size
     afterwards: each has its value for the capture's own inputs, as one eager call leaves it. (Stores on the
     input objects are the Capture's to repeat per call, computed by the graph: see `input_stores`.)"""
-    with torch._C.DisableTorchFunction(), listeners(None, None):
+    with DisableTorchFunction(), listeners(None, None):
         for obj, name, _, _, _ in program.stores:
             value = getattr(obj, name, None)
             if any_symbolic(value) and obj not in held:
@@ -104,13 +104,14 @@ def plant_ints(fn: Callable, leaves: list[Any], sources: set[Source], tracer: Tr
     program runs (reads see it, arithmetic on it stays symbolic), and the graph takes its value as an input
     (a lifted placeholder read from the source per call). Returns what `unplant` puts back."""
     import sympy
-    from torch._dynamo.source import LocalSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    from .torch_internals import LocalSource
 
     planted = []
     env = tracer.symbols.shape_env
     ctx, memo = CallContext([fn, *leaves], frame_function(fn)), {}
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         for source in sorted(sources, key=lambda s: s.name()):
             if not isinstance(source, Attr):
                 continue
@@ -155,7 +156,7 @@ def held_dynamic(fn: Callable, leaves: list[Any], sources: dict[Source, set[int]
     """The tensors at `sources` (relative to the call) with the dims to capture symbolic."""
     found: dict[int, tuple[torch.Tensor, tuple[int, ...], str]] = {}
     ctx, memo = CallContext([fn, *leaves], frame_function(fn)), {}
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         for source, dims in sources.items():
             t = source.resolve(ctx, memo)
             dims = tuple(sorted(d for d in dims if isinstance(t, torch.Tensor) and 0 <= d < t.dim()))

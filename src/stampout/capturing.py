@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import higher_order, torch_internals
@@ -57,6 +55,14 @@ from .regions.marker import torch_marked_call
 from .shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
 from .sources import CallContext, Source
 from .structure import aliases_of, flatten_inputs, positional_names, to_template
+from .torch_internals import (
+    DisableTorchFunction,
+    FakeTensorMode,
+    get_current_function_mode_stack,
+    is_torch_function_mode_enabled,
+    set_grad_enabled,
+)
+from .torch_internals import LazyGraphModule as _LazyGraphModule
 from .tracer import CaptureMode, Tracer
 from .tracking import Watch
 from .world import RandomStates, autograd_refusal, check_left_over
@@ -69,8 +75,8 @@ def _our_mode_for_vmap(original: Callable) -> Callable:
     (on the capturing thread only)."""
 
     def find() -> Any:
-        if current() is not None and torch._C._is_torch_function_mode_enabled():
-            for mode in torch.overrides._get_current_function_mode_stack():
+        if current() is not None and is_torch_function_mode_enabled():
+            for mode in get_current_function_mode_stack():
                 if isinstance(mode, CaptureMode):
                     return mode
         return original()
@@ -84,7 +90,7 @@ def _autograd_function_apply(original: Callable) -> Callable:
 
     def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
         ctx = current()
-        if ctx is None or not torch._C._is_torch_function_mode_enabled():
+        if ctx is None or not is_torch_function_mode_enabled():
             return original(cls, *args, **kwargs)
         return ctx.tracer.on_autograd_function(cls, original, args, kwargs)
 
@@ -93,7 +99,7 @@ def _autograd_function_apply(original: Callable) -> Callable:
 
 def _capturing_here() -> bool:
     """Whether this thread is running a capture's program (what `torch.compiler.is_compiling()` answers)."""
-    return current() is not None and torch._C._is_torch_function_mode_enabled()
+    return current() is not None and is_torch_function_mode_enabled()
 
 
 @contextlib.contextmanager
@@ -121,7 +127,7 @@ def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[C
             while handler.frames:
                 handler.pop()
             watch.restore()
-            torch._C._set_grad_enabled(grad)
+            set_grad_enabled(grad)
 
 
 def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache | None = None,
@@ -153,7 +159,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     if run.program is None:
         run.store_on_inputs(cap, real)
     if real:  # (export puts its objects back itself, after this)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             check_left_over(run.handler.snapshot, run.objects())
     return cap
 
@@ -274,7 +280,7 @@ class ProgramCapture:
             unplant(self.planted)
             objects = self.objects()
             restore_world(handler, states, objects)
-            with torch._C.DisableTorchFunction():
+            with DisableTorchFunction():
                 check_left_over(handler.snapshot, objects)
             raise
         program = self.program
@@ -323,7 +329,7 @@ class ProgramCapture:
             self.slots: list[torch.Tensor] = []
             self.template = to_template(out, self.slots, input_objects(self.leaves), sizes=True)
             check_no_hidden_tensors(self.template)
-            with torch._C.DisableTorchFunction(), listeners(None, None):
+            with DisableTorchFunction(), listeners(None, None):
                 if guard_program:
                     registries.plan(program)
                 elif registries.made_modules():

@@ -16,7 +16,7 @@ from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
 from .regions.fingerprint import describe_difference, without_sizes
 from .sources import MISSING, Absolute, Attr, CallContext, Source, TypeOf
-from .torch_internals import dict_sentinel, tensor_guards
+from .torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
 from .tracking import EPOCH, WriteWatch
 
 log = logging.getLogger("stampout.guards")
@@ -121,7 +121,7 @@ class Entry:
         self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
         self.masked = frozenset(cap.shapes.leaves) if cap.shapes is not None else None
         self.key = self.key_for(key, ctx.leaves[1:])
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             guards = self.guards = relax_symbolic(by_class(cap.program.guards, ctx), cap, ctx)
         self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
         always: list[Guard] = []
@@ -129,7 +129,7 @@ class Entry:
         self.protected_sources: list[tuple[Source, bool]] = []  # (source, guarded absent?)
         memo: dict[Source, Any] = {}
         protection = Protection(ctx, memo, watch)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             for guard in guards:
                 if not protection.guard(guard):
                     always.append(guard)
@@ -158,7 +158,7 @@ class Entry:
         """After a full check passed: the current protected tensors, a C++ check of their metadata, and the
         anchors; None when the anchors no longer hold (the entry is dropped from lookups)."""
         memo: dict[Source, Any] = {}
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
             fixed = [None if s is None else s.resolve(ctx, memo) for s in self.fixed_sources]
             anchors = self.anchors.resolve(ctx, memo)
@@ -178,7 +178,7 @@ class Entry:
         parameters = [t for t in unique if isinstance(t, torch.nn.Parameter)]
         unique = [t for t in unique if not isinstance(t, torch.nn.Parameter)] + parameters[:1]
         modules: dict[int, torch.nn.Module] = {}
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             for source, absent in self.protected_sources:
                 parent = source.base()
                 if isinstance(parent, Attr) and parent.attr == "__dict__":
@@ -199,7 +199,7 @@ class Entry:
         if state is None or state.epoch != EPOCH.value or not state.unwritten():
             if self._full is None:
                 self._full = compile_guards(self.guards)
-            with torch._C.DisableTorchFunction():
+            with DisableTorchFunction():
                 if not self._full(ctx.leaves, ctx.fn):
                     return None
             state = self.refresh(ctx)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .classpatch import peek
 from .guards import is_constant
 from .shapes import any_symbolic
 from .sources import MISSING, Arg, Attr, CallContext, Source
+from .torch_internals import DisableTorchFunction, FakeTensor
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def undo(program: Any) -> None:
 
 
 def replay(effects: list[Effect], ctx: CallContext, outputs: list[Any]) -> None:
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         for effect in effects:
             effect.replay(ctx, outputs)
 

@@ -26,10 +26,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
-from torch.export.dynamic_shapes import _DimHint, _DimHintType
 from torch.export.exported_program import ModuleCallEntry, ModuleCallSignature
 from torch.export.graph_signature import (
     ConstantArgument,
@@ -54,6 +51,9 @@ from .names import root_module
 from .regions.auto import auto_regions
 from .sources import Source
 from .structure import build, flatten_inputs, positional_names
+from .torch_internals import DimHint as _DimHint
+from .torch_internals import DimHintType as _DimHintType
+from .torch_internals import FakeTensorMode, pytree
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def _dynamic_dims(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any,
     """Per input tensor (by id), the dims to export symbolic, each with its (min, max, name): `Dim("t", min=,
     max=)`, `Dim.DYNAMIC` and `torch._dynamo.mark_dynamic`. `None`, `Dim.STATIC`, `Dim.AUTO` (which allows
     specializing) and ints keep the example's size."""
-    import torch.utils._sympy.numbers as numbers
+    from .torch_internals import sympy_numbers as numbers
 
     out: dict[int, dict[int, tuple[int, Any, str]]] = {}
     for label, value in _labelled_leaves(fn, args, kwargs):
@@ -251,9 +251,9 @@ class _Input:
 def export_capture(cap: Capture, fn: Callable, args: tuple, kwargs: dict, where: str | None = None) -> ExportedProgram:
     """The `ExportedProgram` of an existing capture of `fn(*args, **kwargs)` (see `export`)."""
     # torch's export passes import sympy and more: loaded here, so `import stampout` does not pay for them
-    from torch._export.passes.lift_constants_pass import ConstantAttrMap, lift_constants_pass
-    from torch._export.verifier import TrainingIRVerifier
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from .torch_internals import ConstantAttrMap, TrainingIRVerifier, lift_constants_pass
 
     where = where or user_location()
     root = root_module(fn)

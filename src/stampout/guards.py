@@ -16,6 +16,7 @@ from .guard_rules import HELPERS, OBJECT_GETATTRIBUTE, Kind, const_key, is_auto_
 from .hook_keys import describe_hooks, hooks_key
 from .sources import MISSING, Absolute, Attr, CallContext, Item, Source, mro_attr
 from .tensormeta import tensor_kind, tensor_meta
+from .torch_internals import DisableTorchFunction
 
 _MODULE_GETATTR = torch.nn.Module.__getattr__
 
@@ -116,7 +117,7 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
 def first_failure(guards: list[Guard], ctx: CallContext) -> tuple[int, Guard, Any] | None:
     """The first guard that fails in `ctx`, with its index and the observed value; None if all hold."""
     memo: dict[Source, Any] = {}
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         for i, guard in enumerate(guards):
             value = guard.source.resolve(ctx, memo)
             rule = guard.kind.rule
@@ -126,7 +127,7 @@ def first_failure(guards: list[Guard], ctx: CallContext) -> tuple[int, Guard, An
 
 
 def check_guards(check: Callable, ctx: CallContext) -> bool:
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         return check(ctx.leaves, ctx.fn)
 
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .effects import Plan, Value
 from .errors import CaptureError, message
@@ -20,6 +19,7 @@ from .regions.frame import RegionFrame
 from .shapes import SIZES
 from .sources import Arg, Attr, Input, Item, Source
 from .structure import positional_names, template_constants
+from .torch_internals import FakeTensor
 from .tracer import Tracer
 
 

@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 
 from .builder import Builder, identifier, map_tensors
 from .errors import CaptureError, message
 from .frames import user_location
 from .meta import NOT_HANDLED
 from .shapes import SIZES, SymbolicValues
+from .torch_internals import DisableTorchFunction, pytree
 from .tracer import Tracer
 
 _HOPS = torch.ops.higher_order
@@ -115,7 +115,7 @@ def _fresh(value: Any) -> Any:
     """A new fake input with `value`'s metadata (sizes and ints as they are)."""
     if not isinstance(value, torch.Tensor):
         return value
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         fake = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
         if value.requires_grad and torch.is_grad_enabled():
             fake.requires_grad_(True)
@@ -244,7 +244,7 @@ def _run_on_fakes(tracer: Tracer, func: Any, full: list[Any]) -> tuple:
     fake_args = map_tensors(full, tracer.fake_of)
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in pytree.tree_leaves(fake_args) if isinstance(t, torch.Tensor))
-    with torch._C.DisableTorchFunction(), torch.no_grad():
+    with DisableTorchFunction(), torch.no_grad():
         try:
             out = func(*fake_args)
         except CaptureError:
@@ -265,5 +265,5 @@ def _run_on_fakes(tracer: Tracer, func: Any, full: list[Any]) -> tuple:
             return t.detach().requires_grad_(True).clone()
         return t
 
-    with torch._C.DisableTorchFunction():
+    with DisableTorchFunction():
         return pytree.tree_map(differentiable, out)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+
+from .torch_internals import FakeTensor
 
 # What meta kernels and C++ say when they meet a symbolic size they cannot take.
 _SYMBOLIC_LIMITS = (

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .capture import Capture
 from .effects import Plan
@@ -17,6 +16,7 @@ from .names import root_module
 from .runner import as_call_modules
 from .shapes import any_symbolic, concrete
 from .structure import flatten_inputs
+from .torch_internals import FakeTensor
 from .tracer import Tracer
 from .world import plain_object
 

@@ -23,13 +23,22 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._guards import TracingContext, tracing
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from . import config
 from .errors import ExportError, StampoutError, message
 from .shapes import has_symbols, size_key, sizes_key
-from .torch_internals import INVOKE_SUBGRAPH
+from .torch_internals import (
+    INVOKE_SUBGRAPH,
+    DisableTorchFunction,
+    FakeTensor,
+    FakeTensorMode,
+    TracingContext,
+    enter_autocast,
+    functorch_vmap_decrement_nesting,
+    maybe_current_level,
+    set_grad_enabled,
+    tracing,
+)
 
 _CUSTOM_FUNCTION_CALL = torch.ops.higher_order.custom_function_call
 
@@ -38,10 +47,11 @@ def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: lis
           fake_mode: FakeTensorMode) -> fx.GraphModule:
     """`source` retraced to pre-dispatch ATen. The result's placeholders are `names`, with `fakes` as values
     (constants included); `source`'s placeholder i is fed by the result's placeholder `feeds[i]`."""
-    from torch._export.utils import _compiling_state_context
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
     from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    from .torch_internals import compiling_state_context as _compiling_state_context
+    from .torch_internals import extract_tensor_metadata as _extract_tensor_metadata
+    from .torch_internals import use_lazy_graph_module as _use_lazy_graph_module
 
     tensors = [k for k, f in enumerate(fakes) if isinstance(f, torch.Tensor)]
     # Inputs only handed to regions (a layer's weights) stay out of make_fx, which costs ~0.15 ms an input: their
@@ -58,7 +68,7 @@ def lower(source: fx.GraphModule, feeds: list[int], names: list[str], fakes: lis
         by_position = dict(zip(traced, values))
         lowering.top = get_proxy_mode().tracer
         graph = lowering.top.graph
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             for k in sorted(operands_only):
                 node = added[k] = graph.placeholder(f"_input_{k}")  # named by _place_inputs
                 node.meta["val"] = by_position[k] = fakes[k]
@@ -98,8 +108,7 @@ def _operand_only(placeholder: fx.Node) -> bool:
 
 def mode_switches_as_hops(gm: fx.GraphModule, signature: Any) -> tuple[fx.GraphModule, Any]:
     """Grad-mode and autocast sections as torch.export makes them (wrap_with_set_grad_enabled, ...)."""
-    from torch._export.passes.replace_autocast_with_hop_pass import replace_autocast_with_hop_pass
-    from torch._export.passes.replace_set_grad_with_hop_pass import replace_set_grad_with_hop_pass
+    from .torch_internals import replace_autocast_with_hop_pass, replace_set_grad_with_hop_pass
 
     if not _has_mode_switches(gm):
         return gm, signature
@@ -110,7 +119,7 @@ def mode_switches_as_hops(gm: fx.GraphModule, signature: Any) -> tuple[fx.GraphM
 
 
 def _has_mode_switches(gm: fx.GraphModule) -> bool:
-    switches = (torch._C._set_grad_enabled, torch.amp.autocast_mode._enter_autocast)
+    switches = (set_grad_enabled, enter_autocast)
     return any(module.graph.find_nodes(op="call_function", target=target)
                for module in gm.modules() if isinstance(module, fx.GraphModule) for target in switches)
 
@@ -135,19 +144,19 @@ def _one_name_per_subgraph(gm: fx.GraphModule) -> None:
 def _vmap_levels_restored() -> Iterator[None]:
     """The graph replays vmap's level changes (`_vmap_increment_nesting`); a failure between them must not
     leave the process inside a vmap."""
-    start = torch._C._functorch.maybe_current_level()
+    start = maybe_current_level()
     try:
         yield
     finally:
-        while torch._C._functorch.maybe_current_level() not in (start, None):
-            torch._C._functorch._vmap_decrement_nesting()
+        while maybe_current_level() not in (start, None):
+            functorch_vmap_decrement_nesting()
 
 
 def _check_region_writes(gm: fx.GraphModule) -> None:
     """Refuse, once per distinct region, what torch refuses at every call with gradients on: a region that
     writes its inputs (BatchNorm's running stats) cannot be differentiated as an invoke_subgraph on torch 2.13.
     The writes are read off the lowered subgraph, as torch's schema check reads them off a fresh trace of it."""
-    from torch._higher_order_ops.utils import check_input_alias_and_mutation_return_outputs
+    from .torch_internals import check_input_alias_and_mutation_return_outputs
 
     needs_grad = {n for n in gm.graph.find_nodes(op="placeholder") if getattr(n.meta["val"], "requires_grad", False)}
     checked: set[str] = set()
@@ -266,8 +275,9 @@ class _Lowering:
     def invoke(self, args: tuple, lower_call: Callable[[], Any]) -> Any:
         """A region call in the lowered graph: stamped out when an earlier call with the same operand metadata
         showed its outputs, else lowered by torch (which traces the subgraph on the identifier's first call)."""
-        from torch._higher_order_ops.invoke_subgraph import get_invoke_subgraph_cache
         from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+        from .torch_internals import get_invoke_subgraph_cache
 
         identifier, operands = args[1], args[2:]
         if not config.stamp_out_lowering:
@@ -275,7 +285,7 @@ class _Lowering:
         cache = get_invoke_subgraph_cache()
         graph = cache.get_proxy_dispatch_entry(identifier) if cache is not None else None
         mode = get_proxy_mode()
-        with torch._C.DisableTorchFunction():  # metadata reads and fake outputs, not calls make_fx should see
+        with DisableTorchFunction():  # metadata reads and fake outputs, not calls make_fx should see
             key = tuple(_operand_key(t) for t in operands)
             stamp = self.stamps.get(identifier)
             if stamp is not None and stamp.operands == key and isinstance(graph, fx.GraphModule) and mode is not None:
@@ -283,7 +293,7 @@ class _Lowering:
         if mode is not None:
             self._track(mode.tracer, operands)
         out = lower_call()
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             if identifier not in self.stamps:  # judged on the first call: None keeps every call on torch's rule
                 self.stamps[identifier] = (_Stamp(key, [(o.shape, o.stride(), o.dtype, o.device) for o in out])
                                            if _stampable(key, operands, out) else None)

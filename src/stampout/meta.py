@@ -14,10 +14,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
 from .guards import const_key, is_constant
 from .structure import tensors_of
+from .torch_internals import (
+    FakeTensor,
+    FakeTensorMode,
+    is_any_autocast_enabled,
+    peek_interpreter_stack,
+    unset_fake_temporarily,
+)
 
 NOT_HANDLED = object()
 _DEVICE_MOVES = frozenset({"cuda", "cpu", "type", "pin_memory", "share_memory_", "new_tensor",
@@ -89,8 +95,8 @@ class MetaRunner:
                 self._eligible[func] = eligible
             except TypeError:
                 pass
-        if (not eligible or "out" in kwargs or torch._C._is_any_autocast_enabled()
-                or torch._C._functorch.peek_interpreter_stack() is not None):
+        if (not eligible or "out" in kwargs or is_any_autocast_enabled()
+                or peek_interpreter_stack() is not None):
             return NOT_HANDLED
         device: list[torch.device] = []
         try:

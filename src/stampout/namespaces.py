@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .torch_internals import dict_sentinel
+from .torch_internals import TensorBase, dict_sentinel
 
 _MISSING = object()
 
@@ -34,7 +34,7 @@ def patched_tensor_methods() -> list[str]:
     own calls of such a method to the replacement, so a trace of them records the wrong function."""
     from .regions.code import is_user_file
 
-    base = torch._C.TensorBase
+    base = TensorBase
     return [name for name, value in TENSOR_DICT.items()
             if hasattr(base, name) and callable(value) and is_user_file(getattr(getattr(value, "__code__", None),
                                                                                 "co_filename", "<torch"))]

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import config
 from .errors import CaptureError, message
 from .frames import user_location, user_source_line
+from .torch_internals import DisableTorchFunction, OpOverload, pytree
 
 _FAKE_LOGGER = logging.getLogger("torch._subclasses.fake_tensor")
 
@@ -54,7 +54,7 @@ def quiet_fake_kernels(capturing: Callable[[], bool]) -> Iterator[None]:
 def _eager_error(func: Callable, args: tuple, kwargs: dict) -> BaseException | None:
     """The error `func` raises on real CPU tensors with the metadata of the fakes in `args`/`kwargs` (None: it
     runs, or cannot be tried: symbolic sizes, another device, too large)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from .torch_internals import unset_fake_temporarily
 
     total = 0
 
@@ -69,7 +69,7 @@ def _eager_error(func: Callable, args: tuple, kwargs: dict) -> BaseException | N
             raise _Skip
         return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype)
 
-    with unset_fake_temporarily(), torch._C.DisableTorchFunction():
+    with unset_fake_temporarily(), DisableTorchFunction():
         try:
             real_args, real_kwargs = pytree.tree_map(real, (args, kwargs))
         except _Skip:
@@ -90,7 +90,7 @@ def _describe(value: Any) -> str:
 def _op_name(func: Callable) -> str:
     name = getattr(func, "__name__", None) or str(func)
     module = getattr(func, "__module__", "") or ""
-    return f"torch.{name}" if module.startswith("torch") and not isinstance(func, torch._ops.OpOverload) else name
+    return f"torch.{name}" if module.startswith("torch") and not isinstance(func, OpOverload) else name
 
 
 def _qualified_name(func: Callable) -> str:

@@ -22,11 +22,11 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
-import torch.utils._sympy.functions as symfn
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import StampoutError, message
 from .frames import user_location
+from .torch_internals import FakeTensor
+from .torch_internals import sympy_functions as symfn
 
 SIZES = (torch.SymInt, torch.SymFloat, torch.SymBool)  # the symbolic scalar types
 
@@ -84,8 +84,9 @@ def symbolic_fake(fake_mode: Any, t: torch.Tensor, name: str, dims: tuple[int, .
     """A fake of input `t` whose `dims` are symbols (0/1 sizes stay static, as torch.compile does). With
     `duck`, dims of equal size share a symbol (and a guard that they stay equal), as torch.compile's automatic
     dynamic shapes do; without, each dim is its own symbol (export's Dims)."""
-    from torch._dynamo.source import LocalSource
     from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    from .torch_internals import LocalSource
 
     kind = DimDynamic.DUCK if duck else DimDynamic.DYNAMIC
     sizes = [kind if i in dims else DimDynamic.STATIC for i in range(t.dim())]

@@ -22,7 +22,7 @@ _LOCK = threading.Lock()
 
 
 def directory() -> str:
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    from .torch_internals import cache_dir
 
     return os.path.join(cache_dir(), "stampout")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .shapes import show_size, size_key, sizes_key
+from .torch_internals import FakeTensor
 
 _new = tuple.__new__  # builds a record from a tuple without NamedTuple's keyword __new__ (guards are hot)
 

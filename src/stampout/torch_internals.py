@@ -13,6 +13,7 @@ import importlib
 import logging
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -76,32 +77,106 @@ def _original_apply(cls: type, *args: Any, **kwargs: Any) -> Any:
     return _SAVED_APPLY.__get__(None, cls)(*args, **kwargs)
 
 
-# Every private torch name stampout uses (tests/test_dropin.py checks that the source uses no other), checked on
-# each supported torch by `missing_private_names()` (CI runs that check on 2.13 and 2.14). Most are imported
-# where they are used, lazily (Inductor and export take seconds to import); the ones whose absence would make
-# stampout misbehave rather than fail are also loaded at import above.
-PRIVATE_NAMES = (
-    "torch._C._InferenceMode",
+# Note: private torch names are read through this module
+# Code elsewhere in stampout imports a private torch name from here (`from .torch_internals import FakeTensor`),
+# never from torch itself: `NAMES` maps each name to the torch name it stands for, resolved on first use (Inductor,
+# Dynamo and export take seconds to import: a module that imports one inside a function stays lazy). Every private
+# torch name stampout uses is in PRIVATE_NAMES (tests/test_dropin.py checks that the source uses no other), checked
+# on each supported torch by `missing_private_names()` (CI runs that check on 2.13 and 2.14); the ones whose absence
+# would make stampout misbehave rather than fail are also loaded at import above. tests/size_report.py counts the
+# private names still used outside this module, and fails when they grow.
+NAMES = {
+    "AsyncCompile": "torch._inductor.async_compile.AsyncCompile",
+    "ConstantAttrMap": "torch._export.passes.lift_constants_pass.ConstantAttrMap",
+    "CppBuilder": "torch._inductor.cpp_builder.CppBuilder",
+    "CppTorchOptions": "torch._inductor.cpp_builder.CppTorchOptions",
+    "CppWrapperCodeCache": "torch._inductor.codecache.CppWrapperCodeCache",
+    "DataDependentOutputException": "torch._subclasses.fake_tensor.DataDependentOutputException",
+    "DimHint": "torch.export.dynamic_shapes._DimHint",
+    "DimHintType": "torch.export.dynamic_shapes._DimHintType",
+    "DisableTorchFunction": "torch._C.DisableTorchFunction",
+    "DynamicOutputShapeException": "torch._subclasses.fake_tensor.DynamicOutputShapeException",
+    "EnterSubgraphLine": "torch._inductor.codegen.wrapper.EnterSubgraphLine",
+    "ExitSubgraphLine": "torch._inductor.codegen.wrapper.ExitSubgraphLine",
+    "FakeTensor": "torch._subclasses.fake_tensor.FakeTensor",
+    "FakeTensorMode": "torch._subclasses.fake_tensor.FakeTensorMode",
+    "FileLock": "torch.utils._filelock.FileLock",
+    "Generator": "torch._C.Generator",
+    "HigherOrderOperator": "torch._ops.HigherOrderOperator",
+    "InferenceMode": "torch._C._InferenceMode",
+    "LOCK_TIMEOUT": "torch._inductor.codecache.LOCK_TIMEOUT",
+    "LazyGraphModule": "torch.fx._lazy_graph_module._LazyGraphModule",
+    "LocalSource": "torch._dynamo.source.LocalSource",
+    "OpOverload": "torch._ops.OpOverload",
+    "OpOverloadPacket": "torch._ops.OpOverloadPacket",
+    "TensorBase": "torch._C.TensorBase",
+    "TracingContext": "torch._guards.TracingContext",
+    "TrainingIRVerifier": "torch._export.verifier.TrainingIRVerifier",
+    "aot_module_simplified": "torch._functorch.aot_autograd.aot_module_simplified",
+    "cache_dir": "torch._inductor.runtime.cache_dir_utils.cache_dir",
+    "check_input_alias_and_mutation_return_outputs": "torch._higher_order_ops.utils.check_input_alias_and_mutation_return_outputs",  # noqa: E501
+    "codecache_write": "torch._inductor.codecache.write",
+    "compilation_time_metrics": "torch._dynamo.utils.compilation_time_metrics",
+    "compile_fx": "torch._inductor.compile_fx.compile_fx",
+    "compile_fx_inner": "torch._inductor.compile_fx.compile_fx_inner",
+    "compiling_state_context": "torch._export.utils._compiling_state_context",
+    "cpu_vec_isa": "torch._inductor.cpu_vec_isa",
+    "detect_fake_mode": "torch._guards.detect_fake_mode",
+    "dynamo_counters": "torch._dynamo.utils.counters",
+    "dynamo_reset": "torch._dynamo.reset",
+    "enter_autocast": "torch.amp.autocast_mode._enter_autocast",
+    "enter_inference_mode": "torch.autograd.grad_mode._enter_inference_mode",
+    "exit_autocast": "torch.amp.autocast_mode._exit_autocast",
+    "exit_inference_mode": "torch.autograd.grad_mode._exit_inference_mode",
+    "extract_tensor_metadata": "torch.fx.passes.shape_prop._extract_tensor_metadata",
+    "functorch_config": "torch._functorch.config",
+    "functorch_vmap_decrement_nesting": "torch._C._functorch._vmap_decrement_nesting",
+    "get_current_function_mode_stack": "torch.overrides._get_current_function_mode_stack",
+    "get_invoke_subgraph_cache": "torch._higher_order_ops.invoke_subgraph.get_invoke_subgraph_cache",
+    "get_isa_dry_compile_fingerprint": "torch._inductor.cpu_vec_isa._get_isa_dry_compile_fingerprint",
+    "get_lock_dir": "torch._inductor.codecache.get_lock_dir",
+    "inductor_config": "torch._inductor.config",
+    "inductor_ir": "torch._inductor.ir",
+    "invoke_subgraph_op": "torch._higher_order_ops.invoke_subgraph.invoke_subgraph",
+    "is_any_autocast_enabled": "torch._C._is_any_autocast_enabled",
+    "is_functorch_wrapped_tensor": "torch._C._functorch.is_functorch_wrapped_tensor",
+    "is_torch_function_mode_enabled": "torch._C._is_torch_function_mode_enabled",
+    "is_traceable_wrapper_subclass": "torch.utils._python_dispatch.is_traceable_wrapper_subclass",
+    "lazy_load_decompositions": "torch._functorch.predispatch.lazy_load_decompositions",
+    "lift_constants_pass": "torch._export.passes.lift_constants_pass.lift_constants_pass",
+    "maybe_current_level": "torch._C._functorch.maybe_current_level",
+    "normalize_path_separator": "torch._inductor.cpp_builder.normalize_path_separator",
+    "peek_interpreter_stack": "torch._C._functorch.peek_interpreter_stack",
+    "push_saved_tensors_default_hooks": "torch._C._autograd._push_saved_tensors_default_hooks",
+    "pytree": "torch.utils._pytree",
+    "replace_autocast_with_hop_pass": "torch._export.passes.replace_autocast_with_hop_pass.replace_autocast_with_hop_pass",  # noqa: E501
+    "replace_set_grad_with_hop_pass": "torch._export.passes.replace_set_grad_with_hop_pass.replace_set_grad_with_hop_pass",  # noqa: E501
+    "set_default_dtype": "torch._C._set_default_dtype",
+    "set_deterministic_algorithms": "torch._C._set_deterministic_algorithms",
+    "set_grad_enabled": "torch._C._set_grad_enabled",
+    "suggest_memory_format": "torch._prims_common.suggest_memory_format",
+    "sympy_functions": "torch.utils._sympy.functions",
+    "sympy_numbers": "torch.utils._sympy.numbers",
+    "top_saved_tensors_default_hooks": "torch._C._autograd._top_saved_tensors_default_hooks",
+    "torch_assert": "torch._assert",
+    "torch_assert_async": "torch._assert_async",
+    "tracing": "torch._guards.tracing",
+    "unset_fake_temporarily": "torch._subclasses.fake_tensor.unset_fake_temporarily",
+    "use_lazy_graph_module": "torch.fx._lazy_graph_module._use_lazy_graph_module",
+    "vmap_decrement_nesting": "torch._functorch.predispatch._vmap_decrement_nesting",
+    "vmap_increment_nesting": "torch._functorch.predispatch._vmap_increment_nesting",
+    "x86_isa_checker": "torch._inductor.cpu_vec_isa.x86_isa_checker",
+}
+_USED_HERE = (  # (and in the modules tests/size_baseline.json still lists)
+    "torch._C.FunctionSchema",
+    "torch.nn.modules.module._global_forward_hooks",
+    "torch.nn.modules.module._global_forward_hooks_with_kwargs",
+    "torch.nn.modules.module._global_forward_pre_hooks",
+    "torch._C._FunctionBase",
     "torch._C._InferenceMode.__dict__",
     "torch._C._autograd",
-    "torch._C._autograd._push_saved_tensors_default_hooks",
-    "torch._C._autograd._top_saved_tensors_default_hooks",
-    "torch._C._set_default_dtype",
-    "torch._C._set_deterministic_algorithms",
-    "torch._assert",
-    "torch._assert_async",
-    "torch._check_tensor_all_with",
-    "torch._prims_common.suggest_memory_format",
-    "torch._C.DisableTorchFunction",
-    "torch._C.Generator",
-    "torch._C.TensorBase",
-    "torch._C._FunctionBase",
     "torch._C._dynamo.guards.RootGuardManager",
     "torch._C._dynamo.guards.TensorGuards",
-    "torch._C._functorch._vmap_decrement_nesting",
-    "torch._C._functorch.is_functorch_wrapped_tensor",
-    "torch._C._functorch.maybe_current_level",
-    "torch._C._functorch.peek_interpreter_stack",
     "torch._C._get_cudnn_benchmark",
     "torch._C._get_cudnn_deterministic",
     "torch._C._get_cudnn_enabled",
@@ -109,83 +184,22 @@ PRIVATE_NAMES = (
     "torch._C._get_math_sdp_enabled",
     "torch._C._get_mem_efficient_sdp_enabled",
     "torch._C._get_mkldnn_enabled",
-    "torch._C._is_any_autocast_enabled",
-    "torch._C._is_torch_function_mode_enabled",
-    "torch._C._set_grad_enabled",
+    "torch._check_tensor_all_with",
     "torch._dynamo.guards.GuardManagerType",
-    "torch._dynamo.reset",
-    "torch._dynamo.source.LocalSource",
-    "torch._dynamo.utils.compilation_time_metrics",
-    "torch._dynamo.utils.counters",
-    "torch._export.passes.lift_constants_pass.ConstantAttrMap",
-    "torch._export.passes.lift_constants_pass.lift_constants_pass",
-    "torch._export.passes.replace_autocast_with_hop_pass.replace_autocast_with_hop_pass",
-    "torch._export.passes.replace_set_grad_with_hop_pass.replace_set_grad_with_hop_pass",
-    "torch._export.utils._compiling_state_context",
     "torch._export.utils._maybe_find_pre_dispatch_tf_mode_for_export",
-    "torch._export.verifier.TrainingIRVerifier",
-    "torch._functorch.aot_autograd.aot_module_simplified",
     "torch._functorch.config.patch",
-    "torch._functorch.predispatch._vmap_decrement_nesting",
-    "torch._functorch.predispatch._vmap_increment_nesting",
-    "torch._functorch.predispatch.lazy_load_decompositions",
-    "torch._guards.TracingContext",
-    "torch._guards.detect_fake_mode",
-    "torch._guards.tracing",
-    "torch._higher_order_ops.invoke_subgraph.get_invoke_subgraph_cache",
-    "torch._higher_order_ops.invoke_subgraph.invoke_subgraph",
     "torch._higher_order_ops.invoke_subgraph.invoke_subgraph_placeholder",
-    "torch._higher_order_ops.utils.check_input_alias_and_mutation_return_outputs",
-    "torch._inductor.async_compile.AsyncCompile",
-    "torch._inductor.codecache.CppWrapperCodeCache",
-    "torch._inductor.codecache.LOCK_TIMEOUT",
-    "torch._inductor.codecache.get_lock_dir",
-    "torch._inductor.codecache.write",
-    "torch._inductor.codegen.wrapper.EnterSubgraphLine",
-    "torch._inductor.codegen.wrapper.ExitSubgraphLine",
-    "torch._inductor.compile_fx.compile_fx",
-    "torch._inductor.compile_fx.compile_fx_inner",
-    "torch._inductor.config",
-    "torch._inductor.cpp_builder.CppBuilder",
-    "torch._inductor.cpp_builder.CppTorchOptions",
-    "torch._inductor.cpp_builder.normalize_path_separator",
-    "torch._inductor.cpu_vec_isa._get_isa_dry_compile_fingerprint",
-    "torch._inductor.cpu_vec_isa.x86_isa_checker",
-    "torch._inductor.ir",
-    "torch._inductor.runtime.cache_dir_utils.cache_dir",
-    "torch._ops.HigherOrderOperator",
-    "torch._ops.OpOverload",
-    "torch._ops.OpOverloadPacket",
-    "torch._subclasses.fake_tensor.DataDependentOutputException",
-    "torch._subclasses.fake_tensor.DynamicOutputShapeException",
-    "torch._subclasses.fake_tensor.FakeTensor",
-    "torch._subclasses.fake_tensor.FakeTensorMode",
-    "torch._subclasses.fake_tensor.unset_fake_temporarily",
-    "torch.distributed.fsdp.FSDPModule._get_fsdp_state",
-    "torch.distributed.fsdp._fully_shard._fsdp_state.FSDPState._lazy_init",
-    "torch.amp.autocast_mode._enter_autocast",
-    "torch.amp.autocast_mode._exit_autocast",
-    "torch.autograd.grad_mode._enter_inference_mode",
-    "torch.autograd.grad_mode._exit_inference_mode",
     "torch.compiler.is_compiling",
-    "torch.export.dynamic_shapes._DimHint",
-    "torch.export.dynamic_shapes._DimHintType",
-    "torch.fx._lazy_graph_module._LazyGraphModule",
-    "torch.fx._lazy_graph_module._use_lazy_graph_module",
-    "torch.fx.passes.shape_prop._extract_tensor_metadata",
-    "torch.overrides._get_current_function_mode_stack",
-    "torch.utils._filelock.FileLock",
-    "torch.utils._python_dispatch.is_traceable_wrapper_subclass",
     "torch.utils._pytree.tree_leaves",
-    "torch.utils._pytree.tree_flatten",
-    "torch.utils._pytree.tree_unflatten",
-    "torch.utils._pytree.TreeSpec",
-    "torch.nn.modules.module._global_forward_pre_hooks",
-    "torch.nn.modules.module._global_forward_hooks",
-    "torch.nn.modules.module._global_forward_hooks_with_kwargs",
-    "torch.utils._sympy.functions",
-    "torch.utils._sympy.numbers",
 )
+# What `patch_permanently` may replace (checked per torch release with the names above).
+PATCH_TARGETS = (
+    "torch._inductor.codegen.cpp_wrapper_cpu.CppWrapperCpu.codegen_invoke_subgraph",
+    "torch._inductor.compile_fx.aot_export_module",
+    "torch._inductor.cpu_vec_isa.VecISA.check_build",
+    "torch._inductor.cpu_vec_isa.valid_vec_isa_list",
+)
+PRIVATE_NAMES = (*NAMES.values(), *_USED_HERE, *PATCH_TARGETS)
 
 
 def resolve_name(dotted: str) -> Any:
@@ -200,6 +214,50 @@ def resolve_name(dotted: str) -> Any:
             obj = getattr(obj, part)
         return obj
     raise ImportError(dotted)
+
+
+def __getattr__(name: str) -> Any:
+    """A name of `NAMES`, resolved (and kept) on first use."""
+    dotted = NAMES.get(name)
+    if dotted is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = resolve_name(dotted)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(_unsupported(dotted)) from error
+    globals()[name] = value
+    return value
+
+
+@dataclass(frozen=True)
+class Patch:
+    """A change stampout makes to torch for the rest of the process: the name it replaced, and why."""
+
+    target: str
+    why: str
+
+
+# Note: permanent patches of torch
+# Three features change torch for good once used: `patch_parameter_writes` (below: nn.Parameter's metadata setters
+# and torch.utils.swap_tensors bump the compiled functions' epoch), backends/toolchain.install (Inductor's ISA checks
+# memoized) and aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph, one trace per subgraph).
+# Each replacement goes through `patch_permanently`: it must name a target of PATCH_TARGETS (checked per torch
+# release) or a public one, and PERMANENT_PATCHES lists what this process changed.
+PERMANENT_PATCHES: list[Patch] = []
+
+
+def patch_permanently(owner: Any, name: str, value: Any, target: str, why: str) -> Any:
+    """Set `owner.<name>` (the torch name `target`) to `value` for the rest of the process; returns what it held."""
+    if target not in PATCH_TARGETS and _private(target):
+        raise ValueError(f"{target} is not in torch_internals.PATCH_TARGETS")
+    original = getattr(owner, name, None)
+    setattr(owner, name, value)
+    PERMANENT_PATCHES.append(Patch(target, why))
+    return original
+
+
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split(".")[1:])
 
 
 def missing_private_names() -> list[str]:
@@ -296,13 +354,15 @@ def patch_parameter_writes(on_write: Callable[[], None]) -> None:
 
         return changed
 
+    why = "a parameter's metadata change bumps the compiled functions' epoch"
     for name in ("data", "requires_grad"):
         descriptor = base.__dict__[name]
         if name not in parameter.__dict__:
-            setattr(parameter, name, property(descriptor.__get__, setter(descriptor), doc=descriptor.__doc__))
+            patch_permanently(parameter, name, property(descriptor.__get__, setter(descriptor), doc=descriptor.__doc__),
+                              f"torch.nn.Parameter.{name}", why)
     for name in PARAMETER_METADATA_METHODS:
         if name not in parameter.__dict__:
-            setattr(parameter, name, method(name))
+            patch_permanently(parameter, name, method(name), f"torch.nn.Parameter.{name}", why)
     swap = torch.utils.swap_tensors
 
     @functools.wraps(swap)
@@ -312,7 +372,7 @@ def patch_parameter_writes(on_write: Callable[[], None]) -> None:
         finally:
             on_write()
 
-    torch.utils.swap_tensors = swap_tensors
+    patch_permanently(torch.utils, "swap_tensors", swap_tensors, "torch.utils.swap_tensors", why)
 
 
 def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:

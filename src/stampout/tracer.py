@@ -15,15 +15,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-    unset_fake_temporarily,
-)
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .builder import (
     Builder,
@@ -47,7 +39,27 @@ from .regions.purity import saved_hooks_keep_values
 from .shapes import Symbols, any_symbolic, symbolic_fake
 from .sources import Source
 from .structure import tensors_of
-from .torch_internals import check_message
+from .torch_internals import (
+    DataDependentOutputException,
+    DisableTorchFunction,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    HigherOrderOperator,
+    check_message,
+    enter_autocast,
+    exit_autocast,
+    is_functorch_wrapped_tensor,
+    is_traceable_wrapper_subclass,
+    lazy_load_decompositions,
+    set_grad_enabled,
+    top_saved_tensors_default_hooks,
+    torch_assert,
+    torch_assert_async,
+    unset_fake_temporarily,
+    vmap_decrement_nesting,
+    vmap_increment_nesting,
+)
 from .world import holds_traced_tensor
 
 log = logging.getLogger(__name__)
@@ -55,16 +67,16 @@ log = logging.getLogger(__name__)
 _T = torch.Tensor
 # Reading these makes a trace depend on which inputs require grad.
 _AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.is_leaf.__get__, _T.grad_fn.__get__, _T.requires_grad_}
-_ENTER_AUTOCAST = torch.amp.autocast_mode._enter_autocast
-_EXIT_AUTOCAST = torch.amp.autocast_mode._exit_autocast
-_SET_GRAD = torch._C._set_grad_enabled
+_ENTER_AUTOCAST = enter_autocast
+_EXIT_AUTOCAST = exit_autocast
+_SET_GRAD = set_grad_enabled
 # vmap's nesting bookkeeping: replayed in the graph for its effect, its int result baked in.
 _FUNCTORCH_STATE = {
-    torch._functorch.predispatch._vmap_increment_nesting,
-    torch._functorch.predispatch._vmap_decrement_nesting,
-    torch._functorch.predispatch.lazy_load_decompositions,
+    vmap_increment_nesting,
+    vmap_decrement_nesting,
+    lazy_load_decompositions,
 }
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_wrapped = is_functorch_wrapped_tensor
 # Autograd registrations on a tensor: graph nodes (see Tracer._record_hook).
 _HOOK_REGISTRATIONS = {_T.register_hook: "register_hook",
                        _T.register_post_accumulate_grad_hook: "register_post_accumulate_grad_hook"}
@@ -130,7 +142,7 @@ class CaptureMode(PreDispatchTorchFunctionMode):
         return self.tracer.on_call(func, args, kwargs or {})
 
 
-_saved_tensors_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_saved_tensors_hooks = top_saved_tensors_default_hooks
 
 
 class Tracer:
@@ -182,7 +194,7 @@ class Tracer:
         if hit is not None:
             return hit[1]
         dynamic = self.dynamic_tensors.get(id(t))
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             if dynamic is None:
                 fake = self.fake_mode.from_tensor(t, static_shapes=True)
             else:
@@ -200,7 +212,7 @@ class Tracer:
             return hit[1]
         if id(t) in self.dynamic_tensors or (type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)):
             return self.fake_of(t)  # (a DTensor parameter's fake is a DTensor: backends look for subclass inputs)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             return self.new_fake(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device,
                                  t.requires_grad)
 
@@ -247,7 +259,7 @@ class Tracer:
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         # The region handler's trace function shows it the user code that runs; torch's own Python under
         # this call is not user code, and skipping it keeps a trace fast.
-        if isinstance(func, torch._ops.HigherOrderOperator) and self.higher_order is not None:
+        if isinstance(func, HigherOrderOperator) and self.higher_order is not None:
             out = self.higher_order(self, func, args, kwargs)  # its functions run as user code (the hook sees them)
             if out is not NOT_HANDLED:
                 return out
@@ -272,9 +284,9 @@ class Tracer:
                     self.regions.note_value_decision(self.constants.scope_of(args, kwargs))
                 return self.constants.evaluate(func, args, kwargs)
             self._raise_data_dependent(what)
-        if func is torch._assert and args and isinstance(args[0], torch.Tensor):
+        if func is torch_assert and args and isinstance(args[0], torch.Tensor):
             # `torch._assert(tensor, msg)`: a check, not data; the graph asserts it when it runs
-            return self._on_call(torch._assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
+            return self._on_call(torch_assert_async, (args[0], check_message(args[1] if len(args) > 1 else None)), {})
         hooks = _saved_tensors_hooks(False)
         if (hooks is not None and not self.saved_hooks_outside and not self._compiling()
                 and not saved_hooks_keep_values(hooks[0])):
@@ -394,7 +406,7 @@ class Tracer:
             return apply(cls, *args, **kwargs)
         fake_args = map_tensors(args, self.fake_of)
         fake_kwargs = map_tensors(kwargs, self.fake_of)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             out = apply(cls, *fake_args, **fake_kwargs)
         self.record(_function_apply(cls), args, kwargs, out)
         return out
@@ -446,7 +458,7 @@ class Tracer:
         if self.regions is not None:
             self.regions.note_value_decision(scope)  # the output's shape came from the values
         real = self.constants.evaluate(func, args, kwargs)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             out = map_tensors(real, lambda t: self.fake_mode.from_tensor(t, static_shapes=True))
         self.constants.remember(out, real, scope)
         return out

@@ -9,11 +9,15 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._functorch.aot_autograd import aot_module_simplified
-from torch._prims_common import suggest_memory_format
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from ..torch_internals import (
+    FakeTensorMode,
+    TracingContext,
+    aot_module_simplified,
+    is_traceable_wrapper_subclass,
+    suggest_memory_format,
+    tracing,
+)
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 from .whole_region import whole_region
 
@@ -108,8 +112,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         known = _SAME_GRAPHS.get(key[0], {}).get(key[1])
         if known is not None:
             return known
-    context = torch._guards.TracingContext(FakeTensorMode())
-    with torch._guards.tracing(context):
+    context = TracingContext(FakeTensorMode())
+    with tracing(context):
         if whole is not None:  # (whole_region.py: a sharded block's piece)
             compiled = whole.wrap(aot_module_simplified(whole.subgraph, whole.inputs(example_inputs),
                                                         fw_compiler=_boxed_nop, bw_compiler=_boxed_nop))

@@ -37,10 +37,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from .. import config, progress, timing
-from ..torch_internals import INVOKE_SUBGRAPH
+from .. import config, progress, timing, torch_internals
+from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
 from . import pipeline, split, toolchain
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 
@@ -106,14 +105,14 @@ def _copy(gm: fx.GraphModule, example_values: bool = False) -> fx.GraphModule:
 
 def _timed_inner_compile(what: str) -> Callable[..., Any]:
     """compile_fx's per-graph compiler, timed: lowering, C++ compile and module load, or a cache hit."""
-    from torch._dynamo.utils import compilation_time_metrics, counters
-    from torch._inductor.compile_fx import compile_fx_inner
+    from ..torch_internals import compilation_time_metrics, compile_fx_inner
+    from ..torch_internals import dynamo_counters as counters
 
     def sum_of(key: str) -> float:
         return sum(compilation_time_metrics.get(key, ()))
 
     def inner(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
-        from torch._inductor import config
+        from ..torch_internals import inductor_config as config
 
         kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
         lazy = timing.current() is None  # a backward compiled during the first loss.backward()
@@ -138,7 +137,7 @@ def _timed_inner_compile(what: str) -> Callable[..., Any]:
 def _compile_inner(compile_fx_inner: Callable[..., Any], gm: fx.GraphModule, example_inputs: Any, what: str,
                    **kwargs: Any) -> Any:
     """compile_fx_inner; a graph the C++ wrapper cannot compile is compiled with the Python wrapper."""
-    from torch._inductor import config
+    from ..torch_internals import inductor_config as config
 
     if not config.cpp_wrapper:
         return compile_fx_inner(gm, example_inputs, **kwargs)
@@ -153,10 +152,10 @@ def _compile_inner(compile_fx_inner: Callable[..., Any], gm: fx.GraphModule, exa
 
 def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: dict[str, Any]) -> Any:
     """compile_fx under the cache-friendly context (see the module docstring), timed."""
-    from torch._dynamo.utils import counters
-    from torch._inductor.compile_fx import compile_fx
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ..torch_internals import FakeTensorMode, compile_fx
+    from ..torch_internals import dynamo_counters as counters
 
     fake_mode = _fake_mode(example_inputs) or FakeTensorMode(shape_env=ShapeEnv())
     rec = timing.current()
@@ -165,8 +164,8 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: 
     with timing.phase("aot autograd"):
         # In training the backward is lowered now, not at the first backward(), so it overlaps the
         # forward's C++ compile (pipeline.overlapped) and fails, if it fails, inside the backend.
-        with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
-                torch._functorch.config.patch(force_non_lazy_backward_lowering=split.trains(example_inputs)):
+        with tracing(TracingContext(fake_mode)), \
+                torch_internals.functorch_config.patch(force_non_lazy_backward_lowering=split.trains(example_inputs)):
             compiled = compile_fx(_copy(gm, example_values=True), example_inputs,
                                   inner_compile=_timed_inner_compile(what), config_patches=patches or None,
                                   ignore_shape_env=not split.symbolic(example_inputs))
@@ -178,14 +177,15 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: 
 
 
 def _fake_mode(example_inputs: list[Any]) -> Any:
-    from torch._guards import detect_fake_mode
+    from ..torch_internals import detect_fake_mode
 
     return detect_fake_mode(example_inputs)
 
 
 def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., Any]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ..torch_internals import FakeTensorMode
 
     if split.symbolic(vals):  # compiled for every size: the capture's own fakes, symbols and all
         examples = list(vals)

@@ -21,11 +21,9 @@ import logging
 import operator
 from typing import Any
 
-import torch
 import torch.fx as fx
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ..torch_internals import INVOKE_SUBGRAPH
+from ..torch_internals import INVOKE_SUBGRAPH, OpOverload, OpOverloadPacket, is_traceable_wrapper_subclass
 from .split import region_calls, trains, writes_an_input
 
 log = logging.getLogger(__name__)
@@ -53,9 +51,9 @@ def _custom_op_writing(gm: fx.GraphModule) -> str | None:
 
 def _op_writes_argument(target: Any) -> bool:
     """A custom op (any overload, for a packet) whose schema writes one of its arguments."""
-    if isinstance(target, torch._ops.OpOverloadPacket):
+    if isinstance(target, OpOverloadPacket):
         overloads = [getattr(target, name) for name in target.overloads()]
-    elif isinstance(target, torch._ops.OpOverload):
+    elif isinstance(target, OpOverload):
         overloads = [target]
     else:
         return False

@@ -49,7 +49,7 @@ def inductor_patches(backend: Any, mode: str | None, options: dict[str, Any] | N
             "drop mode= and options=, or use backend='inductor'",
         ))
     if options:
-        from torch._inductor import config
+        from ..torch_internals import inductor_config as config
 
         known = config.get_config_copy()
         unknown = [key for key in options if key not in known]
@@ -67,7 +67,7 @@ def with_patches(compile_graph: Callable[..., Any], patches: dict[str, Any]) -> 
     forward, so it sees them too)."""
 
     def compile_with_options(gm: Any, example_inputs: list[Any]) -> Any:
-        from torch._inductor import config
+        from ..torch_internals import inductor_config as config
 
         if patches.get("triton.cudagraphs") and not any(getattr(t, "is_cuda", False) for t in example_inputs):
             log.info("inductor: CUDA graphs asked for (mode or options), but the inputs are not on CUDA: none used")

@@ -44,8 +44,7 @@ class DeferredEntry:
 @contextlib.contextmanager
 def overlapped() -> Iterator[None]:
     """Defer Inductor's waits for the C++ compiler on this thread until the context exits."""
-    from torch._inductor.async_compile import AsyncCompile
-    from torch._inductor.codecache import CppWrapperCodeCache
+    from ..torch_internals import AsyncCompile, CppWrapperCodeCache
 
     if not (hasattr(AsyncCompile, "wait") and hasattr(CppWrapperCodeCache, "load_pybinding_async")):
         yield  # not torch 2.13's Inductor: compile without overlap

@@ -35,6 +35,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .. import store, timing
+from ..torch_internals import patch_permanently
 
 log = logging.getLogger("stampout.backends")
 
@@ -52,13 +53,13 @@ STATS = {"remembered": 0, "waited": 0, "run": 0}
 
 
 def _cpu_flags() -> str:
-    from torch._inductor.cpu_vec_isa import x86_isa_checker
+    from ..torch_internals import x86_isa_checker
 
     return f"{platform.machine()}:{','.join(sorted(x86_isa_checker()))}"
 
 
 def _verdict_key(isa: Any, code: str) -> str:
-    from torch._inductor.cpu_vec_isa import _get_isa_dry_compile_fingerprint
+    from ..torch_internals import get_isa_dry_compile_fingerprint as _get_isa_dry_compile_fingerprint
 
     text = f"{type(isa).__name__}\n{_get_isa_dry_compile_fingerprint(isa.build_arch_flags())}\n{_cpu_flags()}\n{code}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -74,10 +75,16 @@ def _stored_verdicts() -> dict[str, bool]:
 def _prepared_check(isa: Any, code: str) -> Callable[[], bool]:
     """`VecISA.check_build(isa, code)` of torch 2.13, split in two: the Python preparation (paths, compiler
     command) here, on the calling thread; the file lock, compile and load probe in the returned thunk."""
-    from torch._inductor.codecache import LOCK_TIMEOUT, get_lock_dir, write
-    from torch._inductor.cpp_builder import CppBuilder, CppTorchOptions, normalize_path_separator
-    from torch._inductor.cpu_vec_isa import _get_isa_dry_compile_fingerprint
-    from torch.utils._filelock import FileLock
+    from ..torch_internals import (
+        LOCK_TIMEOUT,
+        CppBuilder,
+        CppTorchOptions,
+        FileLock,
+        get_lock_dir,
+        normalize_path_separator,
+    )
+    from ..torch_internals import codecache_write as write
+    from ..torch_internals import get_isa_dry_compile_fingerprint as _get_isa_dry_compile_fingerprint
 
     key, input_path = write(code, "cpp", extra=_get_isa_dry_compile_fingerprint(isa.build_arch_flags()))
     builder = CppBuilder(key, [input_path], CppTorchOptions(vec_isa=isa, warning_all=False),
@@ -173,7 +180,7 @@ class LazyIsaList:
 
 @functools.cache
 def lazy_valid_vec_isa_list() -> LazyIsaList:
-    from torch._inductor import cpu_vec_isa
+    from ..torch_internals import cpu_vec_isa
 
     flags = cpu_vec_isa.x86_isa_checker()
     return LazyIsaList([isa for isa in cpu_vec_isa.supported_vec_isa_list
@@ -184,7 +191,7 @@ def install() -> None:
     """Route Inductor's ISA checks through the memo and, on x86 Linux/Windows while this process has not
     checked yet, the lazy list (idempotent)."""
     global _original_check_build
-    from torch._inductor import cpu_vec_isa
+    from ..torch_internals import cpu_vec_isa
 
     with _lock:
         if _original_check_build is not None:
@@ -193,11 +200,13 @@ def install() -> None:
             log.debug("toolchain: this torch's cpu_vec_isa differs from 2.13's; its ISA checks are left alone")
             _original_check_build = False
             return
-        _original_check_build = cpu_vec_isa.VecISA.check_build
-        cpu_vec_isa.VecISA.check_build = _check_build
+        _original_check_build = patch_permanently(
+            cpu_vec_isa.VecISA, "check_build", _check_build, "torch._inductor.cpu_vec_isa.VecISA.check_build",
+            "ISA checks memoized across processes, run in the background")
         x86 = platform.system() in ("Linux", "Windows") and platform.machine() in ("x86_64", "AMD64")
         if x86 and not cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
-            cpu_vec_isa.valid_vec_isa_list = lazy_valid_vec_isa_list
+            patch_permanently(cpu_vec_isa, "valid_vec_isa_list", lazy_valid_vec_isa_list,
+                              "torch._inductor.cpu_vec_isa.valid_vec_isa_list", "the ISA list checked lazily")
 
 
 def _stand_in(isa: Any) -> Any:
@@ -211,7 +220,8 @@ def _stand_in(isa: Any) -> Any:
 def warm_up() -> None:
     """Start the checks that will decide Inductor's ISA pick on background threads (nothing when this
     process has picked already, or every verdict is stored)."""
-    from torch._inductor import config, cpu_vec_isa
+    from ..torch_internals import cpu_vec_isa
+    from ..torch_internals import inductor_config as config
 
     install()
     lazy = cpu_vec_isa.valid_vec_isa_list is lazy_valid_vec_isa_list

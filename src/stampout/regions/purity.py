@@ -29,9 +29,14 @@ import types
 import weakref
 from typing import Any
 
-import torch
-
 from .. import caches
+from ..torch_internals import (
+    Generator,
+    InferenceMode,
+    push_saved_tensors_default_hooks,
+    set_default_dtype,
+    set_deterministic_algorithms,
+)
 from .code import is_user_file
 
 _PURE_MODULES = frozenset({
@@ -53,7 +58,7 @@ _PURE_TYPES = frozenset({
     reversed, type(iter([])), type(iter(())), type(iter("")),
 })
 _RNG_MODULES = ("numpy.random", "random", "_random")
-_torch_generator = torch._C.Generator
+_torch_generator = Generator
 _MODULE_VERDICTS: dict[Any, bool] = caches.register({}, "regions.purity function verdicts")
 _METHOD_VERDICTS: dict[tuple[type, str], bool] = caches.register({}, "regions.purity method verdicts")
 
@@ -118,10 +123,10 @@ def impure_call(fn: Any) -> str | None:
 # hooks on saved tensors (`saved_tensors_hooks`, `save_on_cpu`) change what backward computes with; inference mode
 # makes inference tensors; the default dtype and deterministic switch outlive the call.
 _TORCH_STATE = {
-    torch._C._autograd._push_saved_tensors_default_hooks: "torch.autograd.graph.saved_tensors_hooks",
-    torch._C._InferenceMode.__dict__["__enter__"].__func__: "torch.inference_mode",
-    torch._C._set_default_dtype: "torch.set_default_dtype",
-    torch._C._set_deterministic_algorithms: "torch.use_deterministic_algorithms",
+    push_saved_tensors_default_hooks: "torch.autograd.graph.saved_tensors_hooks",
+    InferenceMode.__dict__["__enter__"].__func__: "torch.inference_mode",
+    set_default_dtype: "torch.set_default_dtype",
+    set_deterministic_algorithms: "torch.use_deterministic_algorithms",
 }
 
 
@@ -144,7 +149,7 @@ def torch_state_call(fn: Any, frame: types.FrameType | None = None) -> str | Non
         what = _TORCH_STATE.get(fn)
     except TypeError:  # (unhashable)
         return None
-    if what is not None and fn is torch._C._autograd._push_saved_tensors_default_hooks and frame is not None:
+    if what is not None and fn is push_saved_tensors_default_hooks and frame is not None:
         hooks = frame.f_locals.get("self")
         if saved_hooks_keep_values(getattr(hooks, "pack_hook", None)):
             return None

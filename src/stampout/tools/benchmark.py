@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from .. import torch_internals
 from .choices import BENCH_MODELS as MODELS
 
 VARIANTS = ("stampout_regions", "stampout_flat", "dynamo_flat", "dynamo_nested", "export")
@@ -132,7 +133,7 @@ def _reset() -> None:
     import stampout
 
     stampout.reset()
-    torch._dynamo.reset()
+    torch_internals.dynamo_reset()
     gc.collect()
 
 
@@ -150,7 +151,7 @@ def time_once(model: str, variant: str, depth: int) -> dict[str, Any]:
         row.update({k: getattr(cap.stats, k) for k in ("traces", "reuses", "dedups", "subgraphs")})
         run: Callable[[], Any] = lambda: cap(*args, **kwargs)  # noqa: E731
     elif variant.startswith("dynamo"):
-        from torch._dynamo.utils import compilation_time_metrics
+        from ..torch_internals import compilation_time_metrics
 
         graphs: list[torch.fx.GraphModule] = []
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import torch_internals
 from .choices import DEMO_BACKENDS as BACKENDS
 
 TOLERANCE = 1e-4  # max abs difference from eager allowed for float32
@@ -108,7 +109,7 @@ def run(layers: int = 80, hidden: int = 64, backend: str = "eager", step: Step =
         torch_compile_s = torch_compile_diff = None
         if against_torch_compile:
             with step(f"compiling a fresh copy with torch.compile(backend={backend!r}) and running it"):
-                torch._dynamo.reset()
+                torch_internals.dynamo_reset()
                 theirs = torch.compile(build_model(layers, hidden), backend=backend)
                 t0 = time.perf_counter()
                 torch_out = theirs(ids)
