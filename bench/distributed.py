@@ -2,11 +2,13 @@
 torch.compile on the same sharded Llama-like (tests/distributed_worker.py: each block and the root
 `fully_shard`ed), and how both grow with depth.
 
-    python bench/distributed.py                       # depths 4 and 8, backend aot_eager
+    python bench/distributed.py                       # depths 4, 8 and 16, backend aot_eager
     python bench/distributed.py --depths 4 --backend eager
+    python bench/distributed.py --src ../main/src     # another checkout's stampout (before/after, same run)
 
 Each cell is 2 fresh processes (one per rank). *first* is from the compile call to the end of the first
-`backward()` (capture, compile, one step); *steady* the median of the next 5 steps; both the slower rank's.
+`backward()` (capture, compile, one step), wall clock and the rank process's CPU time (*first cpu*: steadier on a
+shared machine); *steady* the median of the next 5 steps; each the slower rank's.
 Ratios are stampout / torch.compile from the same run: below 1 stampout is faster. Raw numbers:
 bench/out/distributed.json. Timings on a shared 2-core machine are noisy.
 """
@@ -30,7 +32,7 @@ VARIANTS = ("stampout", "torch")
 
 
 def _rank(variant: str, depth: int, backend: str, out: str) -> None:
-    sys.path[:0] = [os.path.join(_ROOT, "src"), os.path.join(_ROOT, "tests")]
+    sys.path[:0] = [os.environ.get("STAMPOUT_BENCH_SRC") or os.path.join(_ROOT, "src"), os.path.join(_ROOT, "tests")]
     import torch
     import torch.distributed as dist
     from distributed_worker import sharded_llama
@@ -49,10 +51,10 @@ def _rank(variant: str, depth: int, backend: str, out: str) -> None:
         opt.zero_grad()
 
     step(model)  # (FSDP's lazy init and a warm eager step, before the clock)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     fn = stampout.compile(model, backend=backend) if variant == "stampout" else torch.compile(model, backend=backend)
     step(fn)
-    first = time.perf_counter() - start
+    first, first_cpu = time.perf_counter() - start, time.process_time() - cpu
     times = []
     for _ in range(5):
         t = time.perf_counter()
@@ -64,11 +66,12 @@ def _rank(variant: str, depth: int, backend: str, out: str) -> None:
         step(model)
         eager.append(time.perf_counter() - t)
     with open(out, "w") as f:
-        json.dump({"first": first, "steady": statistics.median(times), "eager": statistics.median(eager)}, f)
+        json.dump({"first": first, "first_cpu": first_cpu, "steady": statistics.median(times),
+                   "eager": statistics.median(eager)}, f)
     dist.destroy_process_group()
 
 
-def _cell(variant: str, depth: int, backend: str, timeout: float = 1200) -> dict:
+def _cell(variant: str, depth: int, backend: str, src: str | None, timeout: float = 1200) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -76,7 +79,8 @@ def _cell(variant: str, depth: int, backend: str, timeout: float = 1200) -> dict
         procs, outs = [], []
         for rank in range(2):
             out = os.path.join(tmp, f"{rank}.json")
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       STAMPOUT_BENCH_SRC=src or "")
             procs.append(subprocess.Popen([sys.executable, __file__, "--rank", variant, str(depth), backend, out],
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
             outs.append(out)
@@ -89,7 +93,8 @@ def _cell(variant: str, depth: int, backend: str, timeout: float = 1200) -> dict
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--depths", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--src", help="the src folder of the stampout to time (default: this checkout's)")
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--rank", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -98,17 +103,19 @@ def main() -> int:
         _rank(variant, int(depth), backend, out)
         return 0
     rows = []
-    print(f"{'depth':>5} {'variant':>9} {'first':>9} {'steady':>9} {'eager':>9}")
+    print(f"{'depth':>5} {'variant':>9} {'first':>9} {'first cpu':>9} {'steady':>9} {'eager':>9}")
     for depth in args.depths:
-        cells = {v: _cell(v, depth, args.backend) for v in VARIANTS}
+        cells = {v: _cell(v, depth, args.backend, os.path.abspath(args.src) if args.src else None) for v in VARIANTS}
         for v, c in cells.items():
             if "error" in c:
                 print(f"{depth:>5} {v:>9} failed: {c['error']}")
             else:
-                print(f"{depth:>5} {v:>9} {c['first']:>8.2f}s {c['steady'] * 1e3:>7.1f}ms {c['eager'] * 1e3:>7.1f}ms")
+                print(f"{depth:>5} {v:>9} {c['first']:>8.2f}s {c['first_cpu']:>8.2f}s {c['steady'] * 1e3:>7.1f}ms "
+                      f"{c['eager'] * 1e3:>7.1f}ms")
         a, b = cells["stampout"], cells["torch"]
         if "error" not in a and "error" not in b:
-            print(f"{depth:>5} {'ratio':>9} {a['first'] / b['first']:>9.2f} {a['steady'] / b['steady']:>9.2f}")
+            print(f"{depth:>5} {'ratio':>9} {a['first'] / b['first']:>9.2f} {a['first_cpu'] / b['first_cpu']:>9.2f} "
+                  f"{a['steady'] / b['steady']:>9.2f}")
         rows.append({"depth": depth, "backend": args.backend, **{v: c for v, c in cells.items()}})
     os.makedirs(os.path.join(_HERE, "out"), exist_ok=True)
     with open(os.path.join(_HERE, "out", "distributed.json"), "w") as f:
