@@ -236,7 +236,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
                 if program is not None:
                     program.close()
                     plan = Plan(program)
-                holders = watch.objects()
+                holders = [*watch.objects(), *handler.stored.values()]  # (what stamped calls stored on)
     except BaseException:
         if program is not None:  # a failed capture leaves the objects as it found them
             undo(program)
