@@ -341,7 +341,7 @@ class ProgramCapture:
                 if program is not None:
                     program.close()
                     self.plan = Plan(program)
-                self.holders = self.watch.objects()
+                self.holders = [*self.watch.objects(), *self.handler.stored.values()]  # (what stamped calls stored on)
 
     def finish_outputs(self) -> None:
         """The graph's outputs: the program's, then (a capture's) the values it stored that must end up real."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 MISSING = object()  # an attribute, item or cell that is not there
+_UNSEEN = object()  # (a source not resolved yet in a memo)
 
 
 class Source:
@@ -47,11 +48,10 @@ class Source:
 
     def resolve(self, ctx: CallContext, memo: dict[Source, Any]) -> Any:
         """The value at this path in `ctx` (MISSING when a step fails), memoized by source."""
-        try:
-            return memo[self]
-        except KeyError:
+        value = memo.get(self, _UNSEEN)  # (not try/except: a miss, the common case per call, raises nothing)
+        if value is _UNSEEN:
             value = memo[self] = self._step(ctx, memo)
-            return value
+        return value
 
     def _step(self, ctx: CallContext, memo: dict[Source, Any]) -> Any:
         raise NotImplementedError

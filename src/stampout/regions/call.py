@@ -55,6 +55,7 @@ class RegionCalls:
         self.trace_hook = self._on_call  # one bound method, so `hooks_set` can tell it is ours
         self.profile_hook = self._on_c_call
         self.snapshot = Snapshot()  # what the user code it runs could reach, as it was (see world.py)
+        self.stored: dict[int, Any] = {}  # objects stamped calls stored on (their traced values are made real)
         cache.generation += 1  # entries made by earlier captures (of a compiled function) may be evicted
 
     def hooks_set(self) -> bool:
@@ -506,13 +507,14 @@ class RegionCalls:
         self._record(region, site, Outcome.REUSED, "", entry.subgraph)
         return build(entry.template, slots)
 
-    @staticmethod
-    def _repeat_stores(entry: ReuseEntry, ctx: CallContext, slots: list, values: list) -> None:
+    def _repeat_stores(self, entry: ReuseEntry, ctx: CallContext, slots: list, values: list) -> None:
         """What the traced call stored, stored by this stamped call on its own objects (through their
-        `__setattr__`, so enclosing traces and the program see the writes)."""
+        `__setattr__`, so enclosing traces and the program see the writes; `stored` keeps the objects, whose
+        traced values the capture then makes real as it does the traced call's)."""
         memo: dict = {}
         for target, name, (kind, value) in entry.stores:
             obj = target.resolve(ctx, memo)
+            self.stored[id(obj)] = obj
             if kind is Store.MISSING:
                 if hasattr(obj, name):
                     delattr(obj, name)

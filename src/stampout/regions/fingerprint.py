@@ -13,8 +13,7 @@ from ..tensormeta import TensorKind, tensor_meta
 from ..torch_internals import FLAG_NAMES, global_flags
 from ..tracking import original_class
 
-_GLOBAL_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
-                 "_global_backward_hooks")
+_NO_HOOKS = ((), (), (), ())  # (the global module hooks of state_key when none is registered)
 
 
 def leaf_key(leaf: Any) -> tuple:
@@ -33,12 +32,14 @@ def state_key() -> tuple:
     """Grad mode, autocast, default dtype, global module hooks and torch's global switches: what every trace
     depends on."""
     hooks = torch.nn.modules.module
+    registered = (hooks._global_forward_pre_hooks, hooks._global_forward_hooks, hooks._global_backward_pre_hooks,
+                  hooks._global_backward_hooks)  # (read per call: torch may rebind them)
     return (
         torch.is_grad_enabled(),
         torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
         torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
         torch.get_default_dtype(),
-        tuple(tuple(getattr(hooks, name).values()) for name in _GLOBAL_HOOKS),
+        _NO_HOOKS if not any(registered) else tuple(tuple(d.values()) for d in registered),
         global_flags(),
     )
 
