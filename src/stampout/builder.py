@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import operator
-import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -16,6 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import caches
 from .guards import is_constant
+from .names import identifier
 from .shapes import SIZES, SymbolicValues
 
 _T = torch.Tensor
@@ -43,15 +43,6 @@ def _method_names() -> dict[Any, str]:
 
 
 _METHOD_NAMES = _method_names()
-
-
-def identifier(text: str) -> str:
-    """A valid Python identifier for a placeholder named after `text` (`layers.0.weight` -> layers_0_weight)."""
-    name = text.replace(".", "_")
-    if name.isidentifier() and not name[0].isdigit():
-        return name
-    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or "input"
-    return f"_{name}" if name[0].isdigit() else name
 
 
 def is_property_set(func: Callable) -> bool:

@@ -15,7 +15,6 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import higher_order, torch_internals
-from .builder import identifier
 from .capture import Capture
 from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
 from .effects import Plan, Registries, Value, undo
@@ -34,7 +33,7 @@ from .held_inputs import (
     rebuild_inputs,
 )
 from .leftovers import left_over_fakes, make_real, methods_of, modules_of
-from .names import TensorNames, root_module
+from .names import TensorNames, identifier, root_module
 from .op_errors import quiet_fake_kernels
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls

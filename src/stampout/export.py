@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +49,7 @@ from .frames import user_location
 from .held_inputs import held_by_inputs
 from .kept_state import kept_state
 from .lowering import invokes, lower, mode_switches_as_hops
-from .names import root_module
+from .names import identifier, root_module
 from .regions.auto import auto_regions
 from .sources import Source
 from .structure import build, flatten_inputs, positional_names
@@ -339,7 +338,7 @@ def _state_inputs(cap: Capture, root: torch.nn.Module | None, args: tuple, kwarg
             kind, (target, persistent) = InputKind.BUFFER, buffers[id(value)]
         else:  # a plain tensor attribute, a global, a closure cell
             kind, target = InputKind.CONSTANT_TENSOR, _constant_target(found, i)
-        name = _fresh(_PREFIX[kind] + _identifier(target), seen)
+        name = _fresh(_PREFIX[kind] + identifier(target, "arg"), seen)
         spec = InputSpec(kind, TensorArgument(name), target, persistent)
         found_inputs.append(_Input(name, spec, value, first + i))
     kinds = list(_PREFIX)
@@ -362,7 +361,7 @@ def _user_inputs(cap: Capture, fn: Callable, args: tuple, kwargs: dict,
     seen: set[str] = set()
     out = []
     for label, leaf in _labelled_leaves(fn, args, kwargs):
-        name = _fresh(_identifier(label), seen)
+        name = _fresh(identifier(label, "arg"), seen)
         if isinstance(leaf, torch.Tensor):
             feed = feeds.pop(id(leaf), None)  # an aliased input feeds the capture once
             out.append(_Input(name, InputSpec(InputKind.USER_INPUT, TensorArgument(name), None), leaf, feed))
@@ -405,11 +404,6 @@ class _Slot:
     """A pytree leaf standing for the program's output tensor number `index`."""
 
     index: int
-
-
-def _identifier(text: str) -> str:
-    name = re.sub(r"\W", "_", text).strip("_") or "arg"
-    return f"_{name}" if name[0].isdigit() else name
 
 
 def _fresh(name: str, seen: set[str]) -> str:

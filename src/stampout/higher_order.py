@@ -20,10 +20,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .builder import Builder, identifier, map_tensors
+from .builder import Builder, map_tensors
 from .errors import CaptureError, message
 from .frames import user_location
 from .meta import NOT_HANDLED
+from .names import identifier
 from .shapes import SIZES, SymbolicValues
 from .tracer import Tracer
 

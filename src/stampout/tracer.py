@@ -27,7 +27,6 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from .builder import (
     Builder,
     has_tensor,
-    identifier,
     is_op,
     is_property_get,
     is_property_set,
@@ -39,6 +38,7 @@ from .errors import AutogradCallError, CaptureError, message
 from .frames import python_hooks_off, user_frame, user_location, user_source_line
 from .kernels import Specializer, is_symbolic_limit
 from .meta import NOT_HANDLED, MetaRunner, meta_like
+from .names import identifier
 from .op_errors import op_failed
 from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, writes_in_place
 from .regions import slots
