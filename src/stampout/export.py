@@ -60,38 +60,9 @@ _CONSTANT = (int, float, bool, str, type(None))
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 
 
-def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, regions: str | None = None,
-           **kwargs: Any) -> ExportedProgram:
-    """Capture `fn(*args, **kwargs)` and return it as a `torch.export.ExportedProgram`, regions kept.
-
-    Example::
-
-        ep = stampout.export(model, ids)     # 32 decoder layers whose forward is a stampout.region
-        print(len(ep.graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)))
-        # 32
-        print([name for name, _ in ep.graph_module.named_children()])
-        # ['repeated_subgraph0']
-        torch.export.save(ep, "model.pt2")   # loads and runs in a process that never imports stampout
-
-    Args:
-        fn: an `nn.Module` (its parameters and buffers are exported under their state-dict names), a bound
-            method of one, or a function (the tensors it reaches become constants of the program).
-        *args, **kwargs: example inputs, as for `torch.export.export`.
-        dynamic_shapes: as for `torch.export.export` (`Dim` with ranges, `Dim.DYNAMIC`; see the module doc); a
-            key that names no argument of `fn` is refused.
-        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions (as for `compile`).
-
-    Returns:
-        An `ExportedProgram` in torch.export's pre-dispatch IR; each region call is an `invoke_subgraph` over
-        a subgraph shared by its equivalent calls. In this process `torch._inductor.aoti_compile_and_package`
-        compiles each distinct region once (`stampout.aoti`).
-
-    Raises:
-        ExportError: a dim asked to be dynamic that the program specializes, an example outside its `Dim`'s
-            range, an input or output that is neither a tensor nor a constant, or an operation that does not
-            lower to ATen.
-        CaptureError: the program cannot be captured (see `stampout.capture`).
-    """
+def export_program(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any = None,
+                   regions: str | None = None) -> ExportedProgram:
+    """`stampout.export` (api.py): check the call, capture it (nothing runs for real), lower it."""
     where = user_location()
     check_callable(fn, "export")
     check_call(fn, args, kwargs, "export")
@@ -414,4 +385,4 @@ def _fresh(name: str, seen: set[str]) -> str:
     return candidate
 
 
-__all__ = ["ExportError", "export", "export_capture"]
+__all__ = ["ExportError", "export_capture", "export_program"]
