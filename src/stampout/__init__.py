@@ -43,7 +43,7 @@ _HOMES = {
     "BackendError": "errors", "CaptureError": "errors", "ExportError": "errors", "GuardError": "errors",
     "RegionError": "errors", "StampoutError": "errors",
     "auto_regions": "regions.auto", "region": "regions.marker",
-    "capture": "api", "explain": "api", "reset": "api", "compile": "compiled_module", "export": "export",
+    "capture": "api", "explain": "api", "reset": "api", "compile": "api", "export": "api",
 }
 
 
@@ -81,12 +81,11 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .api import capture, explain, reset  # noqa: F401
+    from .api import capture, compile, explain, export, reset  # noqa: F401
     from .capture import Capture  # noqa: F401
     from .compiled import CompiledFunction, CompileStats  # noqa: F401
-    from .compiled_module import CompiledModule, compile  # noqa: F401
+    from .compiled_module import CompiledModule  # noqa: F401
     from .errors import BackendError, CaptureError, ExportError, GuardError, RegionError, StampoutError  # noqa: F401
-    from .export import export  # noqa: F401
     from .regions.auto import auto_regions  # noqa: F401
     from .regions.events import RegionEvent, RegionStats  # noqa: F401
     from .regions.marker import region  # noqa: F401

@@ -1,16 +1,113 @@
-"""The public entry points: capture(), explain(), reset(). (`compile` is in compiled.py.)"""
+"""The public entry points, each defined here: compile(), export(), capture(), explain(), reset().
+
+What they stand on lies below (compiled.py and compiled_module.py for compile, export.py for export,
+capturing.py for capture); nothing below imports this module. `stampout/__init__.py` loads it on first use.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from torch import nn
+
+from .backends import resolve
+from .backends.options import inductor_patches, with_patches
 from .capture import Capture
 from .capturing import capture_program
 from .compile_args import check_call, check_callable
+from .compiled import CompiledFunction
+from .compiled_module import CompiledModule
 from .errors import CaptureError
+from .export import export_program
 from .piecewise import explain_break
 from .sharded_capture import Boundaries, sharded_modules
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+
+def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # noqa: A001
+            regions: str | None = None, dynamic: bool | None = None, *, fullgraph: bool = False,
+            mode: str | None = None, options: dict[str, Any] | None = None,
+            disable: bool = False) -> CompiledFunction | CompiledModule:
+    """Compile `fn` (a function, bound method or `nn.Module`) with stampout's capture and a torch.compile-style
+    backend. Takes torch.compile's keywords.
+
+    Example::
+
+        fast = stampout.compile(model)      # an nn.Module: parameters, state_dict, train/eval/to as model's
+        y = fast(x)              # first call: capture, compile; later calls: guards, then the compiled code
+        print(fast.stats)        # CompileStats(captures=1, traces=1)
+        model.forward = stampout.compile(model.forward)   # the Hugging Face recipe: a CompiledFunction
+
+    Args:
+        fn: the function, bound method or module.
+        backend: "inductor" (the default), "eager", "aot_eager", or any `callable(gm, example_inputs)`.
+        max_entries: compiled variants kept (oldest dropped beyond this).
+        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions while capturing.
+        dynamic: as torch.compile's. None: static first; a call whose inputs differ only in sizes recaptures
+            with the dims that changed symbolic, so later sizes reuse it. True: every input dim symbolic from
+            the first call (sizes 0 and 1 stay static). False: a capture per shape. Dims marked with
+            `torch._dynamo.mark_dynamic` are symbolic in every mode, `mark_static` ones never.
+        fullgraph: True raises where stampout would otherwise run a part of the program eagerly.
+        mode: torch.compile's modes ("default", "reduce-overhead", "max-autotune",
+            "max-autotune-no-cudagraphs"), as the Inductor settings they stand for (CUDA graphs: CUDA only).
+        options: a dict of Inductor settings (`torch._inductor.config` names), for the inductor backend.
+        disable: True runs `fn` itself on every call (nothing captured), as torch.compile(disable=True).
+
+    Returns:
+        A `CompiledModule` (an `nn.Module`) for a module, else a `CompiledFunction`; both have `.stats`,
+        `.last_capture` and `.reset()`.
+
+    Raises:
+        StampoutError: at once, for arguments that cannot work (a non-callable, an unknown backend or mode).
+        GuardError: at a call, for Python side effects a compiled call could not repeat.
+    """
+    patches = inductor_patches(backend, mode, options)
+    resolved = resolve(backend)
+    compiled = CompiledFunction(fn, with_patches(resolved, patches) if patches else resolved, max_entries,
+                                regions, dynamic, fullgraph=fullgraph, disable=disable)
+    compiled.mode = mode
+    compiled.options = options
+    if isinstance(fn, nn.Module):
+        return CompiledModule(fn, compiled)
+    return compiled
+
+
+def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, regions: str | None = None,
+           **kwargs: Any) -> ExportedProgram:
+    """Capture `fn(*args, **kwargs)` and return it as a `torch.export.ExportedProgram`, regions kept.
+
+    Example::
+
+        ep = stampout.export(model, ids)     # 32 decoder layers whose forward is a stampout.region
+        print(len(ep.graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)))
+        # 32
+        print([name for name, _ in ep.graph_module.named_children()])
+        # ['repeated_subgraph0']
+        torch.export.save(ep, "model.pt2")   # loads and runs in a process that never imports stampout
+
+    Args:
+        fn: an `nn.Module` (its parameters and buffers are exported under their state-dict names), a bound
+            method of one, or a function (the tensors it reaches become constants of the program).
+        *args, **kwargs: example inputs, as for `torch.export.export`.
+        dynamic_shapes: as for `torch.export.export` (`Dim` with ranges, `Dim.DYNAMIC`; see the module doc); a
+            key that names no argument of `fn` is refused.
+        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions (as for `compile`).
+
+    Returns:
+        An `ExportedProgram` in torch.export's pre-dispatch IR; each region call is an `invoke_subgraph` over
+        a subgraph shared by its equivalent calls. In this process `torch._inductor.aoti_compile_and_package`
+        compiles each distinct region once (`stampout.aoti`).
+
+    Raises:
+        ExportError: a dim asked to be dynamic that the program specializes, an example outside its `Dim`'s
+            range, an input or output that is neither a tensor nor a constant, or an operation that does not
+            lower to ATen.
+        CaptureError: the program cannot be captured (see `stampout.capture`).
+    """
+    return export_program(fn, args, kwargs, dynamic_shapes, regions)
 
 
 def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
@@ -60,4 +157,4 @@ def reset() -> None:
     caches.clear_all()
 
 
-__all__ = ["capture", "explain", "reset"]
+__all__ = ["capture", "compile", "explain", "export", "reset"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import builtins
 import operator
-import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -15,6 +14,7 @@ import torch.fx as fx
 
 from . import caches
 from .guards import is_constant
+from .names import identifier
 from .shapes import SIZES, SymbolicValues
 from .torch_internals import (
     FakeTensor,
@@ -51,15 +51,6 @@ def _method_names() -> dict[Any, str]:
 
 
 _METHOD_NAMES = _method_names()
-
-
-def identifier(text: str) -> str:
-    """A valid Python identifier for a placeholder named after `text` (`layers.0.weight` -> layers_0_weight)."""
-    name = text.replace(".", "_")
-    if name.isidentifier() and not name[0].isdigit():
-        return name
-    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or "input"
-    return f"_{name}" if name[0].isdigit() else name
 
 
 def is_property_set(func: Callable) -> bool:

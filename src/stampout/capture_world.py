@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .builder import identifier
+from .names import identifier
 from .capture import Capture
 from .context import listeners
 from .errors import CaptureError, message

@@ -14,7 +14,6 @@ import torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from . import higher_order, torch_internals
-from .builder import identifier
 from .capture import Capture
 from .capture_world import (
     concrete_stores,
@@ -46,7 +45,7 @@ from .held_inputs import (
     rebuild_inputs,
 )
 from .leftovers import left_over_fakes, make_real, methods_of, modules_of
-from .names import TensorNames
+from .names import TensorNames, identifier
 from .op_errors import quiet_fake_kernels
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls

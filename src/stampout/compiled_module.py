@@ -1,4 +1,5 @@
-"""`stampout.compile`, torch.compile's drop-in: a function gives a `CompiledFunction`, a module an `nn.Module`.
+"""What `stampout.compile` (api.py) gives a module: an `nn.Module`, as torch.compile's drop-in (a function gets a
+`CompiledFunction`).
 
 `CompiledModule` wraps the original module as torch.compile's `OptimizedModule` does (`_orig_mod`, the
 original's attributes readable through the wrapper, hooks registered on the wrapper run around the compiled
@@ -15,8 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends import resolve
-from .backends.options import inductor_patches, with_patches
 from .compiled import CompiledFunction
 
 # Read through the wrapper from its CompiledFunction; every other missing name is the original module's.
@@ -126,51 +125,3 @@ class CompiledModule(nn.Module):
     def __repr__(self) -> str:
         inner = "\n".join("  " + line for line in repr(self._orig_mod).splitlines())
         return f"{self._compiled!r}\n{inner}".replace("CompiledFunction(", "CompiledModule(", 1)
-
-
-def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # noqa: A001
-            regions: str | None = None, dynamic: bool | None = None, *, fullgraph: bool = False,
-            mode: str | None = None, options: dict[str, Any] | None = None,
-            disable: bool = False) -> CompiledFunction | CompiledModule:
-    """Compile `fn` (a function, bound method or `nn.Module`) with stampout's capture and a torch.compile-style
-    backend. Takes torch.compile's keywords.
-
-    Example::
-
-        fast = stampout.compile(model)      # an nn.Module: parameters, state_dict, train/eval/to as model's
-        y = fast(x)              # first call: capture, compile; later calls: guards, then the compiled code
-        print(fast.stats)        # CompileStats(captures=1, traces=1)
-        model.forward = stampout.compile(model.forward)   # the Hugging Face recipe: a CompiledFunction
-
-    Args:
-        fn: the function, bound method or module.
-        backend: "inductor" (the default), "eager", "aot_eager", or any `callable(gm, example_inputs)`.
-        max_entries: compiled variants kept (oldest dropped beyond this).
-        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions while capturing.
-        dynamic: as torch.compile's. None: static first; a call whose inputs differ only in sizes recaptures
-            with the dims that changed symbolic, so later sizes reuse it. True: every input dim symbolic from
-            the first call (sizes 0 and 1 stay static). False: a capture per shape. Dims marked with
-            `torch._dynamo.mark_dynamic` are symbolic in every mode, `mark_static` ones never.
-        fullgraph: True raises where stampout would otherwise run a part of the program eagerly.
-        mode: torch.compile's modes ("default", "reduce-overhead", "max-autotune",
-            "max-autotune-no-cudagraphs"), as the Inductor settings they stand for (CUDA graphs: CUDA only).
-        options: a dict of Inductor settings (`torch._inductor.config` names), for the inductor backend.
-        disable: True runs `fn` itself on every call (nothing captured), as torch.compile(disable=True).
-
-    Returns:
-        A `CompiledModule` (an `nn.Module`) for a module, else a `CompiledFunction`; both have `.stats`,
-        `.last_capture` and `.reset()`.
-
-    Raises:
-        StampoutError: at once, for arguments that cannot work (a non-callable, an unknown backend or mode).
-        GuardError: at a call, for Python side effects a compiled call could not repeat.
-    """
-    patches = inductor_patches(backend, mode, options)
-    resolved = resolve(backend)
-    compiled = CompiledFunction(fn, with_patches(resolved, patches) if patches else resolved, max_entries,
-                                regions, dynamic, fullgraph=fullgraph, disable=disable)
-    compiled.mode = mode
-    compiled.options = options
-    if isinstance(fn, nn.Module):
-        return CompiledModule(fn, compiled)
-    return compiled

@@ -18,15 +18,17 @@ Writer = Callable[[Any, str, Any, Any], None]  # (object, name, new value, value
 
 
 class CaptureContext:
-    """What one running capture shares with the code it runs: its region handler and attribute listeners."""
+    """What one running capture shares with the code it runs: its region handler, attribute listeners, and how
+    many per-layer indices (regions.slots) its region traces follow now."""
 
-    __slots__ = ("handler", "tracer", "read", "write")
+    __slots__ = ("handler", "tracer", "read", "write", "slots_followed")
 
     def __init__(self, handler: Any, tracer: Any) -> None:
         self.handler = handler  # regions.call.RegionCalls: every region call goes there
         self.tracer = tracer  # tracer.Tracer: custom autograd.Function calls go there
         self.read: Reader | None = None  # attribute reads on watched objects (None: not recording)
         self.write: Writer | None = None
+        self.slots_followed = 0  # while non-zero the tracer looks for them among torch calls' arguments
 
 
 class _State(threading.local):

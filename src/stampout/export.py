@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,7 @@ from .frames import user_location
 from .held_inputs import held_by_inputs
 from .kept_state import kept_state
 from .lowering import invokes, lower, mode_switches_as_hops
-from .names import root_module
+from .names import identifier, root_module
 from .regions.auto import auto_regions
 from .sources import Source
 from .structure import build, flatten_inputs, positional_names
@@ -61,38 +60,9 @@ _CONSTANT = (int, float, bool, str, type(None))
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 
 
-def export(fn: Callable, *args: Any, dynamic_shapes: Any = None, regions: str | None = None,
-           **kwargs: Any) -> ExportedProgram:
-    """Capture `fn(*args, **kwargs)` and return it as a `torch.export.ExportedProgram`, regions kept.
-
-    Example::
-
-        ep = stampout.export(model, ids)     # 32 decoder layers whose forward is a stampout.region
-        print(len(ep.graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)))
-        # 32
-        print([name for name, _ in ep.graph_module.named_children()])
-        # ['repeated_subgraph0']
-        torch.export.save(ep, "model.pt2")   # loads and runs in a process that never imports stampout
-
-    Args:
-        fn: an `nn.Module` (its parameters and buffers are exported under their state-dict names), a bound
-            method of one, or a function (the tensors it reaches become constants of the program).
-        *args, **kwargs: example inputs, as for `torch.export.export`.
-        dynamic_shapes: as for `torch.export.export` (`Dim` with ranges, `Dim.DYNAMIC`; see the module doc); a
-            key that names no argument of `fn` is refused.
-        regions: "auto" marks repeated children of ModuleLists and Sequentials as regions (as for `compile`).
-
-    Returns:
-        An `ExportedProgram` in torch.export's pre-dispatch IR; each region call is an `invoke_subgraph` over
-        a subgraph shared by its equivalent calls. In this process `torch._inductor.aoti_compile_and_package`
-        compiles each distinct region once (`stampout.aoti`).
-
-    Raises:
-        ExportError: a dim asked to be dynamic that the program specializes, an example outside its `Dim`'s
-            range, an input or output that is neither a tensor nor a constant, or an operation that does not
-            lower to ATen.
-        CaptureError: the program cannot be captured (see `stampout.capture`).
-    """
+def export_program(fn: Callable, args: tuple, kwargs: dict, dynamic_shapes: Any = None,
+                   regions: str | None = None) -> ExportedProgram:
+    """`stampout.export` (api.py): check the call, capture it (nothing runs for real), lower it."""
     where = user_location()
     check_callable(fn, "export")
     check_call(fn, args, kwargs, "export")
@@ -339,7 +309,7 @@ def _state_inputs(cap: Capture, root: torch.nn.Module | None, args: tuple, kwarg
             kind, (target, persistent) = InputKind.BUFFER, buffers[id(value)]
         else:  # a plain tensor attribute, a global, a closure cell
             kind, target = InputKind.CONSTANT_TENSOR, _constant_target(found, i)
-        name = _fresh(_PREFIX[kind] + _identifier(target), seen)
+        name = _fresh(_PREFIX[kind] + identifier(target, "arg"), seen)
         spec = InputSpec(kind, TensorArgument(name), target, persistent)
         found_inputs.append(_Input(name, spec, value, first + i))
     kinds = list(_PREFIX)
@@ -362,7 +332,7 @@ def _user_inputs(cap: Capture, fn: Callable, args: tuple, kwargs: dict,
     seen: set[str] = set()
     out = []
     for label, leaf in _labelled_leaves(fn, args, kwargs):
-        name = _fresh(_identifier(label), seen)
+        name = _fresh(identifier(label, "arg"), seen)
         if isinstance(leaf, torch.Tensor):
             feed = feeds.pop(id(leaf), None)  # an aliased input feeds the capture once
             out.append(_Input(name, InputSpec(InputKind.USER_INPUT, TensorArgument(name), None), leaf, feed))
@@ -407,11 +377,6 @@ class _Slot:
     index: int
 
 
-def _identifier(text: str) -> str:
-    name = re.sub(r"\W", "_", text).strip("_") or "arg"
-    return f"_{name}" if name[0].isdigit() else name
-
-
 def _fresh(name: str, seen: set[str]) -> str:
     candidate, k = name, 1
     while candidate in seen:
@@ -420,4 +385,4 @@ def _fresh(name: str, seen: set[str]) -> str:
     return candidate
 
 
-__all__ = ["ExportError", "export", "export_capture"]
+__all__ = ["ExportError", "export_capture", "export_program"]

@@ -19,10 +19,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .builder import Builder, identifier, map_tensors
+from .builder import Builder, map_tensors
 from .errors import CaptureError, message
 from .frames import user_location
 from .meta import NOT_HANDLED
+from .names import identifier
 from .shapes import SIZES, SymbolicValues
 from .torch_internals import DisableTorchFunction, pytree
 from .tracer import Tracer

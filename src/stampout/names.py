@@ -7,6 +7,7 @@ Sources are relative to a call context whose leaves are `[fn, *flat inputs]`: th
 from __future__ import annotations
 
 import contextlib
+import re
 import types
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +16,17 @@ import torch
 
 from . import config
 from .sources import Absolute, Arg, Attr, Item, Source, module_path
+
+
+def identifier(text: str, fallback: str = "input") -> str:
+    """A valid Python identifier named after `text`, as torch.export names its placeholders: each run of other
+    characters becomes one "_" (`layers.0.weight` -> layers_0_weight, `batch['input-ids']` -> batch_input_ids);
+    a leading digit gets a "_"; `fallback` when nothing is left."""
+    name = text.replace(".", "_")
+    if name.isidentifier() and not name[0].isdigit():
+        return name
+    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or fallback
+    return f"_{name}" if name[0].isdigit() else name
 
 
 def root_module(fn: Callable) -> torch.nn.Module | None:

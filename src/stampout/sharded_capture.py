@@ -34,7 +34,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
-from .builder import identifier
+from .names import identifier
 from .context import current, listeners
 from .errors import CaptureError, StampoutError, message
 from .frames import python_hooks_off, user_location

@@ -20,7 +20,6 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from .builder import (
     Builder,
     has_tensor,
-    identifier,
     is_op,
     is_property_get,
     is_property_set,
@@ -28,10 +27,12 @@ from .builder import (
     node_target,
 )
 from .constants import ConstantValues
+from .context import current
 from .errors import AutogradCallError, CaptureError, message
 from .frames import python_hooks_off, user_frame, user_location, user_source_line
 from .kernels import Specializer, is_symbolic_limit
 from .meta import NOT_HANDLED, MetaRunner, meta_like
+from .names import identifier
 from .op_errors import op_failed
 from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, writes_in_place
 from .regions import slots
@@ -274,7 +275,8 @@ class Tracer:
         if torch.is_inference_mode_enabled() != (builder._inference[-1][0] if builder._inference
                                                  else builder._inference_base):
             builder.sync_inference(torch.is_inference_mode_enabled())
-        if slots.LIVE[0]:  # a per-layer index a region follows, passed to torch: used by value
+        context = current()
+        if context is not None and context.slots_followed:  # a per-layer index a region follows, passed to torch
             slots.touch(args)
             slots.touch(kwargs)
         what = NEEDS_VALUE.get(func)

@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from . import config
 from .classpatch import PATCHED_NAMES
-from .regions.code import code_facts, is_user_code, is_user_file, module_file
+from .regions.code import code_facts, is_user_class, is_user_code, is_user_file, module_file
 from .shapes import concrete
 
 
@@ -186,9 +186,9 @@ class Snapshot:
                 if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                     self.note(item, depth + 1)
             return
-        if isinstance(value, type) and _is_user_class(value):
+        if isinstance(value, type) and is_user_class(value):
             for klass in value.__mro__[:-1]:
-                if id(klass) not in self.classes and _is_user_class(klass):
+                if id(klass) not in self.classes and is_user_class(klass):
                     self.classes[id(klass)] = (klass, _class_state(klass))
                 for item in list(vars(klass).values()):
                     item = item.__func__ if isinstance(item, (staticmethod, classmethod)) else item
@@ -341,15 +341,6 @@ class Repairs:
 
 def _is_user_module(module: Any) -> bool:
     return module is not None and is_user_file(module_file(module) or "<module>")
-
-
-def _is_user_class(klass: type) -> bool:
-    """A class of user code: of a user module, or (made by `exec`, its module not imported) with user methods."""
-    module = sys.modules.get(klass.__module__)
-    if module is not None:
-        return _is_user_module(module)
-    codes = [getattr(v, "__code__", None) for v in vars(klass).values()]
-    return any(c is not None and is_user_file(c.co_filename) for c in codes)
 
 
 def _name(fn: Any) -> str:

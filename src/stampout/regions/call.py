@@ -14,11 +14,12 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
-from ..builder import Builder, identifier, map_tensors
+from ..builder import Builder, map_tensors
 from ..context import listeners
 from ..errors import RegionError, message
 from ..frames import caller_outside_torch, python_hooks_off, set_profile, user_location
 from ..guards import check_guards, compile_guards, first_failure, is_constant
+from ..names import identifier
 from ..runner import as_call_modules
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template

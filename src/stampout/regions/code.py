@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dis
 import os
+import sys
 import sysconfig
 import types
 from dataclasses import dataclass
@@ -51,6 +52,12 @@ def module_file(module: types.ModuleType | None) -> str | None:
     anything, or make something up), or None."""
     fields = getattr(module, "__dict__", None)
     return fields.get("__file__") if type(fields) is dict else None
+
+
+def is_user_class(klass: type) -> bool:
+    """A class of user code: its module's file is user code, or its module has no file or is not imported (a
+    class made by `exec` or `type(...)`). Not `object`."""
+    return klass is not object and is_user_file(module_file(sys.modules.get(klass.__module__)) or "<module>")
 
 
 def is_user_code(code: types.CodeType) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import types
 from typing import Any
 
@@ -17,7 +16,8 @@ from ..guards import const_key, is_auto_mark, is_constant
 from ..shapes import size_key, sizes_key
 from ..sources import MISSING
 from ..tracking import original_class, shim_class
-from .code import is_user_file, module_file
+from .code import is_user_class as is_user_class_object
+from .code import is_user_file
 
 CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)
@@ -109,13 +109,9 @@ def by_name(value: Any) -> bool:
     return isinstance(value, BY_IDENTITY) or isinstance(value, (torch.dtype, torch.device))
 
 
-def is_user_class_object(klass: type) -> bool:
-    return klass is not object and is_user_file(module_file(sys.modules.get(klass.__module__)) or "<module>")
-
-
 def is_user_class(obj: Any, name: str) -> bool:
     """Whether the class that defines `name` for `obj` is user code (not torch's or stampout's)."""
     for klass in original_class(obj).__mro__:
-        if name in klass.__dict__:
-            return is_user_file(module_file(sys.modules.get(klass.__module__)) or "")
+        if name in klass.__dict__:  # (object's own: guarded as a user class's, so an instance override is seen)
+            return klass is object or is_user_class_object(klass)
     return False

@@ -27,14 +27,13 @@ import torch
 
 from .. import caches
 from ..classpatch import peek
-from ..context import listeners
+from ..context import current, listeners
 from ..guards import is_constant
 from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
 
 _LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"})
 _INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = caches.register(
     {}, "regions.slots instructions")
-LIVE = [0]  # slots being followed right now (the tracer checks torch calls' arguments while non-zero)
 
 
 def _instructions(code: types.CodeType) -> tuple[list[dis.Instruction], dict[int, int]]:
@@ -115,6 +114,7 @@ class SlotTracker:
 
     def __init__(self, frame: Any) -> None:
         self.frame = frame  # the RegionFrame: sources of objects, and the guards
+        self._context = current()  # the capture's: counts the slots its traces follow
         self.states: dict[Source, SlotState] = {}
         # id(frame) -> (frame, CALL offset, next instruction's offset, slot): awaiting the Python callee
         self._expected: dict[int, tuple[types.FrameType, int, int, SlotIndex]] = {}
@@ -165,7 +165,7 @@ class SlotTracker:
         state = self.states.get(source)
         if state is None:
             state = self.states[source] = SlotState(source, value)
-            LIVE[0] += 1
+            self._count(1)
         first = i - 1  # the start of the expression that pushes the slot: `self.self_attn.layer_idx`
         while first >= 0 and instructions[first].opname == "LOAD_ATTR":
             first -= 1
@@ -338,6 +338,10 @@ class SlotTracker:
                     frame.f_locals[ins.argval] = _PLAIN(value)  # from here on the program holds the plain int
         return self.on_event
 
+    def _count(self, change: int) -> None:
+        if self._context is not None:
+            self._context.slots_followed += change
+
     # ---- the end of the trace ---------------------------------------------------------------------------
     def close(self) -> list[SlotState]:
         """Stop following; each slot whose use is not proven is marked used."""
@@ -356,7 +360,7 @@ class SlotTracker:
         for state in self.states.values():
             if not state.closed:
                 state.closed = True
-                LIVE[0] -= 1
+                self._count(-1)
         return list(self.states.values())
 
 
