@@ -9,7 +9,8 @@
 * ``STAMPOUT_CHECK_WORLD=1``: a capture that leaves a fake tensor in user state raises.
 * Hypothesis: a default profile without deadlines and without the function-scoped-fixture health
   check (the autouse fixture runs once per test, not per example; call ``stampout.reset()`` in the
-  test body when examples must not share caches).
+  test body when examples must not share caches). The fuzzers' example counts scale with
+  ``STAMPOUT_FUZZ_SCALE`` (tests/fuzzing.py; default 1) for a longer run.
 """
 
 from __future__ import annotations

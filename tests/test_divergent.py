@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from fuzzing import examples
 from helpers import assert_matches_eager
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -177,7 +178,7 @@ def _perturb(layer: Layer, kind: int, model: Stack) -> None:
         model.cfg.act = "gelu"  # the shared config: every layer changes
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(2, 5),
     changes=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 9)), max_size=4),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from fuzzing import examples
 from helpers import tree_assert_close
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -72,7 +73,7 @@ class Program(nn.Module):
         return x, x.shape[1]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     steps=st.lists(st.tuples(st.sampled_from(STEPS), st.integers(1, 4)), min_size=1, max_size=4),
     repeat=st.integers(1, 3),

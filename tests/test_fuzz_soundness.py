@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from fuzzing import examples
 from helpers import scalar_loss, tree_assert_close
 from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
@@ -788,7 +789,7 @@ NO_SHRINK = (Phase.explicit, Phase.generate)  # per-kind examples are small alre
 
 
 @pytest.mark.parametrize("kind", [k.name for k in KINDS])
-@settings(max_examples=12, deadline=None, derandomize=True, phases=NO_SHRINK)
+@settings(max_examples=examples(12), deadline=None, derandomize=True, phases=NO_SHRINK)
 @given(data=st.data())
 def test_fuzz_capture_kind(kind: str, data: st.DataObject) -> None:
     """Capture: `kind` alone, set per layer at construction and between region calls."""
@@ -796,21 +797,21 @@ def test_fuzz_capture_kind(kind: str, data: st.DataObject) -> None:
 
 
 @pytest.mark.parametrize("kind", [k.name for k in KINDS])
-@settings(max_examples=12, deadline=None, derandomize=True, phases=NO_SHRINK)
+@settings(max_examples=examples(12), deadline=None, derandomize=True, phases=NO_SHRINK)
 @given(data=st.data())
 def test_fuzz_compile_kind(kind: str, data: st.DataObject) -> None:
     """Compile (eager backend): `kind` alone, changed between calls."""
     check_compile_case(data.draw(compile_cases(kind)))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=examples(40), deadline=None, derandomize=True)
 @given(spec=capture_cases())
 def test_fuzz_capture_mixed(spec: dict[str, Any]) -> None:
     """Capture: 1-3 random kinds, random per-layer values, random in-program changes."""
     check_capture_case(spec)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=examples(40), deadline=None, derandomize=True)
 @given(spec=compile_cases())
 def test_fuzz_compile_mixed(spec: dict[str, Any]) -> None:
     """Compile: 1-3 random kinds, random changes (and layer-stack edits) between calls."""
@@ -847,7 +848,7 @@ def view_cases(draw: st.DrawFn) -> dict[str, Any]:
     return {"n": n, "ops": ops, "calls": calls, "backend": draw(st.sampled_from(["eager", "aot_eager"]))}
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=examples(30), deadline=None, derandomize=True)
 @given(spec=view_cases())
 def test_fuzz_overlapping_inputs(spec: dict[str, Any]) -> None:
     """Compile: storage-overlapping inputs (`f(base[:5], base[1:])`) give eager's outputs and bases."""
@@ -907,7 +908,7 @@ def _same_world(a: Any, b: Any, inputs: tuple[torch.Tensor, torch.Tensor]) -> No
         assert a == b
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=examples(30), deadline=None, derandomize=True)
 @given(ops=st.lists(st.sampled_from(sorted(_CONTAINER_OPS)), min_size=1, max_size=5),
        keep=st.booleans(), backend=st.sampled_from(["eager", "aot_eager"]))
 def test_fuzz_caller_containers(ops: list[str], keep: bool, backend: str) -> None:

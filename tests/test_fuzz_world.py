@@ -28,6 +28,7 @@ import weakref
 
 import numpy as np
 import torch
+from fuzzing import examples
 from helpers import tree_assert_close
 from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
@@ -221,7 +222,7 @@ def check_world(spec: dict) -> None:
         tree_assert_close(actual, expected, f"call {i} (rows={rows})", **TOL)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, phases=(Phase.explicit, Phase.generate))
+@settings(max_examples=examples(60), deadline=None, derandomize=True, phases=(Phase.explicit, Phase.generate))
 @given(spec=worlds())
 def test_world_effects_equal_eager(spec: dict) -> None:
     check_world(spec)
