@@ -10,13 +10,12 @@ from typing import Any
 
 import torch
 
-from .names import identifier
 from .capture import Capture
 from .context import listeners
 from .errors import CaptureError, message
 from .frames import user_location
 from .held_inputs import Held
-from .names import root_module
+from .names import identifier, root_module
 from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost

@@ -34,10 +34,10 @@ from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
-from .names import identifier
 from .context import current, listeners
 from .errors import CaptureError, StampoutError, message
 from .frames import python_hooks_off, user_location
+from .names import identifier
 from .piecewise import Pieces
 from .sharded import forward_of, fsdp_module_class, region_forward
 from .torch_internals import fsdp_lazy_init, fsdp_mixed_precision
