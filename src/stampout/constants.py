@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import config
 from .op_facts import deterministic, writes_in_place
-from .structure import tensors_of
+from .structure import map_leaves, tensors_of
 
 
 class ConstantValues:
@@ -40,13 +40,7 @@ class ConstantValues:
         return None if hit is None else hit[1]
 
     def _to_real(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return self._known[id(value)][1]
-        if isinstance(value, (tuple, list)):
-            return type(value)(self._to_real(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self._to_real(v) for k, v in value.items()}
-        return value
+        return map_leaves(value, lambda v: self._known[id(v)][1] if isinstance(v, torch.Tensor) else v)
 
     def evaluate(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """`func` run on the real values of its (all known) tensor arguments."""

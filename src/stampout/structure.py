@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -59,15 +60,35 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
     return leaves, spec, labels
 
 
-def tensors_of(value: Any) -> list[torch.Tensor]:
-    """Every tensor inside tuples, lists and dicts of `value` (an op's arguments or results)."""
-    if isinstance(value, torch.Tensor):
+# Note: the one walker over an op's arguments and results: tuples, lists and dicts (subclasses too), in
+# order, as fx's map_aggregate walks a node's. Walkers that carry a source per item (held_inputs, leftovers,
+# effects, names), look into objects' fields (tensors_within, world.holds_fake), or keep to what an FX
+# node's arguments may hold (builder.map_tensors, with slices) differ by purpose and stay where they are.
+def leaves_of(value: Any, kind: type | tuple[type, ...]) -> list[Any]:
+    """Every instance of `kind` inside the tuples, lists and dicts of `value` (an op's arguments or results)."""
+    if isinstance(value, kind):
         return [value]
     if isinstance(value, (tuple, list)):
-        return [t for v in value for t in tensors_of(v)]
+        return [t for v in value for t in leaves_of(v, kind)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in tensors_of(v)]
+        return [t for v in value.values() for t in leaves_of(v, kind)]
     return []
+
+
+def map_leaves(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """`value` with each leaf inside its tuples, lists and dicts replaced by `fn(leaf)` (the same walk as
+    `leaves_of`; a dict comes back a dict, a namedtuple the same namedtuple)."""
+    if isinstance(value, (tuple, list)):
+        items = [map_leaves(v, fn) for v in value]
+        return type(value)._make(items) if hasattr(type(value), "_make") else type(value)(items)
+    if isinstance(value, dict):
+        return {k: map_leaves(v, fn) for k, v in value.items()}
+    return fn(value)
+
+
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """Every tensor inside tuples, lists and dicts of `value` (an op's arguments or results)."""
+    return leaves_of(value, torch.Tensor)
 
 
 def aliases_of(leaves: list[Any]) -> tuple:

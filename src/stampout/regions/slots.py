@@ -30,6 +30,7 @@ from ..classpatch import peek
 from ..context import current, listeners
 from ..guards import is_constant
 from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
+from ..structure import leaves_of
 
 _LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"})
 _INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = caches.register(
@@ -99,14 +100,8 @@ for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__has
 
 def touch(values: Any) -> None:
     """Slots among a torch call's arguments (`x.size(layer_idx)`) are used by value."""
-    if isinstance(values, SlotIndex):
-        values._state.use("a torch call")
-    elif isinstance(values, (tuple, list)):
-        for v in values:
-            touch(v)
-    elif isinstance(values, dict):
-        for v in values.values():
-            touch(v)
+    for slot in leaves_of(values, SlotIndex):
+        slot._state.use("a torch call")
 
 
 class SlotTracker:

@@ -1,0 +1,34 @@
+"""One walker over an op's arguments and results (structure.leaves_of / map_leaves), used by tensors_of, the
+known constants' real values and the per-layer slots a torch call uses."""
+
+from __future__ import annotations
+
+import collections
+from collections import OrderedDict
+
+import torch
+
+from stampout.structure import leaves_of, map_leaves, tensors_of
+
+Pair = collections.namedtuple("Pair", ["a", "b"])
+
+
+def test_leaves_in_order_through_tuples_lists_dicts_and_subclasses():
+    x, y, z = torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)
+    value = (x, [1, {"k": y}], OrderedDict(v=Pair(z, 3)), torch.Size([4]))
+    assert [id(t) for t in tensors_of(value)] == [id(x), id(y), id(z)]
+    assert leaves_of(value, int) == [1, 3, 4]
+
+
+def test_map_leaves_keeps_the_containers():
+    x = torch.zeros(2)
+    def bump(v):
+        return v + 1 if isinstance(v, torch.Tensor) else v
+
+    out = map_leaves((x, [x], {"k": Pair(x, 1)}, torch.Size([3])), bump)
+    assert type(out) is tuple and type(out[1]) is list and type(out[2]["k"]) is Pair and out[2]["k"].b == 1
+    assert type(out[3]) is torch.Size and out[3] == torch.Size([3])
+    assert torch.equal(out[2]["k"].a, torch.ones(2))
+    values = torch.max(torch.tensor([[1.0, 3.0]]), dim=1)  # a structseq: built from one sequence
+    mapped = map_leaves(values, lambda v: v * 2)
+    assert type(mapped) is type(values) and mapped.values.item() == 6.0
