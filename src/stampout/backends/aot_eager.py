@@ -14,6 +14,7 @@ from torch._prims_common import suggest_memory_format
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from ..torch_internals import without_module_hooks
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 
 log = logging.getLogger("stampout.backends")
@@ -60,6 +61,7 @@ def _tolerate_layouts(gm: fx.GraphModule) -> None:
 
 def _boxed_nop(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     _tolerate_layouts(gm)
+    without_module_hooks(gm)
 
     def run(args: list[Any]) -> Any:
         return gm(*args)
@@ -95,6 +97,7 @@ def _graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Any, tupl
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    without_module_hooks(gm)  # (AOTAutograd calls it and its subgraphs while it traces)
     why = subclass_operands(gm)
     if why is not None:  # (see inline.py: invoke_subgraph refuses DTensor operands)
         log.info("aot_eager: region calls inlined (each region compiled once per call): %s", why)
