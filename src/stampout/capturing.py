@@ -198,6 +198,7 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
         hold_input_containers(held, signature_of, fn, fake_args, fake_kwargs)
     before = {id(obj): object_fields(obj) for obj in held}
     states = RandomStates.save()
+    tracer.rng_state = states.torch_cpu
     modules = modules_of(fn)
     registries = Registries(modules)
     handler.snapshot.note_program([frame_function(fn), *methods_of(modules)])
@@ -282,7 +283,8 @@ def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache 
     graph = tracer.root.graph
     tracer.root.sync_inference()
     graph.output(tuple(nodes))
-    graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
+    graph_module = torch_internals.without_module_hooks(
+        _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured"))
     stats = handler.stats
     stats.subgraphs = len({e.subgraph for e in handler.events})
     log.info("captured %s: %d nodes, regions: %s", getattr(fn, "__qualname__", type(fn).__name__),

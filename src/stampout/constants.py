@@ -32,6 +32,23 @@ def deterministic(func: Callable) -> bool:
     return not any(word in name for word in _RANDOM)
 
 
+_DRAWS: dict[Any, bool] = caches.register({}, "constants functions that draw random numbers")
+
+
+def draws_random(func: Callable) -> bool:
+    """Whether a torch function draws from a generator (`randn`, `dropout`, `normal_`; `empty` does not)."""
+    try:
+        return _DRAWS[func]
+    except (KeyError, TypeError):
+        name = _name(func).lower()
+        draws = any(word in name for word in _RANDOM if word != "empty")
+        try:
+            _DRAWS[func] = draws
+        except TypeError:
+            pass
+        return draws
+
+
 def mutating(func: Callable, kwargs: dict, args: tuple = ()) -> bool:
     name = _name(func)
     return name.endswith("_") and not name.endswith("__") or name in ("__setitem__", "setitem") or (
