@@ -40,6 +40,8 @@ def protected(guard: Guard, ctx: CallContext, memo: dict, watch: WriteWatch) -> 
         return False
     if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
         return False  # a mutable container: changed in place without any write to its holder
+    if guard.kind in (Kind.LEN, Kind.KEYS) and isinstance(guard.source.resolve(ctx, memo), (list, dict, set)):
+        return False  # (`self.memory.append(t)`: its length changes, its holder sees no write)
     return protected_path(guard.source, ctx, memo, watch)
 
 
