@@ -264,6 +264,7 @@ class ProgramCapture:
         self.held = held
         self.before = {id(obj): object_fields(obj) for obj in held}
         states = RandomStates.save()
+        self.tracer.rng_state = states.torch_cpu
         modules = modules_of(fn)
         registries = Registries(modules)
         handler.snapshot.note_program([frame_function(fn), *methods_of(modules)])
@@ -363,7 +364,8 @@ class ProgramCapture:
     def make_capture(self) -> Capture:
         fn, tracer, handler, cache, program = self.fn, self.tracer, self.handler, self.cache, self.program
         graph = tracer.root.graph
-        graph_module = _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured")
+        graph_module = torch_internals.without_module_hooks(
+            _LazyGraphModule(tracer.root.submodules, graph, class_name="Captured"))
         stats = handler.stats
         stats.subgraphs = len({e.subgraph for e in handler.events})
         log.info("captured %s: %d nodes, regions: %s", getattr(fn, "__qualname__", type(fn).__name__),

@@ -50,6 +50,14 @@ class CompiledModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled(*args, **kwargs)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The user's global module hooks (register_module_forward_hook) run on the original and its children,
+        # in the compiled program as in eager; the wrapper is no module of theirs. Its own hooks run around it.
+        d = self.__dict__
+        if d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]:
+            return super().__call__(*args, **kwargs)
+        return self._compiled(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         state = self.__dict__
         if "_compiled" not in state:  # being copied or unpickled

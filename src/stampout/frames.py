@@ -39,6 +39,15 @@ def user_frame(skip: int = 1) -> FrameType | None:
     return frame
 
 
+def outside_stampout(skip: int = 1) -> FrameType | None:
+    """The innermost frame that is not stampout's (torch's own Python included), or None."""
+    frame = sys._getframe(skip)
+    while frame is not None and frame.f_code.co_filename.startswith(_OWN_DIRS[0]) and \
+            not frame.f_code.co_filename.startswith(_TOOLS):
+        frame = frame.f_back
+    return frame
+
+
 def caller_outside_torch(frame: FrameType) -> FrameType | None:
     """The first frame from `frame` outward that is not torch's: the user's frame, or None where it is
     stampout's own (torch's Python called by stampout, as converting a tensor to a fake enters inference mode)."""

@@ -80,6 +80,23 @@ def deterministic(func: Callable) -> bool:
     return not any(word in name for word in _RANDOM)
 
 
+_DRAWS: dict[Any, bool] = caches.register({}, "op_facts functions that draw random numbers")
+
+
+def draws_random(func: Callable) -> bool:
+    """Whether a torch function draws from a generator (`randn`, `dropout`, `normal_`; `empty` does not)."""
+    try:
+        return _DRAWS[func]
+    except (KeyError, TypeError):
+        name = op_name(func).lower()
+        draws = any(word in name for word in _RANDOM if word != "empty")
+        try:
+            _DRAWS[func] = draws
+        except TypeError:
+            pass
+        return draws
+
+
 def writes_in_place(target: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
     """Whether calling `target(*args, **kwargs)` may write into an existing tensor: an in-place method or op
     (`add_`, `x += y`, `x[i] = v`, an aten overload with a mutable schema such as `aten.add_.Tensor`),

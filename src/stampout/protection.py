@@ -49,6 +49,9 @@ class Protection:
             return False
         if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
             return False  # a mutable container: changed in place without any write to its holder
+        if guard.kind in (Kind.LEN, Kind.KEYS) and isinstance(guard.source.resolve(self.ctx, self.memo),
+                                                               (list, dict, set)):
+            return False  # (`self.memory.append(t)`: its length changes, its holder sees no write)
         return self.path(guard.source)
 
     def path(self, source: Source) -> bool:

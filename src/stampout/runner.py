@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .torch_internals import INVOKE_SUBGRAPH
+from .torch_internals import INVOKE_SUBGRAPH, without_module_hooks
 
 
 def as_call_modules(gm: fx.GraphModule, memo: dict[int, fx.GraphModule] | None = None) -> fx.GraphModule:
@@ -35,7 +35,7 @@ def as_call_modules(gm: fx.GraphModule, memo: dict[int, fx.GraphModule] | None =
                 modules[node.target] = as_call_modules(sub, memo) if isinstance(sub, fx.GraphModule) else sub
         new.meta = dict(node.meta)
         env[node] = new
-    out = fx.GraphModule(modules, graph, class_name=type(gm).__name__)
+    out = without_module_hooks(fx.GraphModule(modules, graph, class_name=type(gm).__name__))
     memo[id(gm)] = out
     return out
 

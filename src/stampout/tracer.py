@@ -29,13 +29,14 @@ from .builder import (
 from .constants import ConstantValues
 from .context import current
 from .errors import AutogradCallError, CaptureError, message
-from .frames import python_hooks_off, user_frame, user_location, user_source_line
+from .frames import outside_stampout, python_hooks_off, user_frame, user_location, user_source_line
 from .kernels import Specializer, is_symbolic_limit
 from .meta import NOT_HANDLED, MetaRunner, meta_like
 from .names import identifier
 from .op_errors import op_failed
-from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, writes_in_place
+from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, draws_random, writes_in_place
 from .regions import slots
+from .regions.code import is_user_file
 from .regions.purity import saved_hooks_keep_values
 from .shapes import Symbols, any_symbolic, symbolic_fake
 from .sources import Source
@@ -67,6 +68,9 @@ log = logging.getLogger(__name__)
 
 _T = torch.Tensor
 # Reading these makes a trace depend on which inputs require grad.
+# Tensor state that is neither metadata nor value, read by user code (`p.grad is None`, `x._version`): no guard
+# sees it change between calls, so a trace that reads it is not reused and a compiled program runs eagerly.
+_STATE_GETTERS = {_T.grad.__get__: "grad", _T._version.__get__: "_version"}
 _AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.is_leaf.__get__, _T.grad_fn.__get__, _T.requires_grad_}
 _ENTER_AUTOCAST = enter_autocast
 _EXIT_AUTOCAST = exit_autocast
@@ -124,6 +128,8 @@ class RegionHooks(Protocol):
 
     def note_hook(self, reason: str) -> None: ...
 
+    def note_unguarded_read(self, reason: str) -> None: ...
+
     def lift_symbol(self, builder: Builder, symbol: Any) -> fx.Node: ...
 
     def frame_ids(self) -> frozenset[int]: ...
@@ -172,6 +178,9 @@ class Tracer:
         self.dynamic_tensors: dict[int, tuple[torch.Tensor, tuple[int, ...], str]] = {}
         # Saved-tensor hooks the caller set around the capture apply to the graph's autograd when it runs too.
         self.saved_hooks_outside = _saved_tensors_hooks(False) is not None
+        # torch's CPU generator state when the program started (capturing.py): a graph's random ops draw from
+        # the state at run time, so Python that reseeds it during the program cannot be captured
+        self.rng_state: torch.Tensor | None = None
         if regions is not None:
             self.regions = regions(self)
 
@@ -329,9 +338,13 @@ class Tracer:
 
         if func in _HOOK_REGISTRATIONS:
             return self._record_hook(func, args, kwargs)
+        if self.rng_state is not None and draws_random(func) and kwargs.get("generator") is None:
+            self._check_rng_untouched(func)
         tensors_in = has_tensor(args) or has_tensor(kwargs)
         if self.symbols is not None and (any_symbolic(args) or any_symbolic(kwargs) or self._dynamic_in(args, kwargs)):
             return self._on_symbolic_call(func, args, kwargs, tensors_in)
+        if func in _STATE_GETTERS and self.regions is not None:
+            self._note_state_read(_STATE_GETTERS[func])
         if (tensors_in and is_property_get(func) and not isinstance(args[0], FakeTensor)
                 and func.__self__.__name__ not in VIEW_PROPERTIES):
             value = func(args[0])  # `param.shape`, `buffer.dtype`: read the real tensor, record nothing
@@ -349,6 +362,28 @@ class Tracer:
             return out
         self.record(func, args, kwargs, out)
         return out
+
+    def _note_state_read(self, name: str) -> None:
+        frame = outside_stampout(3)
+        if frame is not None and is_user_file(frame.f_code.co_filename):  # (torch's own Python: its business)
+            self.regions.note_unguarded_read(
+                f"reads the tensor state .{name}, which no guard sees change between calls "
+                f"(at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name})")
+
+    def _check_rng_untouched(self, func: Callable) -> None:
+        """A random op draws from torch's generator at run time, where the program's Python left it during
+        capture: `torch.manual_seed` or `fork_rng` in forward set it, and the graph would not."""
+        if self._compiling():  # (compile: the profile hook saw the Generator call, the program runs eagerly)
+            return
+        with DisableTorchFunction(), unset_fake_temporarily():
+            same = torch.equal(torch.random.get_rng_state(), self.rng_state)
+        if not same:
+            raise CaptureError(message(
+                f"the program sets torch's random number generator (torch.manual_seed, set_rng_state, fork_rng) "
+                f"before a random op ({getattr(func, '__name__', func)}): a graph draws from the generator as "
+                "the caller left it, not as the program set it", user_location(),
+                "seed outside the captured call, pass a torch.Generator (generator=...) to the random op, or use "
+                "stampout.compile, which runs such a program eagerly"))
 
     def _record_hook(self, func: Callable, args: tuple, kwargs: dict) -> Any:
         """`t.register_hook(fn)` (and post-accumulate-grad hooks): a graph node, so every run of the graph

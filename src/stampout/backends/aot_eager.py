@@ -17,6 +17,7 @@ from ..torch_internals import (
     is_traceable_wrapper_subclass,
     suggest_memory_format,
     tracing,
+    without_module_hooks,
 )
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 from .whole_region import whole_region
@@ -65,6 +66,7 @@ def _tolerate_layouts(gm: fx.GraphModule) -> None:
 
 def _boxed_nop(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     _tolerate_layouts(gm)
+    without_module_hooks(gm)
 
     def run(args: list[Any]) -> Any:
         return gm(*args)
@@ -100,6 +102,7 @@ def _graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Any, tupl
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    without_module_hooks(gm)  # (AOTAutograd calls it and its subgraphs while it traces)
     why = subclass_operands(gm)
     if why is not None:  # (see inline.py: invoke_subgraph refuses DTensor operands)
         log.info("aot_eager: region calls inlined (each region compiled once per call): %s", why)

@@ -30,7 +30,7 @@ from .. import caches, config, progress
 from ..op_facts import may_alias, written
 from ..op_facts import writes_in_place as writes_in_place_op
 from ..shapes import has_symbols, size_key, sizes_key
-from ..torch_internals import INVOKE_SUBGRAPH
+from ..torch_internals import INVOKE_SUBGRAPH, without_module_hooks
 
 _SET_GRAD = torch._C._set_grad_enabled
 _AUTOCAST = (torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast)
@@ -204,6 +204,9 @@ class CompiledRegion(torch.nn.Module):
     def forward(self, *operands: Any) -> Any:
         return self.fn(*operands)
 
+    def __call__(self, *operands: Any) -> Any:  # (no nn.Module hooks: the user's global ones are for theirs)
+        return self.fn(*operands)
+
 
 def relayout(tensor: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     """`tensor`'s values in a new tensor with `stride` (differentiable: a copy)."""
@@ -331,4 +334,4 @@ def build(gm: fx.GraphModule, compile_region: CompileRegion, key_extra: Any = No
             new = graph.call_module(names[id(fn)], tuple(operands))
         new.meta = dict(node.meta)
         env[node] = new
-    return fx.GraphModule(modules, graph, class_name="Glue")
+    return without_module_hooks(fx.GraphModule(modules, graph, class_name="Glue"))

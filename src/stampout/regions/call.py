@@ -23,7 +23,7 @@ from ..names import identifier
 from ..runner import as_call_modules
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
-from ..torch_internals import invoke_subgraph
+from ..torch_internals import invoke_subgraph, without_module_hooks
 from ..tracer import Tracer
 from ..tracking import Watch
 from ..world import Snapshot
@@ -113,6 +113,11 @@ class RegionCalls:
     def note_hook(self, reason: str) -> None:
         """The program registers an autograd hook: a reused trace would register the traced call's function,
         and a compiled program runs eagerly (AOTAutograd backends do not keep the registration)."""
+        for frame in self.frames:
+            frame.mark_ineligible(reason)
+
+    def note_unguarded_read(self, reason: str) -> None:
+        """The program read state no guard sees (`p.grad`, `x._version`): no open frame's trace is reusable."""
         for frame in self.frames:
             frame.mark_ineligible(reason)
 
@@ -374,7 +379,7 @@ class RegionCalls:
         returned, outputs = views_of_one_base(returned, outputs, slots)
         child.sync_inference()
         child.graph.output(tuple(returned))
-        gm = _LazyGraphModule(child.submodules, child.graph, class_name="Region")
+        gm = without_module_hooks(_LazyGraphModule(child.submodules, child.graph, class_name="Region"))
         name, gm, deduped = self.cache.register(gm, fp[2])
 
         for value in template_constants(template):

@@ -31,6 +31,7 @@ class CodeFacts:
     stores: tuple[str, ...]  # globals it assigns or deletes
     attribute_stores: tuple[tuple[str, ...], ...]  # `g.a.b = v` / `del g.a.b`: global name, attributes, stored one
     nested: tuple[types.CodeType, ...]  # code objects of functions it defines
+    escapes: tuple[str, ...] = ()  # globals it loads as values, not only to read an attribute of them
 
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "regions.code facts")
@@ -60,6 +61,16 @@ def is_user_class(klass: type) -> bool:
     return klass is not object and is_user_file(module_file(sys.modules.get(klass.__module__)) or "<module>")
 
 
+def is_user_module(module: types.ModuleType) -> bool:
+    """A module of the user's (a config module, one made with `types.ModuleType`), not a library's or a
+    builtin one: its namespace holds values the program may read and change between calls."""
+    file = module_file(module)
+    if file is None:
+        fields = module.__dict__
+        return type(fields) is dict and fields.get("__spec__") is None  # (made by code, not imported)
+    return isinstance(file, str) and is_user_file(file)
+
+
 def is_user_code(code: types.CodeType) -> bool:
     """User code, less the methods the standard library generates with `exec` (dataclass `__init__`)."""
     return is_user_file(code.co_filename) and not code.co_qualname.startswith("__create_fn__")
@@ -76,8 +87,11 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     chains: list[tuple[str, ...]] = []
     stores: list[str] = []
     attribute_stores: list[tuple[str, ...]] = []
+    escapes: list[str] = []
     chain: list[str] | None = None
     for ins in dis.get_instructions(code):
+        if chain is not None and len(chain) == 1 and ins.opname not in _LOADS_ATTR:
+            escapes.append(chain[0])  # (`getattr(cfg, name)`, `return cfg`: any attribute may be read)
         if ins.opname == "LOAD_GLOBAL":
             if chain is not None and len(chain) > 1:
                 chains.append(tuple(chain))
@@ -95,6 +109,8 @@ def _analyse(code: types.CodeType) -> CodeFacts:
             stores.append(ins.argval)
     if chain is not None and len(chain) > 1:
         chains.append(tuple(chain))
+    elif chain is not None:
+        escapes.append(chain[0])
     nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
     return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores),
-                     tuple(dict.fromkeys(attribute_stores)), nested)
+                     tuple(dict.fromkeys(attribute_stores)), nested, tuple(dict.fromkeys(escapes)))

@@ -18,6 +18,9 @@ _NO_HOOKS = ((), (), (), ())  # (the global module hooks of state_key when none 
 
 def leaf_key(leaf: Any) -> tuple:
     if isinstance(leaf, torch.Tensor):
+        fields = leaf.__dict__  # Python attributes the caller set (`x.scale`): one absent at capture may be read
+        if fields and any(not k.startswith("_") for k in fields):
+            return ("tensor", tensor_meta(leaf, requires_grad=False), tuple(k for k in fields if not k.startswith("_")))
         return ("tensor", tensor_meta(leaf, requires_grad=False))  # matched separately (see RegionCalls)
     if is_constant(leaf):
         return ("constant", const_key(leaf))
@@ -56,7 +59,8 @@ def without_sizes(key: tuple, leaves: list[Any], masked: frozenset[int] | None =
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor) and (masked is None or i in masked):
             meta = keys[i][1]
-            keys[i] = ("tensor", TensorKind(meta.cls, leaf.dim(), meta.dtype, meta.device, None, meta.layout))
+            keys[i] = ("tensor", TensorKind(meta.cls, leaf.dim(), meta.dtype, meta.device, None, meta.layout),
+                       *keys[i][2:])
     return (key[0], tuple(keys), *key[2:])
 
 
@@ -67,7 +71,7 @@ def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
 def _show(key: tuple) -> str:
     kind, value = key[0], key[1]
     if kind == "tensor":  # a TensorMeta, or a TensorKind: sizes left out (a symbolic capture checks them)
-        return value.show()
+        return value.show() + (f" with attributes {', '.join(key[2])}" if len(key) > 2 else "")
     if kind == "constant":
         return f"{value[1]!r} ({value[0].__name__})"
     if kind == "size":

@@ -24,7 +24,7 @@ from ..shapes import SIZES, size_key
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
 from ..tracking import Watch, original_class
 from .cache import ArgInput, LiftedInput
-from .code import code_facts, is_user_file
+from .code import code_facts, is_user_file, is_user_module
 from .events import Ineligible
 from .objects import (
     BY_IDENTITY,
@@ -161,6 +161,8 @@ class RegionFrame:
                 self.adopt(getattr(value, part), Attr(source, part), where=where)
         elif isinstance(value, BY_IDENTITY):
             self.guard(source, Kind.ID, value, where)
+            if isinstance(value, types.ModuleType):  # (reached as a value: any of its attributes may be read)
+                self._note_user_namespace(value)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
         elif not hidden_state(type(value)) and self.watch.watch(value):
@@ -413,6 +415,8 @@ class RegionFrame:
                 source = Global(name) if own else Item(Absolute(g, label), name)
                 if isinstance(value, types.ModuleType):
                     self._adopt_module_chains(value, source, name, facts.chains, where)
+                    if name in facts.escapes:
+                        self._note_user_namespace(value)
                 else:
                     self.adopt(value, source, where=where)
         for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again
@@ -442,6 +446,12 @@ class RegionFrame:
                 for chain in facts.chains:
                     if chain[0] == name:
                         self._note_chain(value, chain[1:])
+
+    def _note_user_namespace(self, module: types.ModuleType) -> None:
+        """A user's module used as a value (`getattr(cfg, name)`, `self.cfg_module.SCALE`): every name in it is
+        guarded by identity (one dict-version check per call), since no bytecode chain says which are read."""
+        if is_user_module(module):
+            self.namespaces.note_whole(module.__dict__, module.__name__)
 
     def _note_chain(self, module: types.ModuleType, attrs: tuple[str, ...]) -> None:
         for attr in attrs:
