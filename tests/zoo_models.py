@@ -1,5 +1,6 @@
 """Tiny Hugging Face (transformers 5) and diffusers models, built in code with random weights (nothing is
-downloaded), each with its inputs at two sizes: the architectures of the zoo test (tests/test_hf_zoo.py)."""
+downloaded), each with its inputs at two sizes: the architectures of the zoo tests (tests/zoo_checks.py, run by
+tests/test_hf_zoo_*.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""The zoo: architectures of transformers 5 and diffusers nobody here wrote (tiny configs, random weights, built in
-tests/zoo_models.py). Each: `stampout.capture` equals eager with its repeated layers as regions (exact region
-trace and reuse counts); `stampout.compile(aot_eager, regions="auto")` equals eager at two sizes (the second
+"""The zoo's checks: architectures of transformers 5 and diffusers nobody here wrote (tiny configs, random weights,
+built in tests/zoo_models.py). Each: `stampout.capture` equals eager with its repeated layers as regions (exact
+region trace and reuse counts); `stampout.compile(aot_eager, regions="auto")` equals eager at two sizes (the second
 captured with symbolic sizes), with no graph break except where the issue allows one. Some decoders also train
-(gradients against eager) and generate (tokens and logits against eager). Skip locally with `-m "not zoo"`."""
+(gradients against eager) and generate (tokens and logits against eager).
+
+The tests are in test_hf_zoo_*.py, one file per group of `FILES` (xdist runs a file on one worker: the groups
+let the zoo's minutes spread over the workers). Skip locally with `-m "not zoo"`."""
 
 from __future__ import annotations
 
@@ -11,16 +14,12 @@ import dataclasses
 
 import pytest
 import torch
+from generation_models import assert_same_generation, greedy
 from helpers import assert_matches_eager, named_grads, scalar_loss, tree_assert_close
+from zoo_models import ZOO, Family, ZooModel
 
 import stampout
 
-pytest.importorskip("transformers")
-pytest.importorskip("diffusers")
-from generation_models import assert_same_generation, greedy  # noqa: E402
-from zoo_models import ZOO, Family, ZooModel  # noqa: E402
-
-pytestmark = pytest.mark.zoo
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
@@ -75,8 +74,7 @@ def _regions(cap) -> Regions:
     return Regions(cap.stats.traces, cap.stats.reuses)
 
 
-@pytest.mark.parametrize("zoo", ZOO, ids=[z.name for z in ZOO])
-def test_zoo_capture_and_compile_match_eager(zoo: ZooModel):
+def check_capture_and_compile(zoo: ZooModel) -> None:
     torch.manual_seed(0)
     model = zoo.build().eval()
     reference = copy.deepcopy(model)
@@ -105,6 +103,19 @@ def test_zoo_capture_and_compile_match_eager(zoo: ZooModel):
     assert _regions(symbolic) == SYMBOLIC_REGIONS.get(zoo.name, REGIONS.get(zoo.name, ONE_KIND))
 
 
+# Which file checks which families (capture and compile); training and generation are test_hf_zoo_training.py's.
+FILES: dict[str, tuple[Family, ...]] = {
+    "decoders": (Family.DECODER, Family.MOE, Family.STATE_SPACE),
+    "encoders": (Family.ENCODER, Family.ENCODER_DECODER, Family.VISION, Family.MULTIMODAL),
+    "diffusers": (Family.DIFFUSERS,),
+}
+
+
+def models(group: str) -> list:
+    """The zoo models of one file's group, as pytest params named by architecture."""
+    return [pytest.param(z, id=z.name) for z in ZOO if z.family in FILES[group]]
+
+
 def _zoo(name: str) -> ZooModel:
     return next(z for z in ZOO if z.name == name)
 
@@ -112,8 +123,7 @@ def _zoo(name: str) -> ZooModel:
 TRAINED = ["llama", "bloom", "mixtral", "resnet"]  # rotary, ALiBi, MoE; BatchNorm updating its stats in regions
 
 
-@pytest.mark.parametrize("name", TRAINED)
-def test_zoo_trains_as_eager(name: str):
+def check_trains(name: str) -> None:
     """Training mode (decoders: HF's own loss from labels): the captured program's gradients, then the compiled
     one's at two sizes, against eager's; buffers (BatchNorm's running stats) as eager leaves them."""
     zoo = _zoo(name)
@@ -145,8 +155,7 @@ def test_zoo_trains_as_eager(name: str):
 GENERATED = ["phi3", "bloom", "falcon"]  # test_generation.py has seven others
 
 
-@pytest.mark.parametrize("name", GENERATED)
-def test_zoo_decoder_generates_as_eager(name: str):
+def check_generates(name: str) -> None:
     """`model.forward = stampout.compile(model.forward)` (HF's recipe), greedy `generate` with a dynamic cache:
     the same tokens and per-step logits as eager; prefill, the first decode step, then one symbolic capture."""
     torch.manual_seed(0)

@@ -1,0 +1,134 @@
+"""`stampout.compile`'s three modes over changing sizes: `dynamic=None` (static, then one symbolic capture),
+`dynamic=True` (training), `dynamic=False` (per shape), `mark_dynamic`, the recapture log; symbolic graphs under
+aot_eager and Inductor, and Hugging Face models over sequence lengths."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from dynamic_models import LENGTHS, Stack, dynamic_input
+from helpers import tree_assert_close
+from torch import nn
+
+import stampout
+from stampout.tools.models import make_input, make_model
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_dynamic_none_captures_twice_over_eight_lengths(backend):
+    model = make_model("llama", regions=True, layers=2)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    for i, t in enumerate(LENGTHS):
+        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+        tree_assert_close(fn(ids), reference(ids))
+        assert fn.last_capture.stats.traces == 1  # the repeated layer traced once per capture
+    assert fn.stats.captures == 2
+    for b in (3, 5):  # a second batch size: one more capture, symbolic in both dims
+        (ids,) = make_input("llama", batch=b, seq=7, model=model)
+        tree_assert_close(fn(ids), reference(ids))
+    assert fn.stats.captures == 3
+
+
+def test_dynamic_true_captures_once_and_trains():
+    model = make_model("llama", regions=True, layers=2)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="aot_eager", dynamic=True)
+    for i, t in enumerate(LENGTHS[:5]):
+        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+        out, ref = fn(ids), reference(ids)
+        tree_assert_close(out, ref)
+        out.square().mean().backward()
+        ref.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=name, rtol=1e-4, atol=1e-5)
+    assert fn.stats.captures == 1 and fn.stats.traces == 1
+
+
+def test_dynamic_false_captures_per_shape():
+    model = Stack(2)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=False)
+    for t in (8, 12, 8, 5, 12):
+        x = torch.randn(2, t, 16)
+        tree_assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 3
+    assert fn.last_capture.shapes is None
+
+
+def test_mark_dynamic_captures_once():
+    model = Stack(3)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=False)
+    for t in (8, 12, 5, 20):
+        x = dynamic_input(t)
+        tree_assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 1
+
+
+def test_recapture_log_names_the_dim(caplog):
+    fn = stampout.compile(Stack(2), backend="eager")
+    fn(torch.randn(2, 8, 16))
+    with caplog.at_level(logging.INFO, logger="stampout.guards"):
+        fn(torch.randn(2, 12, 16))
+    assert "changed size in dim [1]" in caplog.text and "[2, 8, 16] -> [2, 12, 16]" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="stampout.guards"):
+        fn(torch.randn(2, 1, 16))  # outside the symbolic capture (1 is specialized)
+    assert "the symbolic capture assumed" in caplog.text
+
+
+def test_gradients_equal_eager_for_every_length():
+    model = Stack(3)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=True)
+    for t in (6, 9, 14):
+        x = torch.randn(2, t, 16, requires_grad=True)
+        xr = x.detach().clone().requires_grad_(True)
+        out, ref = fn(x)[0], reference(xr)[0]
+        tree_assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+    assert fn.stats.captures == 1
+
+
+@pytest.mark.inductor
+def test_inductor_compiles_once_for_all_lengths():
+    model = make_model("llama", regions=True, layers=2, hidden=32, intermediate=64)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="inductor", dynamic=True)
+    for i, t in enumerate((8, 13, 21)):
+        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+        tree_assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
+    assert fn.stats.captures == 1
+
+
+def _hf(name: str) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if name == "llama":
+        config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+        return transformers.LlamaForCausalLM(config).eval()
+    config = transformers.GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=128, n_positions=64)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_hugging_face_variable_sequence_length(name):
+    model = _hf(name)
+    fn = stampout.compile(model, backend="eager", regions="auto")
+    for i, t in enumerate((8, 12, 5, 16, 9)):
+        ids = torch.randint(0, 128, (2, t), generator=torch.Generator().manual_seed(i))
+        mask = torch.ones(2, t, dtype=torch.long)
+        mask[0, : i % 3] = 0  # left padding in the first row
+        with torch.no_grad():
+            out = fn(ids, attention_mask=mask, use_cache=False).logits
+            ref = model(ids, attention_mask=mask, use_cache=False).logits
+        torch.testing.assert_close(out, ref)
+        assert fn.last_capture.stats.traces == 1
+    assert fn.stats.captures == 2
