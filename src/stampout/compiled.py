@@ -45,7 +45,7 @@ from .regions.frame import ProgramIneligible
 from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from .sources import Arg, Attr, CallContext, Source
 from .structure import argument_names, build, flatten_inputs
-from .torch_internals import patch_parameter_writes
+from .torch_internals import DisableTorchFunction, patch_parameter_writes
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 from .world import autograd_refusal
 
@@ -143,7 +143,7 @@ class CompiledFunction:
     def _run(self, program: Callable, args: tuple, kwargs: dict) -> Any:
         """A call: `program` (the function, or a sharded module's forward) runs as compiled, or eagerly."""
         leaves, spec, labels = flatten_inputs(args, kwargs, self._arg_names)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             key = new_key(CallKey, (fingerprint(spec, leaves), requires_grad_pattern(leaves)))
         ctx = CallContext([self.fn, *leaves], self._frame_fn, (args, kwargs))
         hit = self._lookup(key, ctx, leaves)
@@ -327,7 +327,7 @@ class CompiledFunction:
             return {}
         dims = self._changed_dims.setdefault(structure, {})
         memo: dict[Source, Any] = {}
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             for source, old in self._seen_sizes.get(structure, {}).items():
                 value = source.resolve(ctx, memo)
                 if not isinstance(value, torch.Tensor) or value.dim() != len(old):
@@ -346,7 +346,7 @@ class CompiledFunction:
             return set()
         changed = self._changed_ints.setdefault(structure, set())
         memo: dict[Source, Any] = {}
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             for source, old in self._seen_ints.get(structure, {}).items():
                 value = source.resolve(ctx, memo)
                 if type(value) is int and value != old and source not in changed:
@@ -378,7 +378,7 @@ class CompiledFunction:
 
     def _rewatch(self) -> None:
         protection = Protection(CallContext([self.fn], self._frame_fn), {}, self._watch)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             for entry in self._entries:
                 if isinstance(entry, EagerEntry):
                     continue

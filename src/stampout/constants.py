@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from . import config
 from .op_facts import deterministic, writes_in_place
 from .structure import map_leaves, tensors_of
+from .torch_internals import unset_fake_temporarily
 
 
 class ConstantValues:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import caches
+from .torch_internals import FunctionSchema, OpOverload, pytree
 
 _T = torch.Tensor
 
@@ -72,7 +73,7 @@ def op_name(target: Any) -> str:
     if isinstance(target, str):
         return target
     name = getattr(target, "__name__", "") or ""
-    return name.partition(".")[0] if isinstance(target, torch._ops.OpOverload) else name
+    return name.partition(".")[0] if isinstance(target, OpOverload) else name
 
 
 def deterministic(func: Callable) -> bool:
@@ -103,7 +104,7 @@ def writes_in_place(target: Any, args: tuple = (), kwargs: dict | None = None) -
     `out=`, or a function asked to work `inplace`."""
     kwargs = kwargs or {}
     schema = getattr(target, "_schema", None)
-    if isinstance(schema, torch._C.FunctionSchema) and schema.is_mutable:
+    if isinstance(schema, FunctionSchema) and schema.is_mutable:
         return True
     name = op_name(target)
     dunder = name.startswith("__") and name.endswith("__")
@@ -115,7 +116,7 @@ def written(target: Any, args: tuple, kwargs: dict) -> list[Any]:
     """The arguments an in-place call writes: those its schema marks written, else the first argument and
     what `out=` holds."""
     schema = getattr(target, "_schema", None)
-    if isinstance(schema, torch._C.FunctionSchema) and schema.is_mutable:
+    if isinstance(schema, FunctionSchema) and schema.is_mutable:
         values = []
         for i, argument in enumerate(schema.arguments):
             if argument.alias_info is not None and argument.alias_info.is_write:
@@ -125,7 +126,7 @@ def written(target: Any, args: tuple, kwargs: dict) -> list[Any]:
                     values.append(kwargs[argument.name])
         return values
     values = [args[0]] if args else []
-    return values + torch.utils._pytree.tree_leaves(kwargs.get("out", []))
+    return values + pytree.tree_leaves(kwargs.get("out", []))
 
 
 def may_alias(target: Any) -> bool:
@@ -135,7 +136,7 @@ def may_alias(target: Any) -> bool:
         return True
     schema = getattr(target, "_schema", None)
     return (op_name(target) in MAY_ALIAS or getattr(target, "__module__", "") == "_operator"
-            or isinstance(schema, torch._C.FunctionSchema) and any(r.alias_info is not None for r in schema.returns))
+            or isinstance(schema, FunctionSchema) and any(r.alias_info is not None for r in schema.returns))
 
 
 _INPLACE_AT: dict[Any, int | None] = caches.register({}, "op_facts inplace positions")

@@ -31,8 +31,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from .context import current, listeners
 from .errors import CaptureError, StampoutError, message
@@ -40,7 +38,16 @@ from .frames import python_hooks_off, user_location
 from .names import identifier
 from .piecewise import Pieces
 from .sharded import forward_of, fsdp_module_class, region_forward
-from .torch_internals import fsdp_lazy_init, fsdp_mixed_precision
+from .torch_internals import (
+    DisableTorchFunction,
+    fsdp_lazy_init,
+    fsdp_mixed_precision,
+    global_forward_hooks,
+    global_forward_hooks_with_kwargs,
+    global_forward_pre_hooks,
+    pytree,
+    unset_fake_temporarily,
+)
 
 
 @dataclasses.dataclass(eq=False)
@@ -50,9 +57,9 @@ class Boundary:
     module: nn.Module
     path: str  # from the captured module, for messages
     params: tuple[str, ...]  # the parameters its forward may read (unsharded during the call), relative to it
-    inputs: TreeSpec  # the structure of (args, kwargs)
+    inputs: pytree.TreeSpec  # the structure of (args, kwargs)
     constants: tuple  # the non-tensor leaves of (args, kwargs), None where a tensor is
-    output: TreeSpec | None = None
+    output: pytree.TreeSpec | None = None
 
     def __repr__(self) -> str:
         return f"Boundary({self.path or type(self.module).__name__})"
@@ -60,10 +67,10 @@ class Boundary:
     def rebuild(self, tensors: tuple) -> tuple[tuple, dict]:
         it = iter(tensors)
         leaves = [next(it) if c is _TENSOR else c for c in self.constants]
-        return tree_unflatten(leaves, self.inputs)
+        return pytree.tree_unflatten(leaves, self.inputs)
 
-    def tensors_of(self, value: Any, spec: TreeSpec, what: str) -> list[torch.Tensor]:
-        leaves, got = tree_flatten(value)
+    def tensors_of(self, value: Any, spec: pytree.TreeSpec, what: str) -> list[torch.Tensor]:
+        leaves, got = pytree.tree_flatten(value)
         if got != spec:
             raise StampoutError(message(
                 f"the hooks of the sharded module {self!r} changed the structure of its {what}: captured {spec}, "
@@ -79,7 +86,7 @@ def fsdp_pre_forward(boundary: Boundary, *tensors: torch.Tensor) -> tuple:
     """The module's forward pre-hooks on the call's inputs (FSDP's all-gather), then its unsharded parameters."""
     module = boundary.module
     args, kwargs = boundary.rebuild(tensors)
-    hooks = torch.nn.modules.module._global_forward_pre_hooks
+    hooks = global_forward_pre_hooks
     for hook_id, hook in (*hooks.items(), *module._forward_pre_hooks.items()):
         if hook_id in module._forward_pre_hooks_with_kwargs:
             result = hook(module, args, kwargs)
@@ -98,9 +105,9 @@ def fsdp_post_forward(boundary: Boundary, *values: torch.Tensor) -> tuple:
     module = boundary.module
     n = sum(c is _TENSOR for c in boundary.constants)
     args, kwargs = boundary.rebuild(values[:n])
-    result = tree_unflatten(list(values[n:]), boundary.output)
-    hooks = torch.nn.modules.module._global_forward_hooks
-    with_kwargs = torch.nn.modules.module._global_forward_hooks_with_kwargs
+    result = pytree.tree_unflatten(list(values[n:]), boundary.output)
+    hooks = global_forward_hooks
+    with_kwargs = global_forward_hooks_with_kwargs
     for hook_id, hook in (*hooks.items(), *module._forward_hooks.items()):
         if hook_id in module._forward_hooks_with_kwargs or hook_id in with_kwargs:
             out = hook(module, args, kwargs, result)
@@ -144,7 +151,7 @@ def own_parameters(module: nn.Module) -> tuple[str, ...]:
 @contextlib.contextmanager
 def _real() -> Iterator[None]:
     """Real tensors and collectives in the middle of a capture: no modes, no listeners, no trace hooks."""
-    with python_hooks_off(), torch._C.DisableTorchFunction(), unset_fake_temporarily(), listeners(None, None):
+    with python_hooks_off(), DisableTorchFunction(), unset_fake_temporarily(), listeners(None, None):
         yield
 
 
@@ -202,12 +209,12 @@ class Boundaries:
     def _bounded(self, tracer: Any, module: nn.Module, path: str, args: tuple, kwargs: dict) -> Any:
         builder = tracer.builder
         graph = builder.graph
-        leaves, spec = tree_flatten((args, kwargs))
+        leaves, spec = pytree.tree_flatten((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         boundary = Boundary(module, path, own_parameters(module), spec,
                             tuple(_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves))
         const = builder.constant(boundary)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             params = [module.get_parameter(name) for name in boundary.params]
             pre = graph.call_function(fsdp_pre_forward, (const, *(builder.node_for(t) for t in tensors)))
             hooked = [self._output(tracer, builder, pre, i, t, fresh=True) for i, t in enumerate(tensors)]
@@ -215,8 +222,8 @@ class Boundaries:
             for k, (name, p) in enumerate(zip(boundary.params, params)):
                 self._output(tracer, builder, pre, len(tensors) + k, p, fresh=False, name=prefix + name)
             it = iter(hooked)
-            new_args, new_kwargs = tree_unflatten([next(it) if isinstance(x, torch.Tensor) else x for x in leaves],
-                                                  spec)
+            new_args, new_kwargs = pytree.tree_unflatten(
+                [next(it) if isinstance(x, torch.Tensor) else x for x in leaves], spec)
         below = any(isinstance(m, fsdp_module_class()) for m in module.modules() if m is not module)
         body = forward_of(module) if below else region_forward(module)  # (the root's children: boundaries of their own)
         try:
@@ -224,8 +231,8 @@ class Boundaries:
         finally:
             for p in params:
                 builder.nodes.pop(id(p), None)
-        with torch._C.DisableTorchFunction():
-            out_leaves, boundary.output = tree_flatten(out)
+        with DisableTorchFunction():
+            out_leaves, boundary.output = pytree.tree_flatten(out)
             if not all(isinstance(leaf, torch.Tensor) for leaf in out_leaves):
                 raise CaptureError(message(
                     f"the sharded module {path or type(module).__name__} returns {type(out).__name__} holding values "
@@ -235,7 +242,7 @@ class Boundaries:
             post = graph.call_function(fsdp_post_forward, (const, *(builder.node_for(t) for t in hooked),
                                                            *(builder.node_for(t) for t in out_leaves)))
             results = [self._output(tracer, builder, post, i, t, fresh=True) for i, t in enumerate(out_leaves)]
-        return tree_unflatten(results, boundary.output)
+        return pytree.tree_unflatten(results, boundary.output)
 
     @staticmethod
     def _output(tracer: Any, builder: Any, node: Any, i: int, like: torch.Tensor, fresh: bool,

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from . import config
 from .classpatch import PATCHED_NAMES
 from .regions.code import code_facts, is_user_class, is_user_code, is_user_file, module_file
 from .shapes import concrete
+from .torch_internals import FakeTensor
 
 
 @dataclass

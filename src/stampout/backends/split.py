@@ -24,16 +24,23 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import caches, config, progress
 from ..op_facts import may_alias, written
 from ..op_facts import writes_in_place as writes_in_place_op
 from ..shapes import has_symbols, size_key, sizes_key
-from ..torch_internals import INVOKE_SUBGRAPH, without_module_hooks
+from ..torch_internals import (
+    INVOKE_SUBGRAPH,
+    FakeTensor,
+    enter_autocast,
+    exit_autocast,
+    pytree,
+    set_grad_enabled,
+    without_module_hooks,
+)
 
-_SET_GRAD = torch._C._set_grad_enabled
-_AUTOCAST = (torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast)
+_SET_GRAD = set_grad_enabled
+_AUTOCAST = (enter_autocast, exit_autocast)
 
 
 @dataclass(frozen=True)
@@ -86,13 +93,13 @@ def _may_be_an_input(value: Any) -> bool:
         return False
     if value.op == "placeholder" or value.op not in ("call_function", "call_method"):
         return True
-    arguments = torch.utils._pytree.tree_leaves((value.args, value.kwargs))
+    arguments = pytree.tree_leaves((value.args, value.kwargs))
     return may_alias(value.target) and any(_may_be_an_input(a) for a in arguments)
 
 
 def may_alias_an_input(sub: fx.GraphModule) -> bool:
     """Whether an output of the subgraph may be (a view of) an input."""
-    return any(_may_be_an_input(out) for out in torch.utils._pytree.tree_leaves(sub.graph.output_node().args[0]))
+    return any(_may_be_an_input(out) for out in pytree.tree_leaves(sub.graph.output_node().args[0]))
 
 
 def writes_an_input(sub: fx.GraphModule) -> bool:
@@ -111,7 +118,7 @@ def _bases(value: Any) -> set[fx.Node]:
         return {value} if isinstance(value, fx.Node) else set()
     if not may_alias(value.target):
         return {value}
-    return {base for a in torch.utils._pytree.tree_leaves((value.args, value.kwargs)) for base in _bases(a)}
+    return {base for a in pytree.tree_leaves((value.args, value.kwargs)) for base in _bases(a)}
 
 
 def _separate_and_constant(call: RegionCall) -> bool:
@@ -232,7 +239,7 @@ def _code(sub: fx.GraphModule) -> str | None:
 
 def _output_values(sub: fx.GraphModule) -> list[Any]:
     return [n.meta.get("val") if isinstance(n, fx.Node) else n
-            for n in torch.utils._pytree.tree_leaves(sub.graph.output_node().args[0])]
+            for n in pytree.tree_leaves(sub.graph.output_node().args[0])]
 
 
 @dataclass

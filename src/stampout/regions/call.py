@@ -11,8 +11,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ..builder import Builder, map_tensors
 from ..context import listeners
@@ -23,7 +21,7 @@ from ..names import identifier
 from ..runner import as_call_modules
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
-from ..torch_internals import invoke_subgraph, without_module_hooks
+from ..torch_internals import DisableTorchFunction, FakeTensor, LazyGraphModule, invoke_subgraph, without_module_hooks
 from ..tracer import Tracer
 from ..tracking import Watch
 from ..world import Snapshot
@@ -71,7 +69,7 @@ class RegionCalls:
             return self._call(region, args, kwargs)
 
     def _call(self, region: Region, args: tuple, kwargs: dict) -> Any:
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             leaves, spec, labels = flatten_inputs(args, kwargs, region.arg_names)
             fp = fingerprint(spec, leaves)
             rg = requires_grad_pattern(leaves)
@@ -185,13 +183,13 @@ class RegionCalls:
             g = frame.f_globals
             snapshot = self.snapshot
             if self.frames or not snapshot.saw(code, g):
-                with torch._C.DisableTorchFunction(), listeners(None, None):
+                with DisableTorchFunction(), listeners(None, None):
                     snapshot.note_code(frame, code_facts(code).names)
                     for f in self.frames:
                         f.on_code(code, g)
         elif event == "call" and self.frames and code.co_filename.startswith(_NN_MODULES):
             g = frame.f_globals
-            with torch._C.DisableTorchFunction(), listeners(None, None):
+            with DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:
                     f.on_library_code(code, g)
         return local
@@ -239,7 +237,7 @@ class RegionCalls:
                     + describe_difference(entry.fingerprint, fp, labels),
                     site, "include what differs in the hash key, or drop reuse_hash_fn",
                 ))
-            with torch._C.DisableTorchFunction():
+            with DisableTorchFunction():
                 memo: dict = {}
                 captured = [spec.source.resolve(ctx, memo) for spec in entry.lifted if isinstance(spec, SourceInput)]
                 values = self._operands(entry, leaves, captured)
@@ -249,7 +247,7 @@ class RegionCalls:
                     "they read are the same tensor (tied weights?)",
                     site, "include the difference in the hash key, or drop reuse_hash_fn",
                 ))
-            with torch._C.DisableTorchFunction():
+            with DisableTorchFunction():
                 return self._stamp(region, entry, leaves, values, site, rg)
         return self._trace(region, args, kwargs, leaves, labels, fp, rg, site,
                            f"first call with reuse_hash_fn key {key}", hash_key=key)
@@ -301,7 +299,7 @@ class RegionCalls:
     def _trace(self, region, args, kwargs, leaves, labels, fp, rg, site, reason, hash_key=None) -> Any:
         tracer = self.tracer
         parent = tracer.builder
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             frame = RegionFrame(region.fn, leaves, labels, self.watch)
             frame.cache_misses = self.snapshot.cache_misses()
             frame.world_state = self.snapshot.state()
@@ -336,7 +334,7 @@ class RegionCalls:
         finally:
             self.pop()
             tracer.builders.pop()
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             return self._finish_trace(region, frame, child, parent, out, fp, rg, site, reason, hash_key)
 
     def _finish_trace(self, region, frame, child, parent, out, fp, rg, site, reason, hash_key) -> Any:
@@ -379,7 +377,7 @@ class RegionCalls:
         returned, outputs = views_of_one_base(returned, outputs, slots)
         child.sync_inference()
         child.graph.output(tuple(returned))
-        gm = without_module_hooks(_LazyGraphModule(child.submodules, child.graph, class_name="Region"))
+        gm = without_module_hooks(LazyGraphModule(child.submodules, child.graph, class_name="Region"))
         name, gm, deduped = self.cache.register(gm, fp[2])
 
         for value in template_constants(template):
@@ -461,7 +459,7 @@ class RegionCalls:
         profile = sys.getprofile()
         sys.setprofile(None)  # (stampout's own bookkeeping: no C call of it is the program's)
         try:
-            with torch._C.DisableTorchFunction(), listeners(None, None):
+            with DisableTorchFunction(), listeners(None, None):
                 return self._record_read(obj, name, value, sys._getframe(2))
         finally:
             set_profile(profile)
@@ -481,7 +479,7 @@ class RegionCalls:
         return slot
 
     def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
-        with torch._C.DisableTorchFunction(), listeners(None, None):
+        with DisableTorchFunction(), listeners(None, None):
             for frame in self.frames:
                 frame.on_write(obj, name, value, old)
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import config
 from ..classpatch import PATCHED_NAMES
@@ -22,6 +21,7 @@ from ..guards import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
 from ..namespaces import TENSOR_DICT, NamespaceReads, patched_tensor_methods
 from ..shapes import SIZES, size_key
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, Source, TypeOf
+from ..torch_internals import FakeTensor
 from ..tracking import Watch, original_class
 from .cache import ArgInput, LiftedInput
 from .code import code_facts, is_user_file, is_user_module

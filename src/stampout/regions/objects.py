@@ -15,6 +15,7 @@ from .. import caches
 from ..guards import const_key, is_auto_mark, is_constant
 from ..shapes import size_key, sizes_key
 from ..sources import MISSING
+from ..torch_internals import HigherOrderOperator, OpOverload, OpOverloadPacket
 from ..tracking import original_class, shim_class
 from .code import is_user_class as is_user_class_object
 from .code import is_user_file
@@ -26,8 +27,8 @@ CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, tor
 # Immutable callables and namespaces: guarded by identity.
 BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
                 types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
-                types.ClassMethodDescriptorType, torch._ops.OpOverload, torch._ops.OpOverloadPacket,
-                torch._ops.HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
+                types.ClassMethodDescriptorType, OpOverload, OpOverloadPacket,
+                HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
 
 
 _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
@@ -86,7 +87,7 @@ def hidden_state(cls: type) -> bool:
 @caches.memo
 def fake_fields() -> frozenset[str]:
     """The attributes every FakeTensor keeps in its `__dict__` (its mode, memos): not the program's."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ..torch_internals import FakeTensorMode
 
     with FakeTensorMode() as mode:
         return frozenset(mode.from_tensor(torch.empty(0)).__dict__)
