@@ -425,26 +425,14 @@ def test_the_wheel_holds_every_module_and_the_command(tmp_path):
 
 
 def _private_torch_names_in_source() -> set[str]:
+    """Every private torch name the package's code names, torch_internals.py included (size_report's scanner)."""
     import ast
     import pathlib
 
-    def private(dotted: str) -> bool:
-        return any(p.startswith("_") and not p.startswith("__") for p in dotted.split(".")[1:])
+    import size_report
 
-    names: set[str] = set()
-    for path in pathlib.Path(ROOT, "src", "stampout").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("torch"):
-                names.update(f"{node.module}.{a.name}" for a in node.names if private(f"{node.module}.{a.name}"))
-            elif isinstance(node, ast.Attribute):
-                parts, value = [], node
-                while isinstance(value, ast.Attribute):
-                    parts.append(value.attr)
-                    value = value.value
-                dotted = "torch." + ".".join(reversed(parts))
-                if isinstance(value, ast.Name) and value.id == "torch" and private(dotted):
-                    names.add(dotted.removesuffix(".__dict__.get"))
-    return names
+    return {n for path in pathlib.Path(ROOT, "src", "stampout").rglob("*.py")
+            for n in size_report.private_torch_names(ast.parse(path.read_text()))}
 
 
 def test_every_private_torch_name_is_declared_and_exists_in_this_torch():
