@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -18,8 +18,13 @@ from .shapes import size_key
 from .sources import MISSING, RESOLVE_HELPERS, CallContext, Source
 from .tensormeta import kind_values, meta_values, tensor_kind, tensor_meta
 
-if TYPE_CHECKING:
-    from .guards import Guard
+
+class Expecting(Protocol):
+    """What a rule reads of the guard it serves (a `guards.Guard`): the value recorded at capture. (A protocol,
+    so that this module does not import guards.py, which imports it.)"""
+
+    expected: Any
+
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
@@ -154,44 +159,44 @@ class Rule:
         """The value as guards of this kind compare it (MISSING: it cannot pass)."""
         return value
 
-    def holds(self, guard: Guard, value: Any, other: Any) -> bool:
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
         return self.observe(value) == guard.expected
 
-    def other(self, guard: Guard, ctx: CallContext, memo: dict) -> Any:
+    def other(self, guard: Expecting, ctx: CallContext, memo: dict) -> Any:
         """A second value the check needs (SAME: the value at the expected source)."""
         return None
 
-    def constant(self, guard: Guard) -> Any:
+    def constant(self, guard: Expecting) -> Any:
         return guard.expected
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"{var} == {const}"
 
-    def fails(self, guard: Guard, var: str, const: str, bind: Callable[[Source], str]) -> str:
+    def fails(self, guard: Expecting, var: str, const: str, bind: Callable[[Source], str]) -> str:
         """The predicate's test that the guard failed."""
         return f"not {self.condition(guard, var, const)}"
 
-    def show(self, guard: Guard, observed: Any) -> str:
+    def show(self, guard: Expecting, observed: Any) -> str:
         return repr(observed)
 
-    def _text(self, guard: Guard, observed: Any) -> str:
+    def _text(self, guard: Expecting, observed: Any) -> str:
         return "<missing>" if observed is MISSING else self.show(guard, observed)
 
-    def actual_text(self, guard: Guard, value: Any) -> str:
+    def actual_text(self, guard: Expecting, value: Any) -> str:
         """A value other than MISSING as this kind compares it, as a user would read it."""
         return self._text(guard, self.observe(value))
 
-    def expected_text(self, guard: Guard) -> str:
+    def expected_text(self, guard: Expecting) -> str:
         return self._text(guard, guard.expected)
 
 
 class _TensorRule(Rule):
     helper = ""
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"(isinstance({var}, _Tensor) and {self.helper}({var}) == {const})"
 
-    def show(self, guard: Guard, observed: Any) -> str:
+    def show(self, guard: Expecting, observed: Any) -> str:
         return observed.show()
 
 
@@ -220,7 +225,7 @@ class SizeRule(Rule):
     def observe(self, value: Any) -> Any:
         return _size_key(value)
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"_size_key({var}) == {const}"
 
 
@@ -229,12 +234,12 @@ class ConstRule(Rule):
     def observe(self, value: Any) -> Any:
         return const_key(value) if value is not MISSING and is_constant(value) else MISSING
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         if guard.expected[0] in (type(None), bool, int, float, str):  # a scalar: no container walk
             return f"({var} is not _MISSING and _const_key({var}) == {const})"
         return f"({var} is not _MISSING and _is_constant({var}) and _const_key({var}) == {const})"
 
-    def show(self, guard: Guard, observed: Any) -> str:
+    def show(self, guard: Expecting, observed: Any) -> str:
         return show_const(observed)
 
 
@@ -242,28 +247,28 @@ class ConstRule(Rule):
 class TypeRule(Rule):
     """expected: a tuple of the classes that pass (the first is the one seen)."""
 
-    def holds(self, guard: Guard, value: Any, other: Any) -> bool:
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
         return type(value) in guard.expected
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"type({var}) in {const}"
 
-    def actual_text(self, guard: Guard, value: Any) -> str:
+    def actual_text(self, guard: Expecting, value: Any) -> str:
         return type(value).__qualname__
 
-    def expected_text(self, guard: Guard) -> str:
+    def expected_text(self, guard: Expecting) -> str:
         return guard.expected[0].__qualname__
 
 
 @_rule(Kind.ID)
 class IdRule(Rule):
-    def holds(self, guard: Guard, value: Any, other: Any) -> bool:
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
         return value is guard.expected
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"{var} is {const}"
 
-    def show(self, guard: Guard, observed: Any) -> str:
+    def show(self, guard: Expecting, observed: Any) -> str:
         if isinstance(observed, types.ModuleType):
             return f"<module {observed.__name__} at {id(observed):#x}>"
         name = getattr(observed, "co_qualname", None) or getattr(observed, "__qualname__", None)
@@ -277,36 +282,36 @@ class HooksRule(Rule):
     def observe(self, value: Any) -> Any:
         return hooks_key(value) if isinstance(value, torch.nn.Module) else MISSING
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         if guard.expected == NO_HOOKS:
             return f"(isinstance({var}, _Module) and _no_hooks({var}))"
         return f"(isinstance({var}, _Module) and _hooks_key({var}) == {const})"
 
-    def show(self, guard: Guard, observed: Any) -> str:
+    def show(self, guard: Expecting, observed: Any) -> str:
         return "no hooks" if observed == NO_HOOKS else describe_hooks(observed)
 
 
 @_rule(Kind.ABSENT)
 class AbsentRule(Rule):
-    def holds(self, guard: Guard, value: Any, other: Any) -> bool:
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
         return value is MISSING
 
-    def constant(self, guard: Guard) -> Any:
+    def constant(self, guard: Expecting) -> Any:
         return MISSING
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"{var} is {const}"
 
-    def expected_text(self, guard: Guard) -> str:
+    def expected_text(self, guard: Expecting) -> str:
         return "<missing>"
 
 
 @_rule(Kind.NO_OVERRIDE)
 class NoOverrideRule(AbsentRule):
-    def holds(self, guard: Guard, value: Any, other: Any) -> bool:
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
         return value is MISSING or is_auto_mark(value)
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"({var} is _MISSING or _is_auto_mark({var}))"
 
 
@@ -315,7 +320,7 @@ class LenRule(Rule):
     def observe(self, value: Any) -> Any:
         return _length(value)
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"_length({var}) == {const}"
 
 
@@ -324,7 +329,7 @@ class KeysRule(Rule):
     def observe(self, value: Any) -> Any:
         return tuple(value) if isinstance(value, dict) else MISSING
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"(isinstance({var}, dict) and tuple({var}) == {const})"
 
 
@@ -334,19 +339,19 @@ class SameRule(Rule):
 
     uses_constant = False
 
-    def holds(self, guard: Guard, value: Any, other: Any) -> bool:
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
         return value is other and value is not MISSING
 
-    def other(self, guard: Guard, ctx: CallContext, memo: dict) -> Any:
+    def other(self, guard: Expecting, ctx: CallContext, memo: dict) -> Any:
         return guard.expected.resolve(ctx, memo)
 
-    def fails(self, guard: Guard, var: str, const: str, bind: Callable[[Source], str]) -> str:
+    def fails(self, guard: Expecting, var: str, const: str, bind: Callable[[Source], str]) -> str:
         return f"{var} is not {bind(guard.expected)} or {var} is _MISSING"
 
-    def actual_text(self, guard: Guard, value: Any) -> str:
+    def actual_text(self, guard: Expecting, value: Any) -> str:
         return f"another object (<{type(value).__name__} object at {id(value):#x}>)"
 
-    def expected_text(self, guard: Guard) -> str:
+    def expected_text(self, guard: Expecting) -> str:
         return f"the object at {guard.expected.name()}"
 
 
@@ -354,16 +359,16 @@ class SameRule(Rule):
 class NamespaceRule(Rule):
     """source: a NamespaceReads (namespaces.py), which checks itself."""
 
-    def holds(self, guard: Guard, value: Any, other: Any) -> bool:
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
         return value.unchanged()
 
-    def condition(self, guard: Guard, var: str, const: str) -> str:
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"(({var}.sentinel or _false)() or {var}.unchanged())"  # (one C++ call while nothing moved)
 
-    def actual_text(self, guard: Guard, value: Any) -> str:
+    def actual_text(self, guard: Expecting, value: Any) -> str:
         return value.describe()
 
-    def expected_text(self, guard: Guard) -> str:
+    def expected_text(self, guard: Expecting) -> str:
         return "every name as read"
 
 
