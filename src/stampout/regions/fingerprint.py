@@ -18,9 +18,9 @@ _NO_HOOKS = ((), (), (), ())  # (the global module hooks of state_key when none 
 
 def leaf_key(leaf: Any) -> tuple:
     if isinstance(leaf, torch.Tensor):
-        fields = leaf.__dict__  # Python attributes the caller set (`x.scale`): one absent at capture may be read
-        if fields and any(not k.startswith("_") for k in fields):
-            return ("tensor", tensor_meta(leaf, requires_grad=False), tuple(k for k in fields if not k.startswith("_")))
+        names = tuple(k for k in leaf.__dict__ if not k.startswith("_"))  # set by the caller (`x.scale`)
+        if names:
+            return ("tensor", tensor_meta(leaf, requires_grad=False), names)
         return ("tensor", tensor_meta(leaf, requires_grad=False))  # matched separately (see RegionCalls)
     if is_constant(leaf):
         return ("constant", const_key(leaf))
