@@ -27,7 +27,7 @@ import torch
 
 from . import config
 from .classpatch import PATCHED_NAMES
-from .regions.code import code_facts, is_user_class, is_user_code, is_user_file, module_file
+from .regions.code import code_facts, is_user_class, is_user_code, is_user_module
 from .shapes import concrete
 from .torch_internals import FakeTensor
 
@@ -177,7 +177,7 @@ class Snapshot:
                     self.note(item, depth + 1)
             return
         if isinstance(value, types.ModuleType):
-            if not value.__name__.startswith(("torch", "numpy", "stampout")) and _is_user_module(value):
+            if not value.__name__.startswith(("torch", "numpy", "stampout")) and is_user_module(value):
                 self.note(value.__dict__, depth)
             return
         fields = getattr(value, "__dict__", None)
@@ -337,10 +337,6 @@ class Repairs:
         if self.caches:
             parts.append(f"the cache of {', '.join(self.caches)}")
         return " and ".join(parts)
-
-
-def _is_user_module(module: Any) -> bool:
-    return module is not None and is_user_file(module_file(module) or "<module>")
 
 
 def _name(fn: Any) -> str:

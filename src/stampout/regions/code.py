@@ -61,12 +61,15 @@ def is_user_class(klass: type) -> bool:
     return klass is not object and is_user_file(module_file(sys.modules.get(klass.__module__)) or "<module>")
 
 
-def is_user_module(module: types.ModuleType) -> bool:
+def is_user_module(module: types.ModuleType | None) -> bool:
     """A module of the user's (a config module, one made with `types.ModuleType`), not a library's or a
-    builtin one: its namespace holds values the program may read and change between calls."""
+    builtin one (`sys`: no file, but imported): its namespace holds values the program may read and change
+    between calls. The one definition: the guards on a module used as a value and the world snapshot ask it."""
+    if module is None:
+        return False
     file = module_file(module)
     if file is None:
-        fields = module.__dict__
+        fields = getattr(module, "__dict__", None)
         return type(fields) is dict and fields.get("__spec__") is None  # (made by code, not imported)
     return isinstance(file, str) and is_user_file(file)
 
