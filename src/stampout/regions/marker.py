@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from .. import caches
 from ..context import current
 from ..errors import RegionError, message
 from ..frames import user_location
@@ -126,9 +125,6 @@ def region(
     return call_region
 
 
-_TORCH_REGIONS: dict[Callable, Region] = caches.register({}, "regions.marker torch-marked regions")
-
-
 def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:
     """Stands in for torch's `invoke_subgraph_placeholder` while a capture runs."""
     ctx = current()
@@ -138,10 +134,11 @@ def torch_marked_call(func: Callable, *args: Any, **kwargs: Any) -> Any:
         args, func = (func.__self__, *args), func.__func__
     elif isinstance(func, torch.nn.Module):  # nested_compile_region(layer): a region of its class's forward
         args, func = (func, *args), innermost(type(func).forward)
-    # torch keeps the settings on the function itself, so marking it again (another reuse_hash_fn) replaces them
+    # torch keeps the settings on the function itself, so marking it again (another reuse_hash_fn) replaces them.
+    # Note: no registry of these functions. A memo keyed by the function would hold it through its value's `fn`
+    # (a weak key does not help: the value keeps the key alive), so every marked function would live as long as
+    # the process; a Region costs a few attribute reads, so each call makes its own (the handler keys its
+    # entries by `region.code`, never by the Region).
     limit = getattr(func, "__marked_compile_region_max_reuse_entries__", DEFAULT_MAX_REUSE_ENTRIES)
     hash_fn = getattr(func, "__marked_compile_region_reuse_hash_fn__", None)
-    info = _TORCH_REGIONS.get(func)
-    if info is None or info.max_reuse_entries != limit or info.reuse_hash_fn is not hash_fn:
-        info = _TORCH_REGIONS[func] = Region(func, limit, hash_fn)
-    return ctx.handler.call(info, args, kwargs)
+    return ctx.handler.call(Region(func, limit, hash_fn), args, kwargs)
