@@ -22,6 +22,7 @@ from .torch_internals import (
     OpOverload,
     OpOverloadPacket,
     TensorBase,
+    append_node,
     enter_inference_mode,
     exit_inference_mode,
 )
@@ -185,15 +186,11 @@ class Builder:
                 suffix += 1
             name = f"{name}_{suffix}"
         self._placeholder_names.add(name)
-        if self._last_placeholder is None:
-            ctx = graph.inserting_before(next(iter(graph.nodes), None)) if len(graph.nodes) else None
+        last = self._last_placeholder
+        if last is not None:
+            node = append_node(graph, "placeholder", name, after=last)
         else:
-            ctx = graph.inserting_after(self._last_placeholder)
-        if ctx is None:
-            node = graph.placeholder(name)
-        else:
-            with ctx:
-                node = graph.placeholder(name)
+            node = append_node(graph, "placeholder", name, before=next(iter(graph.nodes)) if len(graph.nodes) else None)
         self._last_placeholder = node
         if isinstance(value, (FakeTensor, *SIZES)):
             node.meta["val"] = value

@@ -29,6 +29,11 @@ def identifier(text: str, fallback: str = "input") -> str:
     return f"_{name}" if name[0].isdigit() else name
 
 
+_EMPTY: dict = {}
+# What nn.Module.__init__ puts in every module's __dict__ (none is a tensor); `training` included
+_MODULE_FIELDS = frozenset(torch.nn.Module().__dict__)
+
+
 def root_module(fn: Callable) -> torch.nn.Module | None:
     if isinstance(fn, torch.nn.Module):
         return fn
@@ -89,13 +94,19 @@ class TensorNames:
 
     def _walk(self, module: torch.nn.Module, prefix: str, root: Source, path: str = "") -> None:
         d = module.__dict__
-        for group in (d.get("_parameters", {}), d.get("_buffers", {})):
+        found = self._found
+        for group in (d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)):
             for key, value in group.items():
-                self._add(value, prefix + key, root, path + key)
-        for key, value in d.items():
-            if isinstance(value, torch.Tensor) and not key.startswith("__"):
-                self._add(value, prefix + key, root, path + key)
-        for key, child in d.get("_modules", {}).items():
+                if isinstance(value, torch.Tensor) and id(value) not in found:
+                    found[id(value)] = (prefix + key, root, path + key)
+        # Tensor attributes, in the module's attribute order: only the names nn.Module does not set itself can
+        # hold one (a set difference in C; a deep model has thousands of modules)
+        extra = d.keys() - _MODULE_FIELDS
+        if extra and any(isinstance(d[key], torch.Tensor) for key in extra):
+            for key, value in d.items():
+                if key in extra and isinstance(value, torch.Tensor) and not key.startswith("__"):
+                    self._add(value, prefix + key, root, path + key)
+        for key, child in d.get("_modules", _EMPTY).items():
             if child is not None:
                 self._walk(child, f"{prefix}{key}.", root, f"{path}{key}.")
 

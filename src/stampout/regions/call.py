@@ -21,7 +21,14 @@ from ..names import identifier
 from ..runner import as_call_modules
 from ..sources import MISSING, Absolute, CallContext, Input
 from ..structure import aliases_of, build, flatten_inputs, template_constants, tensors_within, to_template
-from ..torch_internals import DisableTorchFunction, FakeTensor, LazyGraphModule, invoke_subgraph, without_module_hooks
+from ..torch_internals import (
+    DisableTorchFunction,
+    FakeTensor,
+    LazyGraphModule,
+    append_node,
+    invoke_subgraph,
+    without_module_hooks,
+)
 from ..tracer import Tracer
 from ..tracking import Watch
 from ..world import Snapshot
@@ -547,9 +554,9 @@ class RegionCalls:
         region returned of one of them, to `builder`."""
         builder.submodules[entry.subgraph] = entry.gm
         graph = builder.graph
-        sub = graph.get_attr(entry.subgraph)
+        sub = append_node(graph, "get_attr", entry.subgraph)
         call = invoke_subgraph(graph, sub, entry.subgraph, operands)
-        outs = [graph.call_function(operator.getitem, (call, i)) for i in range(entry.n_outputs)]
+        outs = [append_node(graph, "call_function", operator.getitem, (call, i)) for i in range(entry.n_outputs)]
         call.meta["stack_trace"] = f"  File {entry.call_site}\n"
         for out, fake in zip(outs, out_fakes):
             out.meta["val"] = fake
