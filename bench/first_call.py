@@ -194,9 +194,9 @@ def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int
         r["phases"] = phases
         r["timing"] = [str(rec) for rec in timing.RECORDS]
         r["captures"], r["traces"] = fn.stats.captures, fn.stats.traces
-        from stampout.backends import restart, toolchain
+        from stampout.backends import startup, toolchain
 
-        r["restart_stats"] = {**restart.STATS, **{f"isa_{k}": v for k, v in toolchain.STATS.items()}}
+        r["restart_stats"] = {**startup.STATS, **{f"isa_{k}": v for k, v in toolchain.STATS.items()}}
     return r
 
 

@@ -8,7 +8,7 @@ import pytest
 
 _RESTART = """
 import json, sys, threading, torch, stampout
-from stampout.backends import restart, toolchain
+from stampout.backends import startup, toolchain
 from torch._inductor.codecache import torch_key
 from stampout.tools.models import LlamaConfig, LlamaLike
 from torch._dynamo.utils import counters
@@ -21,7 +21,7 @@ for thread in threading.enumerate():
 used = torch_key()
 torch_key.clear()  # torch's own hash, now: the value the store gave must be it
 print(json.dumps({**{k: v for g in ("aot_autograd", "inductor") for k, v in counters[g].items() if "cache" in k},
-                  "isa": toolchain.STATS, "restart": restart.STATS, "right_torch_key": used == torch_key()}))
+                  "isa": toolchain.STATS, "restart": startup.STATS, "right_torch_key": used == torch_key()}))
 """
 
 
@@ -33,7 +33,7 @@ def test_a_restart_finds_everything_in_the_caches(tmp_path, glue):
     graph's with invoke_subgraph and allow_buffer_reuse=False) forward and backward come from AOTAutogradCache
     and the FX graph cache, Inductor's ISA check from stampout's store, torch's source hash (the same value as
     torch's own) from the store, and no C++ header is precompiled for the modules it loads; the first process
-    precompiles them (its modules are not built)."""
+    builds its first modules without one (not built yet, none skipped)."""
     import json
     import os
     import subprocess
@@ -55,13 +55,13 @@ def test_a_restart_finds_everything_in_the_caches(tmp_path, glue):
     assert not warm.get("autograd_cache_bypass") and not warm.get("fxgraph_cache_bypass"), warm
     assert warm["isa"]["run"] == 0 and warm["isa"]["waited"] == 0 and warm["isa"]["remembered"] >= 1, warm
     assert cold["restart"]["key_hashed"] == 1 and cold["restart"]["key_remembered"] == 0, cold
-    assert cold["restart"]["headers_precompiled"] >= 1 and cold["restart"]["headers_skipped"] == 0, cold
+    assert cold["restart"]["headers_deferred"] >= 1 and cold["restart"]["headers_skipped"] == 0, cold
     assert warm["restart"]["key_remembered"] == 1 and warm["restart"]["key_hashed"] == 0, warm
     assert warm["restart"]["headers_skipped"] >= 1 and warm["restart"]["headers_precompiled"] == 0, warm
     assert cold["right_torch_key"] and warm["right_torch_key"], (cold, warm)
 
 
-# ---------------------------------------------------------------------------------------- restart.py, in process
+# ---------------------------------------------------------------------------------------- startup.py, in process
 
 
 def _tree(root):
@@ -84,7 +84,7 @@ def test_the_torch_key_fingerprint_misses_when_a_file_torch_hashes_changes(tmp_p
     import os
     import time
 
-    from stampout.backends.restart import fingerprint
+    from stampout.backends.startup import fingerprint
 
     _tree(tmp_path)
     root = str(tmp_path)
@@ -115,13 +115,14 @@ def test_the_torch_key_fingerprint_misses_when_a_file_torch_hashes_changes(tmp_p
     assert fingerprint(root, "2.13.0") != extension
 
 
-def test_headers_are_skipped_only_for_built_modules_and_only_inside_stampouts_compiles(tmp_path, monkeypatch):
-    """restart.py's `_precompile_header` answers "no header" only on a thread inside `scope()` and only when the
-    module the last `main.cpp` write is for is built; anywhere else (torch.compile, another thread, a module not
-    built yet, an AOTInductor build writing other files) it is Inductor's."""
+def test_headers_are_not_precompiled_only_inside_stampouts_compiles(tmp_path, monkeypatch):
+    """startup.py's `_precompile_header` answers "no header" only on a thread inside `scope()`, for the module the
+    last `main.cpp` write is for: when it is built, and for the first PRECOMPILE_AFTER modules not built that need
+    the header; anywhere else (torch.compile, another thread, an AOTInductor build writing other files) and after
+    those, it is Inductor's."""
     import threading
 
-    from stampout.backends import restart
+    from stampout.backends import startup
 
     writes, headers = [], []
 
@@ -133,17 +134,18 @@ def test_headers_are_skipped_only_for_built_modules_and_only_inside_stampouts_co
         headers.append(header)
         return f"{header}.pch"
 
-    monkeypatch.setattr(restart, "_installed", [write, precompile])
-    monkeypatch.setattr(restart, "STATS", dict.fromkeys(restart.STATS, 0))
+    monkeypatch.setattr(startup, "_installed", [write, precompile])
+    monkeypatch.setattr(startup, "STATS", dict.fromkeys(startup.STATS, 0))
+    monkeypatch.setattr(startup, "_uses", {})
     built = tmp_path / "ckey.main.so"
 
     def load(extension="main.cpp"):  # CppCodeCache.load_async's order: write the source, then the header
-        restart._write("int main;", extension)
-        return restart._precompile_header("cpp_prefix.h", "g++ ...")
+        startup._write("int main;", extension)
+        return startup._precompile_header("cpp_prefix.h", "g++ ...")
 
     built.write_bytes(b"")
     assert load() == "cpp_prefix.h.pch"  # outside scope(): as torch.compile's
-    with restart.scope():
+    with startup.scope():
         assert load() is None  # built: no header
         assert load("cpp") == "cpp_prefix.h.pch"  # another kind of build
         other: list = []
@@ -152,5 +154,7 @@ def test_headers_are_skipped_only_for_built_modules_and_only_inside_stampouts_co
         thread.join()
         assert other == ["cpp_prefix.h.pch"]  # another thread
         built.unlink()
-        assert load() == "cpp_prefix.h.pch"  # not built yet
-    assert restart.STATS["headers_skipped"] == 1 and len(headers) == 4
+        assert [load() for _ in range(startup.PRECOMPILE_AFTER)] == [None] * startup.PRECOMPILE_AFTER  # not built
+        assert load() == "cpp_prefix.h.pch"  # and needed once more: precompiled
+        assert startup.STATS["headers_deferred"] == startup.PRECOMPILE_AFTER
+    assert startup.STATS["headers_skipped"] == 1 and len(headers) == 4

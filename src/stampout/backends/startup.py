@@ -1,23 +1,29 @@
-"""What a restart on a warm Inductor cache would redo for nothing: torch's source hash and C++ header precompiles.
+"""What an Inductor process pays before it compiles anything: torch's source hash and C++ header precompiles.
 
-A second process on the same `TORCHINDUCTOR_CACHE_DIR` finds every compiled graph in the caches, yet on 2 cores
-it still spent about 1.5 s on two things whose results it already had:
+On 2 cores, a restart on a warm `TORCHINDUCTOR_CACHE_DIR`, which finds every compiled graph in the caches, still
+spent about 1.5 s on two things whose results it had; a cold process compiling one C++-wrapper module spent twice
+the compiler time it needed:
 
 - `torch_key()`, the hash of every module file of the torch install (read in full) that keys the FX graph and
   AOTAutograd caches: about 0.8 s. stampout fills it from its store, keyed by a fingerprint of the same files
   (path, size, mtime, ctime and inode of each importable file under torch's directory, torch's version, and the
   two extra files torch hashes), which one `stat` per file gives in about 50 ms. A file torch would read
   differently has another size, mtime, ctime or inode (ctime cannot be set back, a reinstall replaces files):
-  the fingerprint misses, torch hashes, and the store gains the new key. A cold process computes the hash on a
-  background thread while it captures.
-- `_precompile_header`, which Inductor calls before it looks whether the module it is loading is built: it
-  preprocesses the header (the compiler, about 0.8 s) to name the precompiled header, which only a compile would
-  use. Inside stampout's compiles (`scope()`, this thread only), when the module's `.so` already exists the
-  header is not precompiled and the builder gets none: nothing is compiled, or, should an object file be
-  missing, it compiles without the precompiled header (the same code, the header is included by the source).
+  the fingerprint misses, torch hashes (on a background thread) and the store gains the new key.
+- `_precompile_header`, which Inductor calls for each C++ module it loads, before it looks whether the module
+  is built: it preprocesses the header (about 0.8 s) to name the precompiled header and, the first time, builds
+  it (hundreds of MB; 15 s for the C++ wrapper's header here, saving about 4 s on each compile that uses it:
+  one compile with it took 21 s, without it 10 s). Inside stampout's compiles (`scope()`, this thread only) the
+  builder gets no precompiled header when the module is already built (nothing is compiled), and for the first
+  `PRECOMPILE_AFTER` modules that need a header in this process (a stack of blocks compiles one or two distinct
+  regions); after that Inductor precompiles it as it would. A module built without the precompiled header is the
+  same code (the generated source includes the header itself; TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0
+  compiles so).
 
-torch.compile would gain from both as much; they act only where stampout compiles (the source hash is per
-process: once stampout has filled it, a torch.compile in the same process reads the same, correct value).
+torch.compile would gain from both as much (its kernels compile with headers precompiled, as by default; with
+TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 it compiles without); they act only where stampout compiles (the
+source hash is per process: once stampout has filled it, a torch.compile in the same process reads the same,
+correct value).
 """
 
 from __future__ import annotations
@@ -44,8 +50,11 @@ _SUFFIXES = tuple(importlib.machinery.all_suffixes())
 _lock = threading.Lock()
 _state = threading.local()  # .depth: inside scope(); .binary: the .so the last `main.cpp` write is for
 _installed: list[Any] = []  # the originals of codecache.write and codecache._precompile_header, once installed
-# This process: torch_key filled from the store / hashed and stored; headers not precompiled / precompiled.
-STATS = {"key_remembered": 0, "key_hashed": 0, "headers_skipped": 0, "headers_precompiled": 0}
+_uses: dict[tuple[str, str], int] = {}  # (header, command line) -> modules built without its precompiled form
+PRECOMPILE_AFTER = 2
+# This process: torch_key filled from the store / hashed and stored; headers not precompiled for a module that is
+# built / for one built without; headers handed to Inductor.
+STATS = {"key_remembered": 0, "key_hashed": 0, "headers_skipped": 0, "headers_deferred": 0, "headers_precompiled": 0}
 
 
 def fingerprint(root: str, version: str) -> str:
@@ -109,7 +118,7 @@ def fill_torch_key() -> None:
 
 @contextlib.contextmanager
 def scope() -> Iterator[None]:
-    """Inductor's module loads on this thread skip header precompiles for modules already built (see above)."""
+    """Inductor's module loads on this thread precompile headers only where it pays (see above)."""
     _install()
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
@@ -133,7 +142,7 @@ def _install() -> None:
                                   "inside stampout's compiles, notes which module a C++ build is for")
         precompile = patch_permanently(codecache, "_precompile_header", _precompile_header,
                                        "torch._inductor.codecache._precompile_header",
-                                       "inside stampout's compiles, skipped for modules already built")
+                                       "inside stampout's compiles, none for modules already built or the first few")
         _installed.extend((write, precompile))
 
 
@@ -150,10 +159,18 @@ def _write(content: Any, extension: str, *args: Any, **kwargs: Any) -> Any:
 
 
 def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str | None:
-    binary = getattr(_state, "binary", None) if getattr(_state, "depth", 0) else None
-    if binary is not None and os.path.isfile(binary):
-        STATS["headers_skipped"] += 1
-        log.debug("restart: %s is built; header %s not precompiled", binary, header)
-        return None
+    if getattr(_state, "depth", 0):
+        binary = getattr(_state, "binary", None)
+        if binary is not None and os.path.isfile(binary):
+            STATS["headers_skipped"] += 1
+            log.debug("startup: %s is built; header %s not precompiled", binary, header)
+            return None
+        with _lock:
+            uses = _uses.get((header, hashable_cmd_line), 0)
+            if binary is not None and uses < PRECOMPILE_AFTER:
+                _uses[header, hashable_cmd_line] = uses + 1
+                STATS["headers_deferred"] += 1
+                log.debug("startup: %s compiled without a precompiled %s", binary, header)
+                return None
     STATS["headers_precompiled"] += 1
     return _installed[1](header, hashable_cmd_line, **compile_command)
