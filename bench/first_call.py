@@ -13,12 +13,13 @@ user's code is) and transformers' ``LlamaForCausalLM`` (``hf-llama``), small con
 (bench.common.diffusers_model) —
 ``stampout.compile(model, regions="auto")`` against ``model.compile_repeated_blocks(fullgraph=True)``.
 
-Each (row, mode, variant) is two fresh interpreters on one new, empty ``TORCHINDUCTOR_CACHE_DIR``: *cold* (nothing
-cached) and *warm* (a restart: Inductor's FX graph and AOTAutograd caches on, as by default, and whatever the cold
-process saved). The time is from the compile call until the first result (training: until the first ``backward()``
-of ``out.float().pow(2).mean()`` is done); imports and an eager reference run happen before the clock. Ratios are
-stampout / peer from the same run: below 1 stampout is faster (the targets, issue 21: cold <= 0.4 for inference and
-<= 0.25 for training, warm <= 0.15 against torch nested; first call <= 0.5 against compile_repeated_blocks). Each
+Each (row, mode, variant) is two fresh interpreters on one new, empty ``TORCHINDUCTOR_CACHE_DIR`` and ``TMPDIR``
+(Inductor's precompiled headers live in the temporary directory): *cold* (nothing cached) and *warm* (a restart:
+Inductor's FX graph and AOTAutograd caches on, as by default, and whatever the cold process saved). The time is from
+the compile call until the first result (training: until the first ``backward()`` of ``out.float().pow(2).mean()`` is
+done); imports and an eager reference run happen before the clock. Ratios are stampout / peer from the same run: below
+1 stampout is faster (the targets, issue 21: cold <= 0.4 for inference and <= 0.25 for training, warm <= 0.15 against
+torch nested; first call <= 0.5 against compile_repeated_blocks). Each
 cell records correctness (max |out - eager|; training: the worst relative gradient error over parameters), the
 caches' hit/miss/bypass counters, the second call's time, and for stampout the per-phase breakdown of
 ``stampout.timing`` (what ``STAMPOUT_LOGS=+timing`` logs). Intra-op threads default to 1 (``--threads``). Raw
@@ -193,6 +194,9 @@ def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int
         r["phases"] = phases
         r["timing"] = [str(rec) for rec in timing.RECORDS]
         r["captures"], r["traces"] = fn.stats.captures, fn.stats.traces
+        from stampout.backends import startup, toolchain
+
+        r["restart_stats"] = {**startup.STATS, **{f"isa_{k}": v for k, v in toolchain.STATS.items()}}
     return r
 
 
@@ -200,8 +204,15 @@ def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int
 
 
 def _env(cache_dir: str) -> dict[str, str]:
+    """The worker's environment: Inductor's and Triton's caches and the temporary directory all under
+    `cache_dir`. (Inductor keeps precompiled C++ headers, hundreds of MB of .gch, in
+    `<tempdir>/torchinductor_<user>` whatever TORCHINDUCTOR_CACHE_DIR says: a shared /tmp would let one
+    cell's headers warm the next cell up, whichever variant it measures.)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHINDUCTOR_", "TORCH_COMPILE"))}
-    env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"))
+    tmp = os.path.join(cache_dir, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, TRITON_CACHE_DIR=os.path.join(cache_dir, "triton"),
+               TMPDIR=tmp, TEMP=tmp, TMP=tmp)
     return env
 
 
@@ -212,7 +223,7 @@ def _worker(cell: dict[str, Any], cache_dir: str, args: argparse.Namespace) -> d
 
 
 def run_pair(cell: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Cold then warm, in two fresh processes on one new cache directory."""
+    """Cold then warm, in two fresh processes on one new cache directory (and temporary directory: see `_env`)."""
     cache_dir = tempfile.mkdtemp(prefix=f"stampout_fc_{cell['model']}_{cell['variant']}_")
     try:
         cold = _worker(cell, cache_dir, args)

@@ -7,15 +7,21 @@ from __future__ import annotations
 import pytest
 
 _RESTART = """
-import json, sys, torch, stampout
-from stampout.backends import toolchain
+import json, sys, threading, torch, stampout
+from stampout.backends import startup, toolchain
+from torch._inductor.codecache import torch_key
 from stampout.tools.models import LlamaConfig, LlamaLike
 from torch._dynamo.utils import counters
 stampout.config.glue = sys.argv[1]
 fn = stampout.compile(LlamaLike(LlamaConfig(layers=2), regions=True), backend="inductor")
 fn(torch.randint(0, 128, (2, 8))).float().pow(2).mean().backward()
+for thread in threading.enumerate():
+    if thread.name == "stampout-torch-key":  # (the cold process hashes and stores on it)
+        thread.join()
+used = torch_key()
+torch_key.clear()  # torch's own hash, now: the value the store gave must be it
 print(json.dumps({**{k: v for g in ("aot_autograd", "inductor") for k, v in counters[g].items() if "cache" in k},
-                  "isa": toolchain.STATS}))
+                  "isa": toolchain.STATS, "restart": startup.STATS, "right_torch_key": used == torch_key()}))
 """
 
 
@@ -25,7 +31,9 @@ print(json.dumps({**{k: v for g in ("aot_autograd", "inductor") for k, v in coun
 def test_a_restart_finds_everything_in_the_caches(tmp_path, glue):
     """A second process on the same TORCHINDUCTOR_CACHE_DIR compiles nothing: the region's (or, whole, the
     graph's with invoke_subgraph and allow_buffer_reuse=False) forward and backward come from AOTAutogradCache
-    and the FX graph cache, and Inductor's ISA check from stampout's store."""
+    and the FX graph cache, Inductor's ISA check from stampout's store, torch's source hash (the same value as
+    torch's own) from the store, and no C++ header is precompiled for the modules it loads; the first process
+    builds its first modules without one (not built yet, none skipped)."""
     import json
     import os
     import subprocess
@@ -46,3 +54,107 @@ def test_a_restart_finds_everything_in_the_caches(tmp_path, glue):
     assert not warm.get("autograd_cache_miss") and not warm.get("fxgraph_cache_miss"), warm
     assert not warm.get("autograd_cache_bypass") and not warm.get("fxgraph_cache_bypass"), warm
     assert warm["isa"]["run"] == 0 and warm["isa"]["waited"] == 0 and warm["isa"]["remembered"] >= 1, warm
+    assert cold["restart"]["key_hashed"] == 1 and cold["restart"]["key_remembered"] == 0, cold
+    assert cold["restart"]["headers_deferred"] >= 1 and cold["restart"]["headers_skipped"] == 0, cold
+    assert warm["restart"]["key_remembered"] == 1 and warm["restart"]["key_hashed"] == 0, warm
+    assert warm["restart"]["headers_skipped"] >= 1 and warm["restart"]["headers_precompiled"] == 0, warm
+    assert cold["right_torch_key"] and warm["right_torch_key"], (cold, warm)
+
+
+# ---------------------------------------------------------------------------------------- startup.py, in process
+
+
+def _tree(root):
+    """A stand-in torch directory: a package, a module, an extension, a __pycache__, a header, torch's extra file."""
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "include").mkdir()
+    (root / "_inductor").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "mod.py").write_text("A = 1\n")
+    (root / "pkg" / "ext.so").write_bytes(b"\x7fELF")
+    (root / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"pyc")
+    (root / "include" / "x.h").write_text("int x;\n")
+    (root / "_inductor" / "script.ld").write_text("ld\n")
+
+
+def test_the_torch_key_fingerprint_misses_when_a_file_torch_hashes_changes(tmp_path):
+    """`torch_key()` is filled from the store only under a fingerprint of torch's files: a module rewritten to the
+    same size with its mtime put back, a new module, an extension or torch's extra file changed each give another
+    fingerprint; what torch does not hash (bytecode caches, headers) does not."""
+    import os
+    import time
+
+    from stampout.backends.startup import fingerprint
+
+    _tree(tmp_path)
+    root = str(tmp_path)
+    first = fingerprint(root, "2.13.0")
+    assert fingerprint(root, "2.13.0") == first
+    assert fingerprint(root, "2.14.0") != first
+
+    (tmp_path / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"other bytecode")
+    (tmp_path / "include" / "x.h").write_text("int y;\n")
+    assert fingerprint(root, "2.13.0") == first
+
+    mod = tmp_path / "pkg" / "mod.py"
+    before = os.stat(mod)
+    time.sleep(0.05)  # (past the file system's timestamp granularity, so the ctime moves)
+    mod.write_text("A = 2\n")  # same size
+    os.utime(mod, ns=(before.st_atime_ns, before.st_mtime_ns))  # and the same mtime: only the ctime tells
+    assert os.stat(mod).st_size == before.st_size and os.stat(mod).st_mtime_ns == before.st_mtime_ns
+    changed = fingerprint(root, "2.13.0")
+    assert changed != first
+
+    (tmp_path / "pkg" / "new.py").write_text("")
+    added = fingerprint(root, "2.13.0")
+    assert added != changed
+    (tmp_path / "pkg" / "ext.so").write_bytes(b"\x7fELF2")
+    extension = fingerprint(root, "2.13.0")
+    assert extension != added
+    (tmp_path / "_inductor" / "script.ld").write_text("ld 2\n")
+    assert fingerprint(root, "2.13.0") != extension
+
+
+def test_headers_are_not_precompiled_only_inside_stampouts_compiles(tmp_path, monkeypatch):
+    """startup.py's `_precompile_header` answers "no header" only on a thread inside `scope()`, for the module the
+    last `main.cpp` write is for: when it is built, and for the first PRECOMPILE_AFTER modules not built that need
+    the header; anywhere else (torch.compile, another thread, an AOTInductor build writing other files) and after
+    those, it is Inductor's."""
+    import threading
+
+    from stampout.backends import startup
+
+    writes, headers = [], []
+
+    def write(content, extension, **kwargs):
+        writes.append(extension)
+        return "key", str(tmp_path / f"ckey.{extension}")
+
+    def precompile(header, cmd_line, **command):
+        headers.append(header)
+        return f"{header}.pch"
+
+    monkeypatch.setattr(startup, "_installed", [write, precompile])
+    monkeypatch.setattr(startup, "STATS", dict.fromkeys(startup.STATS, 0))
+    monkeypatch.setattr(startup, "_uses", {})
+    built = tmp_path / "ckey.main.so"
+
+    def load(extension="main.cpp"):  # CppCodeCache.load_async's order: write the source, then the header
+        startup._write("int main;", extension)
+        return startup._precompile_header("cpp_prefix.h", "g++ ...")
+
+    built.write_bytes(b"")
+    assert load() == "cpp_prefix.h.pch"  # outside scope(): as torch.compile's
+    with startup.scope():
+        assert load() is None  # built: no header
+        assert load("cpp") == "cpp_prefix.h.pch"  # another kind of build
+        other: list = []
+        thread = threading.Thread(target=lambda: other.append(load()))
+        thread.start()
+        thread.join()
+        assert other == ["cpp_prefix.h.pch"]  # another thread
+        built.unlink()
+        assert [load() for _ in range(startup.PRECOMPILE_AFTER)] == [None] * startup.PRECOMPILE_AFTER  # not built
+        assert load() == "cpp_prefix.h.pch"  # and needed once more: precompiled
+        assert startup.STATS["headers_deferred"] == startup.PRECOMPILE_AFTER
+    assert startup.STATS["headers_skipped"] == 1 and len(headers) == 4

@@ -116,6 +116,7 @@ NAMES = {
     "aot_module_simplified": "torch._functorch.aot_autograd.aot_module_simplified",
     "cache_dir": "torch._inductor.runtime.cache_dir_utils.cache_dir",
     "check_input_alias_and_mutation_return_outputs": "torch._higher_order_ops.utils.check_input_alias_and_mutation_return_outputs",  # noqa: E501
+    "codecache": "torch._inductor.codecache",
     "codecache_write": "torch._inductor.codecache.write",
     "compilation_time_metrics": "torch._dynamo.utils.compilation_time_metrics",
     "compile_fx": "torch._inductor.compile_fx.compile_fx",
@@ -161,6 +162,7 @@ NAMES = {
     "suggest_memory_format": "torch._prims_common.suggest_memory_format",
     "sympy_functions": "torch.utils._sympy.functions",
     "sympy_numbers": "torch.utils._sympy.numbers",
+    "torch_key": "torch._inductor.codecache.torch_key",
     "top_saved_tensors_default_hooks": "torch._C._autograd._top_saved_tensors_default_hooks",
     "torch_assert": "torch._assert",
     "torch_assert_async": "torch._assert_async",
@@ -196,6 +198,8 @@ _USED_HERE = (  # (and in the modules tests/size_baseline.json still lists)
 # What `patch_permanently` may replace (checked per torch release with the names above).
 PATCH_TARGETS = (
     "torch._inductor.codegen.cpp_wrapper_cpu.CppWrapperCpu.codegen_invoke_subgraph",
+    "torch._inductor.codecache._precompile_header",
+    "torch._inductor.codecache.write",
     "torch._inductor.compile_fx.aot_export_module",
     "torch._inductor.cpu_vec_isa.VecISA.check_build",
     "torch._inductor.cpu_vec_isa.valid_vec_isa_list",

@@ -1,4 +1,4 @@
-"""inductor: `compile_fx`, each distinct region subgraph compiled once — and found again on restart.
+"""inductor: `compile_fx`, each distinct region subgraph compiled once — and found again on startup.
 
 Two ways to a compiled callable (see split.py for when each is taken):
 - *regions apart* (the usual case for stacks of blocks): each distinct region subgraph is compiled as a
@@ -10,7 +10,8 @@ compiling: under a TracingContext whose fake mode has a ShapeEnv (without one th
 "No shape env"), with static shapes from the example inputs (`ignore_shape_env`, as `standalone_compile`
 does), and on a copy of the graph whose nodes carry `example_value` (AOTAutogradCache bypasses a graph
 with tensor method calls otherwise). Cold, nothing waits that need not: Inductor's once-per-process C++
-ISA checks are cut to the one that decides and start in the background (toolchain.py); in training the
+ISA checks are cut to the one that decides and start in the background (toolchain.py), and a restart neither
+hashes torch's sources nor precompiles headers for modules already built (startup.py); in training the
 backward is lowered with the forward, while the forward's C++ compiles (pipeline.py); a graph without region
 calls inside is one C++ file (Inductor's C++ wrapper) instead of three compiler runs per kernel. Every phase
 is timed (`STAMPOUT_LOGS=+timing`, see timing.py).
@@ -40,7 +41,7 @@ import torch.fx as fx
 
 from .. import config, progress, timing, torch_internals
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
-from . import pipeline, split, toolchain
+from . import pipeline, split, startup, toolchain
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 
 log = logging.getLogger("stampout.backends")
@@ -117,7 +118,7 @@ def _timed_inner_compile(what: str) -> Callable[..., Any]:
         kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
         lazy = timing.current() is None  # a backward compiled during the first loss.backward()
         cpp_wrapper = config.cpp_wrapper
-        with timing.record(f"backward compile: {what}") if lazy else contextlib.nullcontext():
+        with timing.record(f"backward compile: {what}") if lazy else contextlib.nullcontext(), startup.scope():
             rec = timing.current()
             wait, load = sum_of("async_compile.wait"), sum_of("PyCodeCache.load_by_key_path")
             hits = counters["inductor"]["fxgraph_cache_hit"]
@@ -207,7 +208,7 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
         if not first:
             return fn(*args)
         first = False
-        with timing.record(f"first run: {what}"), timing.phase("first run"):
+        with timing.record(f"first run: {what}"), timing.phase("first run"), startup.scope():
             return fn(*args)
 
     return run
@@ -215,6 +216,7 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     inline_writing_regions(gm, example_inputs)
+    startup.fill_torch_key()
     if _on_cpu(example_inputs):
         toolchain.warm_up()
     subclass = subclass_operands(gm)
@@ -229,7 +231,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     what = "whole graph" if reason else f"{len(split.region_calls(gm))} region calls, eager glue"
     if reason:
         progress.expect(1)  # (compiled apart, split.build counts the regions it will compile)
-    with timing.record(f"inductor compile: {what}"), pipeline.overlapped():
+    with timing.record(f"inductor compile: {what}"), pipeline.overlapped(), startup.scope():
         if reason:
             if has_region_calls(gm):
                 log.info("inductor: compiling the whole graph: %s", reason)

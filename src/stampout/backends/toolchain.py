@@ -12,8 +12,9 @@ stampout changes when those checks run, never their verdicts:
   matches `ATEN_CPU_CAPABILITY`) becomes a `LazyIsaList` that checks candidates in torch's order only as
   far as it is read: usually the first candidate decides and the others are never compiled;
 - `warm_up()`, when a compile starts, plans the first candidate's checks with a dry run of its `__bool__`
-  (on a fresh instance, every check answered "yes" and recorded), prepares each compiler command on the
-  calling thread, and runs the compiles and probes on background threads — they overlap AOTAutograd and
+  (on a fresh instance, every check answered "yes" and recorded), prepares the compiler command of each
+  check whose verdict is not stored on the calling thread (a restart prepares none: that is most of the
+  planning's cost), and runs the compiles and probes on background threads — they overlap AOTAutograd and
   lowering, and a thread that mostly waits on a subprocess is not slowed by the busy main thread;
 - `VecISA.check_build` goes through a memo: a check already running in the background is waited for
   (never started twice), and every verdict is saved in stampout's store beside Inductor's cache (keyed by
@@ -110,7 +111,7 @@ def _check_build(isa: Any, code: str) -> bool:
     key = _verdict_key(isa, code)
     plan = getattr(_planning, "plan", None)
     if plan is not None:  # warm_up()'s dry run: record the check, assume it passes
-        plan.append((key, _prepared_check(isa, code)))
+        plan.append((key, isa, code))
         return True
     with _lock:
         verdict = _stored_verdicts().get(key)
@@ -238,9 +239,13 @@ def warm_up() -> None:
     finally:
         del _planning.plan
     started = time.perf_counter()
-    for key, run in plan:
+    for key, isa, code in plan:
         with _lock:
             if key in _stored_verdicts() or key in _running:
+                continue
+        run = _prepared_check(isa, code)
+        with _lock:
+            if key in _running:
                 continue
             future = _running[key] = Future()
 
