@@ -1,7 +1,5 @@
-"""More 2-rank cases (tests/test_fsdp_mesh.py runs this as two subprocesses, like distributed_worker.py):
-grouped `fully_shard([a, b])`, FSDP2 + tensor parallelism on 2-D meshes, and tensor parallelism under Inductor.
-
-    python tests/distributed_mesh_worker.py SCENARIO OUT_JSON     (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+"""The scenarios of tests/test_fsdp_mesh.py (run on 2 gloo ranks by tests/distributed_ranks.py): grouped
+`fully_shard([a, b])`, FSDP2 + tensor parallelism on 2-D meshes, and tensor parallelism under Inductor.
 
 Each case trains the model eagerly and through stampout (compile per backend, and capture) from the same
 initial weights and reports per step the loss difference and the largest full-gradient difference, with the
@@ -10,18 +8,14 @@ region counts; a case that raises reports its error instead, so one failure does
 
 from __future__ import annotations
 
-import os
-import sys
 import traceback
 
+import distributed_worker as worker
 import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import distributed_worker as worker  # noqa: E402
-
-import stampout  # noqa: E402
+import stampout
 
 
 def variants(make, names: list[str], steps: int = 3, regions: str | None = None) -> dict:
@@ -95,19 +89,14 @@ def tensor_parallel_pair() -> nn.Module:
     return model
 
 
-def mesh_cases(*names: str) -> dict:
-    """The cases named (all by default): grouped, mesh_1x2, mesh_2x1, tp_inductor."""
-    cases = {
-        "grouped": lambda: variants(grouped, ["eager", "aot_eager", "capture"]),
-        "mesh_1x2": lambda: variants(two_d((1, 2)), ["eager", "aot_eager", "capture"]),
-        "mesh_2x1": lambda: variants(two_d((2, 1)), ["eager", "aot_eager", "capture"]),
-        "tp_inductor": lambda: variants(tensor_parallel_pair, ["inductor"], steps=2, regions="auto"),
-    }
-    return {name: cases[name]() for name in (names or cases)}
+def mesh(shape: str) -> dict:
+    """FSDP2 + tensor parallelism on a (dp, tp) mesh of `shape` ("1x2" or "2x1")."""
+    dp, tp = (int(n) for n in shape.split("x"))
+    return variants(two_d((dp, tp)), ["eager", "aot_eager", "capture"])
 
 
-worker.SCENARIOS["mesh"] = mesh_cases
-
-if __name__ == "__main__":
-    os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")
-    worker.main()
+SCENARIOS = {
+    "grouped": lambda: variants(grouped, ["eager", "aot_eager", "capture"]),
+    "mesh": mesh,
+    "tp_inductor": lambda: variants(tensor_parallel_pair, ["inductor"], steps=2, regions="auto"),
+}

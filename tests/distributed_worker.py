@@ -1,19 +1,13 @@
-"""One rank of the 2-process distributed tests (tests/test_fsdp.py runs it as a subprocess).
+"""The scenarios of tests/test_fsdp.py, run on 2 gloo ranks by tests/distributed_ranks.py.
 
-    python tests/distributed_worker.py SCENARIO OUT_JSON       (env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
-
-It trains a sharded model eagerly and through stampout side by side, from the same initial weights, and
-writes what the test compares to OUT_JSON: per step the loss difference and the largest difference of any
+Each trains a sharded model eagerly and through stampout side by side, from the same initial weights, and
+reports what the test compares: per step the loss difference and the largest difference of any
 parameter's full gradient, stampout's region stats, and the captured graphs' code (to compare across ranks).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import sys
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -335,22 +329,5 @@ def sharded_captures(fn) -> list:
     return found
 
 
-def main() -> None:
-    scenario, out_path = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    try:
-        report = SCENARIOS[scenario.split(":")[0]](*scenario.split(":")[1:])
-        report["rank"] = dist.get_rank()
-    except BaseException as error:
-        report = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
-    with open(out_path, "w") as f:
-        json.dump(report, f)
-    dist.destroy_process_group()
-
-
 SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama, "fsdp_inductor": fsdp_inductor,
              "tp": tensor_parallel}
-
-if __name__ == "__main__":
-    os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")
-    main()

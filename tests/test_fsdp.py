@@ -1,74 +1,33 @@
 """FSDP2 (`fully_shard`) on 2 gloo ranks: compile trains as eager, one region trace for the sharded blocks.
 
-Each test runs tests/distributed_worker.py as two processes on 127.0.0.1 (a free port per run, so tests may
-run in parallel) with a timeout, so a hung collective fails the test instead of hanging it.
+The scenarios run in tests/distributed_worker.py, all of this file's in one pair of rank processes on 127.0.0.1
+(tests/distributed_ranks.py: the module's `ranks` fixture), with timeouts, so a hung collective fails the tests
+instead of hanging them.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
 import torch
+from distributed_ranks import on_ranks, ranks_fixture, skip_without_gloo
 
 import stampout
 from stampout.guards import describe_hooks, hooks_key
 
-_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "distributed_worker.py")
-_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-
-needs_gloo = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
-                                reason="needs torch.distributed with gloo")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(scenario: str, tmp_path, world: int = 2, timeout: float = 420, worker: str = _WORKER) -> list[dict]:
-    """Run `scenario` of `worker` on `world` ranks; their reports, rank order. A rank that hangs or fails fails
-    the test."""
-    port = _free_port()
-    procs, outs = [], []
-    for rank in range(world):
-        out = tmp_path / f"rank{rank}.json"
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join([_SRC, os.environ.get("PYTHONPATH", "")]))
-        procs.append(subprocess.Popen([sys.executable, worker, scenario, str(out)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outs.append(out)
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"{scenario}: a rank did not finish in {timeout} s (a hung collective?)")
-    reports = []
-    for rank, (p, out, log) in enumerate(zip(procs, outs, logs)):
-        assert p.returncode == 0 and out.exists(), f"rank {rank} failed ({p.returncode}):\n{log[-4000:]}"
-        report = json.loads(out.read_text())
-        assert "error" not in report, f"rank {rank}: {report['error']}\n{report.get('traceback', '')}"
-        reports.append(report)
-    return reports
-
-
-@pytest.fixture(scope="module")
-def fsdp_reports(tmp_path_factory) -> list[dict]:
-    return run_ranks("fsdp_compile:eager,aot_eager", tmp_path_factory.mktemp("fsdp"))
+needs_gloo = skip_without_gloo()
+ranks = ranks_fixture("distributed_worker")
+FSDP = "fsdp_compile:eager,aot_eager"
+HF = "hf_llama:aot_eager"
+INDUCTOR = "fsdp_inductor"
+TP = "tp:eager,aot_eager"
+TP_MIXED = "tp:eager:auto:mixed"
 
 
 @needs_gloo
+@on_ranks(FSDP)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_fsdp_compile_trains_as_eager(fsdp_reports, backend):
-    for report in fsdp_reports:
+def test_fsdp_compile_trains_as_eager(ranks, backend):
+    for report in ranks(FSDP):
         rows = report[backend]["rows"]
         assert len(rows) == 3
         for row in rows:  # loss and every sharded parameter's full gradient, step after step, vs eager
@@ -77,18 +36,20 @@ def test_fsdp_compile_trains_as_eager(fsdp_reports, backend):
 
 
 @needs_gloo
+@on_ranks(FSDP)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_fsdp_world_after_training(fsdp_reports, backend):
-    for report in fsdp_reports:  # the optimizer stepped on eager's sharded gradients; FSDP's state is as eager's
+def test_fsdp_world_after_training(ranks, backend):
+    for report in ranks(FSDP):  # the optimizer stepped on eager's sharded gradients; FSDP's state is as eager's
         world = report[backend]["world"]
         assert world == {"param": world["param"], "sharded": True, "forwards": []}
         assert world["param"] <= 1e-6
 
 
 @needs_gloo
+@on_ranks(FSDP)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_fsdp_sharded_blocks_are_one_region_trace(fsdp_reports, backend):
-    for report in fsdp_reports:
+def test_fsdp_sharded_blocks_are_one_region_trace(ranks, backend):
+    for report in ranks(FSDP):
         stats = report[backend]["stats"]
         assert (stats["traces"], stats["reuses"]) == (1, 3)
         # embed, head, norm and the 4 blocks, each captured once over 3 steps (the root's own code runs eagerly)
@@ -99,19 +60,20 @@ def test_fsdp_sharded_blocks_are_one_region_trace(fsdp_reports, backend):
 
 
 @needs_gloo
+@on_ranks(FSDP)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_fsdp_ranks_capture_the_same_program(fsdp_reports, backend):
-    first, second = (r[backend]["stats"] for r in fsdp_reports)
-    assert [r["rank"] for r in fsdp_reports] == [0, 1]
+def test_fsdp_ranks_capture_the_same_program(ranks, backend):
+    first, second = (r[backend]["stats"] for r in ranks(FSDP))
     assert first["code"] == second["code"] and "invoke_subgraph" in first["code"]
     assert first == second
 
 
 @needs_gloo
-def test_fsdp_capture_trains_as_eager(fsdp_reports):
+@on_ranks(FSDP)
+def test_fsdp_capture_trains_as_eager(ranks):
     """stampout.capture of the sharded model, called for 3 SGD steps: eager's loss and full gradients, bitwise; the
     optimizer's steps on the sharded gradients leave the parameters as eager's."""
-    for report in fsdp_reports:
+    for report in ranks(FSDP):
         rows = report["capture"]["rows"]
         assert len(rows) == 3
         for row in rows:
@@ -122,10 +84,11 @@ def test_fsdp_capture_trains_as_eager(fsdp_reports):
 
 
 @needs_gloo
-def test_fsdp_capture_is_one_graph_with_boundaries(fsdp_reports):
+@on_ranks(FSDP)
+def test_fsdp_capture_is_one_graph_with_boundaries(ranks):
     """One graph: each sharded module's hooks are two nodes around its forward, the 4 blocks one region trace;
     the unsharded parameters are outputs of the pre-forward node, not placeholders; both ranks captured it."""
-    first, second = (r["capture"]["stats"] for r in fsdp_reports)
+    first, second = (r["capture"]["stats"] for r in ranks(FSDP))
     assert (first["traces"], first["reuses"], first["subgraphs"]) == (1, 3, 1)
     assert first["placeholders"] == ["ids"] and first["lint"]
     code = first["code"]
@@ -174,9 +137,10 @@ def test_hook_guard_names_what_differs():
 
 
 @needs_gloo
-def test_fsdp_hf_llama_per_decoder_layer(tmp_path):
+@on_ranks(HF)
+def test_fsdp_hf_llama_per_decoder_layer(ranks):
     pytest.importorskip("transformers")
-    reports = run_ranks("hf_llama:aot_eager", tmp_path)
+    reports = ranks(HF)
     for report in reports:
         for row in report["rows"]:
             assert row["params"] == 21 and row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
@@ -189,11 +153,12 @@ def test_fsdp_hf_llama_per_decoder_layer(tmp_path):
 
 @needs_gloo
 @pytest.mark.inductor
-def test_fsdp_inductor_tiny_stack(tmp_path):
+@on_ranks(INDUCTOR)
+def test_fsdp_inductor_tiny_stack(ranks):
     """Two sharded blocks through Inductor: one region compiled, eager's gradients. (The first block's input
     does not require grad, the second's does: with torch 2.13's C++ wrapper in training the first block's
     gradients were 13 % off — see backends/inductor.py.)"""
-    reports = run_ranks("fsdp_inductor", tmp_path)
+    reports = ranks(INDUCTOR)
     for report in reports:
         for row in report["rows"]:
             assert row["params"] == 18 and row["missing"] == []
@@ -204,11 +169,12 @@ def test_fsdp_inductor_tiny_stack(tmp_path):
 
 
 @needs_gloo
-def test_tensor_parallel_regions_reused(tmp_path):
+@on_ranks(TP)
+def test_tensor_parallel_regions_reused(ranks):
     """DTensor parameters (parallelize_module: gate/up column-wise, down row-wise) in regions marked by
     regions="auto": tensor parallelism's per-module hooks compare by value, so the 4 blocks are one trace;
     aot_eager compiles them (region calls with DTensor operands inlined), with eager's gradients."""
-    reports = run_ranks("tp:eager,aot_eager", tmp_path)
+    reports = ranks(TP)
     for report in reports:
         for backend in ("eager", "aot_eager"):
             for row in report[backend]["rows"]:
@@ -220,9 +186,10 @@ def test_tensor_parallel_regions_reused(tmp_path):
 
 
 @needs_gloo
-def test_tensor_parallel_hooks_with_other_values_trace_again(tmp_path):
+@on_ranks(TP_MIXED)
+def test_tensor_parallel_hooks_with_other_values_trace_again(ranks):
     """Tensor parallelism's hooks compare by value: blocks whose style differs in a field are traced apart."""
-    reports = run_ranks("tp:eager:auto:mixed", tmp_path)
+    reports = ranks(TP_MIXED)
     for report in reports:
         for row in report["eager"]["rows"]:
             assert row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
