@@ -200,18 +200,23 @@ def _captures(fn: Any) -> int | None:
     return getattr(st, "captures", None)
 
 
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
+_clock = [time.perf_counter]  # set by --clock (the thread's CPU time: other processes' load does not count)
+
+
 def _time_batches(fn: Callable, ids: torch.Tensor, calls: int, batches: int) -> list[float]:
-    """Per-call seconds of each batch (GC disabled while timing)."""
+    """Per-call seconds of each batch (GC disabled while timing), by the clock --clock chose."""
+    clock = _clock[0]
     out: list[float] = []
     gc_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
     try:
         for _ in range(batches):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn(ids)
-            out.append((time.perf_counter() - t0) / calls)
+            out.append((clock() - t0) / calls)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -347,6 +352,8 @@ def _run_worker(variant: str, args: argparse.Namespace) -> dict[str, dict[str, A
         *args.grad_modes,
         "--threads",
         str(args.threads),
+        "--clock",
+        args.clock,
     ]
     res, err = run_json_worker(cmd, timeout=args.timeout)
     if err is not None:
@@ -435,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
         help="torch intra-op threads (matters only for the eager reference: with 2 threads on a shared "
         "2-core machine OpenMP stalls whenever another process holds a core)",
     )
+    p.add_argument("--clock", choices=tuple(CLOCKS), default="wall",
+                   help="what a batch is timed by: wall (perf_counter) or thread (time.thread_time: CPU time of "
+                   "the calling thread, not counting other processes' load on a shared machine)")
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed per variant's worker")
     p.add_argument("--quick", action="store_true", help="8 layers, no_grad, 100 calls x 3 batches")
     p.add_argument("--in-process", action="store_true", help="measure every variant in this process")
@@ -447,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.layers, args.grad_modes, args.calls, args.batches, args.warmup = [8], ["no_grad"], 100, 3, 10
     args.layers = sorted(set(args.layers))
+    _clock[0] = CLOCKS[args.clock]
 
     if args.worker:
         import json
@@ -490,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         "calls": args.calls,
         "batches": args.batches,
         "warmup": args.warmup,
+        "clock": args.clock,
         **environment(),
         "worker_threads": args.threads,
         "total_s": total,
