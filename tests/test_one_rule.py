@@ -113,3 +113,46 @@ def test_a_region_writing_only_its_own_tensors_does_not_write_an_input():
 
     assert not writes_an_input(_subgraph(own))
 
+
+
+_LIB = torch.library.Library("stampout_one_rule", "DEF")
+_LIB.define("fill_into(Tensor(a!) m, Tensor x) -> ()")
+
+
+def _fill_into(m, x):
+    m.copy_(x)
+
+
+_LIB.impl("fill_into", _fill_into, "CompositeExplicitAutograd")
+torch.library.register_fake("stampout_one_rule::fill_into", lambda m, x: None, lib=_LIB)
+
+
+def _custom_packet_into_a_constant(x):
+    m = torch.zeros(3)
+    torch.ops.stampout_one_rule.fill_into(m, x)  # the packet, as a user writes it: its one overload writes m
+    if bool((m == 0).all()):
+        return x + 1
+    return x - 1
+
+
+def test_a_custom_op_packet_that_writes_forgets_a_known_constant():
+    # op_facts read only an overload's schema, so a call of the packet (`torch.ops.ns.op(...)`, what the tracer
+    # sees) was not in place: the capture kept m as zeros and baked in the wrong branch. The inline backend's own
+    # predicate looked at every overload of a packet; both now ask op_facts.
+    packet = torch.ops.stampout_one_rule.fill_into
+    m, x = torch.zeros(3), torch.ones(3)
+    assert op_facts.writes_in_place(packet, (m, x), {}) and op_facts.written(packet, (m, x), {}) == [m]
+    assert op_facts.custom_op_writes(packet) and op_facts.custom_op_writes(packet.default)
+    with pytest.raises(CaptureError, match="data-dependent"):
+        stampout.capture(_custom_packet_into_a_constant, torch.randn(3))
+    compiled = stampout.compile(_custom_packet_into_a_constant, backend="eager")
+    torch.testing.assert_close(compiled(x), _custom_packet_into_a_constant(x))
+
+
+def test_an_aten_packet_writes_only_where_the_call_passes_what_an_overload_writes():
+    # (aten.add has an `out` overload: a packet call writes only when it passes `out=`)
+    x = torch.zeros(2)
+    assert not op_facts.writes_in_place(torch.ops.aten.add, (x, x), {}) and not op_facts.custom_op_writes(
+        torch.ops.aten.add_)
+    assert op_facts.writes_in_place(torch.ops.aten.add, (x, x), {"out": x})
+    assert op_facts.writes_in_place(torch.ops.aten.add_, (x, x), {})

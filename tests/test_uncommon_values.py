@@ -358,3 +358,32 @@ def test_a_tensor_subclass_input_runs_eagerly_and_capture_refuses(caplog):
     assert any("Tagged" in r.getMessage() for r in caplog.records)
     with pytest.raises(stampout.CaptureError, match="Tagged"):
         stampout.capture(model, torch.randn(2, 4).as_subclass(Tagged))
+
+
+_SETTINGS = types.ModuleType("settings_passed_in")  # a user module, passed to a region as an argument
+_SETTINGS.SCALE = 2.0
+
+
+@stampout.region
+def _scaled_by(x: torch.Tensor, settings: types.ModuleType) -> torch.Tensor:
+    return x * settings.SCALE
+
+
+def _passes_a_module(x: torch.Tensor) -> torch.Tensor:
+    return _scaled_by(x, _SETTINGS) + _scaled_by(x, _SETTINGS)
+
+
+def test_a_user_module_passed_to_a_region() -> None:
+    # The region frame set up its module-namespace reads only after guarding the arguments, so a module among
+    # them (guarded whole, as a module used as a value is) raised AttributeError out of the capture.
+    x = torch.randn(3)
+    cap = stampout.capture(_passes_a_module, x)
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 1)
+    torch.testing.assert_close(cap(x), _passes_a_module(x))
+    compiled = stampout.compile(_passes_a_module, backend="eager")
+    torch.testing.assert_close(compiled(x), x * 4)
+    _SETTINGS.SCALE = 3.0
+    try:
+        torch.testing.assert_close(compiled(x), x * 6)
+    finally:
+        _SETTINGS.SCALE = 2.0

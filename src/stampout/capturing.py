@@ -1,13 +1,13 @@
-"""Running a program under the tracer: the capture context and the patched torch hooks, and `capture_program`
-as its hops (`ProgramCapture`): the tracer, the fake inputs, the program run, the graph's outputs, the `Capture`
-and what it stores on the caller's objects."""
+"""Running a program under the tracer: `capture_program` with its options (`CaptureOptions`) as its hops
+(`ProgramCapture.run`): the tracer, the fake inputs, the program run, the graph's outputs, the `Capture` and what
+it stores on the caller's objects. Entering the capture context (and torch's patched hooks): capturing_context.py."""
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,7 +28,8 @@ from .capture_world import (
     unplant,
     warn_unnamed,
 )
-from .context import CAPTURE_LOCK, CaptureContext, current, entered, listeners
+from .capturing_context import capturing
+from .context import listeners
 from .effects import Plan, Registries, Value, undo
 from .errors import CaptureError, message
 from .frames import user_location
@@ -46,121 +47,53 @@ from .held_inputs import (
 )
 from .leftovers import left_over_fakes, make_real, methods_of, modules_of
 from .names import TensorNames, identifier
-from .op_errors import quiet_fake_kernels
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
-from .regions.marker import torch_marked_call
 from .shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
 from .sources import CallContext, Source
 from .structure import aliases_of, flatten_inputs, positional_names, to_template
 from .torch_internals import (
     DisableTorchFunction,
     FakeTensorMode,
-    get_current_function_mode_stack,
-    is_torch_function_mode_enabled,
-    set_grad_enabled,
 )
 from .torch_internals import LazyGraphModule as _LazyGraphModule
-from .tracer import CaptureMode, Tracer
+from .tracer import Tracer
 from .tracking import Watch
 from .world import RandomStates, autograd_refusal, check_left_over
 
 log = logging.getLogger("stampout.capture")
 
 
-def _our_mode_for_vmap(original: Callable) -> Callable:
-    """vmap routes its batching calls through a pre-dispatch mode only under export; do it under capture too
-    (on the capturing thread only)."""
+@dataclass(frozen=True)
+class CaptureOptions:
+    """How `capture_program` captures (every field has the default a plain `stampout.capture` uses).
 
-    def find() -> Any:
-        if current() is not None and is_torch_function_mode_enabled():
-            for mode in get_current_function_mode_stack():
-                if isinstance(mode, CaptureMode):
-                    return mode
-        return original()
+    Input dims are symbolic where marked with `torch._dynamo.mark_dynamic`, all of them with `dynamic=True`, and,
+    per flat input leaf, the dims in `automatic` (see shapes.dynamic_dims); `dynamic_sources` does the same for
+    tensors the program reads through its input objects (a KV cache's `layers[0].keys`). `ranges` bounds symbolic
+    dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as symbols
+    during the capture (inputs of the graph, read per call). With `real=False` (export) the graph is not run to
+    store real values on the caller's objects: the caller puts its objects back itself. `body` (a module's
+    forward, see sharded.py) is what runs in place of `fn`: the module's hooks run outside. `sharded`: `body`
+    makes the calls of FSDP2-sharded modules boundary nodes (sharded_capture.py)."""
 
-    return find
-
-
-def _autograd_function_apply(original: Callable) -> Callable:
-    """`Function.apply` during a capture: on the capturing thread the call is recorded as one node (its
-    custom backward kept), elsewhere it is the original."""
-
-    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
-        ctx = current()
-        if ctx is None or not is_torch_function_mode_enabled():
-            return original(cls, *args, **kwargs)
-        return ctx.tracer.on_autograd_function(cls, original, args, kwargs)
-
-    return apply
+    cache: RegionCache | None = None  # region entries shared between captures (a fresh one when None)
+    guard_program: bool = False  # (compile) guards on everything the whole program read, in `Capture.program`
+    dynamic: bool | None = None
+    automatic: dict[int, set[int]] | None = None
+    dynamic_sources: dict[Source, set[int]] | None = None
+    ranges: dict[int, dict[int, tuple]] | None = None
+    dynamic_ints: set[Source] | None = None
+    real: bool = True
+    body: Callable | None = None
+    sharded: bool = False
 
 
-def _capturing_here() -> bool:
-    """Whether this thread is running a capture's program (what `torch.compiler.is_compiling()` answers)."""
-    return current() is not None and is_torch_function_mode_enabled()
-
-
-@contextlib.contextmanager
-def _capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[CaptureContext]:
-    """Enter the capture context, the fake and torch-function modes, and patch what capture needs; restore
-    all on exit. One capture at a time per process (the patched torch hooks are process-wide)."""
-    if current() is not None:
-        raise CaptureError(message(
-            "stampout.capture (or a stampout.compile'd function) was called while another capture runs",
-            user_location(), "call the compiled function or capture from outside the captured code",
-        ))
-    grad = torch.is_grad_enabled()
-    with CAPTURE_LOCK:
-        ctx = CaptureContext(handler, tracer)
-        try:
-            hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
-                                                  _capturing_here)
-            with hooks, quiet_fake_kernels(lambda: current() is not None), entered(ctx), tracer.fake_mode, tracer.mode:
-                handler.start()
-                try:
-                    yield ctx
-                finally:
-                    handler.stop()
-        finally:
-            while handler.frames:
-                handler.pop()
-            watch.restore()
-            set_grad_enabled(grad)
-
-
-def capture_program(fn: Callable, args: tuple, kwargs: dict, cache: RegionCache | None = None,
-                    guard_program: bool = False, dynamic: bool | None = None,
-                    automatic: dict[int, set[int]] | None = None,
-                    dynamic_sources: dict[Source, set[int]] | None = None,
-                    ranges: dict[int, dict[int, tuple]] | None = None,
-                    dynamic_ints: set[Source] | None = None, real: bool = True,
-                    body: Callable | None = None, sharded: bool = False) -> Capture:
-    """Capture `fn(*args, **kwargs)`, with a region cache to share between captures, and (for `compile`)
-    guards on everything the whole program read, recorded in `Capture.program`.
-
-    Input dims are symbolic where marked with `torch._dynamo.mark_dynamic`, all of them with `dynamic=True`,
-    and, per flat input leaf, the dims in `automatic` (see shapes.dynamic_dims); `dynamic_sources` does the same
-    for tensors the program reads through its input objects (a KV cache's `layers[0].keys`). `ranges` bounds
-    symbolic dims: {id(input tensor): {dim: (min, max, _)}}. The int attributes at `dynamic_ints` are read as
-    symbols during the capture (inputs of the graph, read per call). With `real=False` (export) the graph is
-    not run to store real values on the caller's objects: the caller puts its objects back itself. `body`
-    (a module's forward, see sharded.py) is what runs in place of `fn`: the module's hooks run outside. `sharded`:
-    `body` makes the calls of FSDP2-sharded modules boundary nodes (sharded_capture.py)."""
-    run = ProgramCapture(fn, args, kwargs, cache if cache is not None else RegionCache(), guard_program, body,
-                         sharded)
-    run.refuse_lost_gradients()
-    run.make_tracer(dynamic, automatic or {}, dynamic_sources or {}, dynamic_ints or set())
-    run.make_fake_inputs(ranges, dynamic_ints or set())
-    run.run_program()
-    run.finish_outputs()
-    cap = run.make_capture()
-    if run.program is None:
-        run.store_on_inputs(cap, real)
-    if real:  # (export puts its objects back itself, after this)
-        with DisableTorchFunction():
-            check_left_over(run.handler.snapshot, run.objects())
-    return cap
+def capture_program(fn: Callable, args: tuple, kwargs: dict, **options: Any) -> Capture:
+    """Capture `fn(*args, **kwargs)`; `options` are the fields of CaptureOptions (`cache=`, `guard_program=True`,
+    ...). The hops are ProgramCapture's, in `ProgramCapture.run`."""
+    return ProgramCapture(fn, args, kwargs, CaptureOptions(**options)).run()
 
 
 class ProgramCapture:
@@ -168,11 +101,12 @@ class ProgramCapture:
     the tracer and the fake inputs, run the program under the capture (undoing everything if it fails), close
     the graph, make the `Capture`, and store on the caller's objects what one eager call would have."""
 
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict, cache: RegionCache, guard_program: bool,
-                 body: Callable | None, sharded: bool = False) -> None:
-        self.fn, self.args, self.kwargs, self.cache, self.body = fn, args, kwargs, cache, body
-        self.sharded = sharded
-        self.guard_program = guard_program
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, options: CaptureOptions) -> None:
+        self.fn, self.args, self.kwargs, self.options = fn, args, kwargs, options
+        self.cache = options.cache if options.cache is not None else RegionCache()
+        self.body = options.body
+        self.sharded = options.sharded
+        self.guard_program = options.guard_program
         self.signature_of = fn.forward if isinstance(fn, torch.nn.Module) else fn
         names = positional_names(self.signature_of)
         if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
@@ -183,6 +117,23 @@ class ProgramCapture:
         self.stores: list = []
         self.unreplayable = ""
         self.left: list = []
+
+    def run(self) -> Capture:
+        """The hops, in order; the `Capture`."""
+        options = self.options
+        self.refuse_lost_gradients()
+        self.make_tracer(options.dynamic, options.automatic or {}, options.dynamic_sources or {},
+                         options.dynamic_ints or set())
+        self.make_fake_inputs(options.ranges, options.dynamic_ints or set())
+        self.run_program()
+        self.finish_outputs()
+        cap = self.make_capture()
+        if self.program is None:
+            self.store_on_inputs(cap, options.real)
+        if options.real:  # (export puts its objects back itself, after this)
+            with DisableTorchFunction():
+                check_left_over(self.handler.snapshot, self.objects())
+        return cap
 
     def objects(self) -> list[Any]:
         """The objects the program's Python may have changed: its modules and the objects its inputs hold."""
@@ -308,7 +259,7 @@ class ProgramCapture:
         as a template, and the registrations and stores it made."""
         fn, handler, guard_program, fake_args, fake_kwargs = (self.fn, self.handler, self.guard_program,
                                                               self.fake_args, self.fake_kwargs)
-        with _capturing(self.tracer, handler, self.watch) as ctx:
+        with capturing(self.tracer, handler, self.watch) as ctx:
             if guard_program or self.symbolic:  # (a symbolic capture: to find every size the Python stored)
                 program = self.program = RegionFrame(frame_function(fn), [fn, *self.fake_leaves],
                                                      ["self", *self.labels], self.watch, program=True)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import caches
-from .torch_internals import FunctionSchema, OpOverload, pytree
+from .torch_internals import FunctionSchema, OpOverload, OpOverloadPacket, pytree
 
 _T = torch.Tensor
 
@@ -98,13 +98,40 @@ def draws_random(func: Callable) -> bool:
         return draws
 
 
+_MUTABLE: dict[Any, tuple[FunctionSchema, ...]] = caches.register({}, "op_facts mutable schemas of packets")
+
+
+def _overloads(target: Any) -> list[OpOverload]:
+    if isinstance(target, OpOverloadPacket):
+        return [getattr(target, name) for name in target.overloads()]
+    return [target] if isinstance(target, OpOverload) else []
+
+
+def mutable_schemas(target: Any) -> tuple[FunctionSchema, ...]:
+    """The schemas of `target` that write one of their arguments (`Tensor(a!) m`): an overload's own; of a packet
+    (`torch.ops.ns.op`, which a call resolves to one of its overloads), every overload's that does."""
+    if isinstance(target, OpOverloadPacket):
+        mutable = _MUTABLE.get(target)
+        if mutable is None:
+            mutable = _MUTABLE[target] = tuple(op._schema for op in _overloads(target) if op._schema.is_mutable)
+        return mutable
+    schema = getattr(target, "_schema", None)
+    return (schema,) if isinstance(schema, FunctionSchema) and schema.is_mutable else ()
+
+
+def custom_op_writes(target: Any) -> bool:
+    """A custom (not aten or prims) op, or packet (any overload), whose schema writes one of its arguments (what
+    torch's FunctionalTensorMode refuses inside a subgraph, see backends/inline.py)."""
+    return any(op.namespace not in ("aten", "prims") and op._schema.is_mutable for op in _overloads(target))
+
+
 def writes_in_place(target: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
     """Whether calling `target(*args, **kwargs)` may write into an existing tensor: an in-place method or op
-    (`add_`, `x += y`, `x[i] = v`, an aten overload with a mutable schema such as `aten.add_.Tensor`),
-    `out=`, or a function asked to work `inplace`."""
+    (`add_`, `x += y`, `x[i] = v`, an aten overload with a mutable schema such as `aten.add_.Tensor`, a packet
+    whose overload writes an argument the call passes), `out=`, or a function asked to work `inplace`."""
     kwargs = kwargs or {}
-    schema = getattr(target, "_schema", None)
-    if isinstance(schema, FunctionSchema) and schema.is_mutable:
+    mutable = mutable_schemas(target)
+    if mutable and (not isinstance(target, OpOverloadPacket) or _written_by(mutable, args, kwargs)):
         return True
     name = op_name(target)
     dunder = name.startswith("__") and name.endswith("__")
@@ -115,18 +142,26 @@ def writes_in_place(target: Any, args: tuple = (), kwargs: dict | None = None) -
 def written(target: Any, args: tuple, kwargs: dict) -> list[Any]:
     """The arguments an in-place call writes: those its schema marks written, else the first argument and
     what `out=` holds."""
-    schema = getattr(target, "_schema", None)
-    if isinstance(schema, FunctionSchema) and schema.is_mutable:
-        values = []
+    mutable = mutable_schemas(target)
+    if mutable:
+        return _written_by(mutable, args, kwargs)
+    values = [args[0]] if args else []
+    return values + pytree.tree_leaves(kwargs.get("out", []))
+
+
+def _written_by(schemas: tuple[FunctionSchema, ...], args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments of a call that the written arguments of `schemas` name (a packet's several: each value once)."""
+    values: list[Any] = []
+    for schema in schemas:
+        found = []
         for i, argument in enumerate(schema.arguments):
             if argument.alias_info is not None and argument.alias_info.is_write:
                 if i < len(args):
-                    values.append(args[i])
+                    found.append(args[i])
                 elif argument.name in kwargs:
-                    values.append(kwargs[argument.name])
-        return values
-    values = [args[0]] if args else []
-    return values + pytree.tree_leaves(kwargs.get("out", []))
+                    found.append(kwargs[argument.name])
+        values.extend(v for v in found if not any(v is known for known in values))
+    return values
 
 
 def may_alias(target: Any) -> bool:

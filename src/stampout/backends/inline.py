@@ -23,7 +23,8 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..torch_internals import INVOKE_SUBGRAPH, OpOverload, OpOverloadPacket, is_traceable_wrapper_subclass
+from ..op_facts import custom_op_writes
+from ..torch_internals import INVOKE_SUBGRAPH, is_traceable_wrapper_subclass
 from .split import region_calls, trains, writes_an_input
 
 log = logging.getLogger(__name__)
@@ -44,22 +45,9 @@ def _custom_op_writing(gm: fx.GraphModule) -> str | None:
     for module in gm.modules():
         if isinstance(module, fx.GraphModule):
             for node in module.graph.nodes:
-                if node.op == "call_function" and _op_writes_argument(node.target):
+                if node.op == "call_function" and custom_op_writes(node.target):
                     return str(node.target)
     return None
-
-
-def _op_writes_argument(target: Any) -> bool:
-    """A custom op (any overload, for a packet) whose schema writes one of its arguments."""
-    if isinstance(target, OpOverloadPacket):
-        overloads = [getattr(target, name) for name in target.overloads()]
-    elif isinstance(target, OpOverload):
-        overloads = [target]
-    else:
-        return False
-    return any(op.namespace not in ("aten", "prims")
-               and any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
-               for op in overloads)
 
 
 def inline_regions(gm: fx.GraphModule, prefix: str = "") -> fx.GraphModule:

@@ -1,0 +1,172 @@
+"""What one region trace read through the code it ran: the defaults and closure cells of its functions, the
+globals and `module.attr` chains their code loads (guarded, or noted by identity in one NamespaceReads), and the
+closures it cannot reach (ineligible). Bytecode facts come from regions/code.py.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+from ..guards import Kind
+from ..namespaces import TENSOR_DICT, NamespaceReads
+from ..sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
+from .code import code_facts, is_user_file, is_user_module
+from .objects import by_name, ours
+
+
+class FrameCode:
+    """The code part of a RegionFrame: its attributes are set in `_begin_code`."""
+
+    # the host's (RegionFrame), read here
+    fn: Callable
+    global_stores: list[tuple[dict, str]]
+    writes: list[str]
+    guard: Callable[..., None]
+    adopt: Callable[..., None]
+    mark_ineligible: Callable[..., None]
+
+    def _begin_code(self) -> None:
+        self._functions: set[types.CodeType] = set()  # codes whose globals (and cells, if known) are guarded
+        self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
+        self._guarded_code: set[tuple[types.CodeType, int]] = set()
+        self._adopted: dict[int, Callable] = {}  # functions whose cells and defaults are guarded
+        self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
+        self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
+
+    def adopt_function(self, fn: Callable, as_source: Source | None) -> None:
+        """Guard the defaults and closure cells of a function whose code may run (`as_source=None`: the
+        region's own function, whose cells and defaults are resolved from each call's function)."""
+        code = getattr(fn, "__code__", None)
+        if code is None or id(fn) in self._adopted:
+            return  # (functions with one code and other cells, like closures made per layer, each count)
+        self._adopted[id(fn)] = fn
+        self._functions.add(code)
+        where = f"defaults of {code.co_qualname}"
+        for attr in ("__defaults__", "__kwdefaults__"):  # a default the call did not pass is read too
+            default = getattr(fn, attr, None)
+            if default is not None:
+                source = FnAttr(attr) if as_source is None else Attr(as_source, attr)
+                self.adopt(default, source, where=where)
+        closure = getattr(fn, "__closure__", None) or ()
+        for i, var in enumerate(code.co_freevars):
+            try:
+                value = closure[i].cell_contents
+            except (IndexError, ValueError):
+                continue
+            cell = (Closure(i, var) if as_source is None
+                    else Attr(Item(Attr(as_source, "__closure__"), i), "cell_contents"))
+            self.adopt(value, cell, where=f"closure of {code.co_qualname}")
+        if as_source is None:
+            self.on_code(code, fn.__globals__, own=True)
+
+    def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str) -> None:
+        """A Python function: a region wrapper by its innermost function, others by identity, and in both
+        cases the closure cells and defaults its code reads."""
+        marked = getattr(fn, "__stampout_region__", None)
+        if marked is not None:  # one wrapper per marked instance, all with the same code and function
+            self.guard(Attr(source, "__code__"), Kind.ID, fn.__code__, where)
+            self._adopt_callable(marked.fn, Attr(Attr(source, "__stampout_region__"), "fn"), where)
+            return
+        self.guard(source, Kind.ID, fn, where)
+        if is_user_file(fn.__code__.co_filename):
+            self.adopt_function(fn, source)
+
+    def on_code(self, code: types.CodeType, g: dict, own: bool = False, where: str = "") -> None:
+        """Python code is about to run in this trace: guard the globals it may read (and `module.attr`
+        chains), record the globals it assigns, and refuse closures this frame cannot reach."""
+        key = (code, id(g))
+        if key in self._guarded_code:
+            return
+        self._guarded_code.add(key)
+        facts = code_facts(code)
+        self._local_codes.update(facts.nested)
+        free = [v for v in code.co_freevars if v != "__class__"]
+        if free and code not in self._functions and code not in self._local_codes:
+            self.mark_ineligible(
+                f"runs {code.co_qualname}, a closure over {', '.join(free)} that stampout cannot reach"
+            )
+        label = f"{g.get('__name__', '?')}.globals"
+        own = own or (g is getattr(self.fn, "__globals__", None))
+        where = where or f"global of {code.co_qualname}"
+        for name in facts.names:
+            if name in g:
+                value = g[name]
+                source = Global(name) if own else Item(Absolute(g, label), name)
+                if isinstance(value, types.ModuleType):
+                    self._adopt_module_chains(value, source, name, facts.chains, where)
+                    if name in facts.escapes:
+                        self._note_user_namespace(value)
+                else:
+                    self.adopt(value, source, where=where)
+        for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again
+            if isinstance(g.get(chain[0]), types.ModuleType):
+                self.mark_ineligible(f"stores {'.'.join(chain)} in a module's namespace (at {code.co_qualname}), "
+                                     "a Python side effect stampout does not replay")
+        for name in facts.stores:
+            self.global_stores.append((g, name))
+            self.writes.append(f"global {name} (assigned by {code.co_qualname})")
+            self.mark_ineligible(f"assigns the global {name} (a Python side effect stampout does not replay)")
+
+    def on_library_code(self, code: types.CodeType, g: dict) -> None:
+        """torch.nn's module code is about to run (`nn.GELU.forward` calls `F.gelu`): the functions, classes and
+        modules it reaches through its globals are guarded by identity, in the NamespaceReads."""
+        key = (code, id(g))
+        if key in self._guarded_code:
+            return
+        self._guarded_code.add(key)
+        facts = code_facts(code)
+        label = g.get("__name__", "?")
+        for name in facts.names:
+            value = g.get(name, MISSING)
+            if value is MISSING or not by_name(value):
+                continue
+            self.namespaces.note(g, label, name, value)
+            if isinstance(value, types.ModuleType):
+                for chain in facts.chains:
+                    if chain[0] == name:
+                        self._note_chain(value, chain[1:])
+
+    def _note_user_namespace(self, module: types.ModuleType) -> None:
+        """A user's module used as a value (`getattr(cfg, name)`, `self.cfg_module.SCALE`): every name in it is
+        guarded by identity (one dict-version check per call), since no bytecode chain says which are read."""
+        if is_user_module(module):
+            self.namespaces.note_whole(module.__dict__, module.__name__)
+
+    def _note_chain(self, module: types.ModuleType, attrs: tuple[str, ...]) -> None:
+        for attr in attrs:
+            found = module.__dict__.get(attr, MISSING)
+            if found is MISSING or not by_name(found):
+                return
+            self.namespaces.note(module.__dict__, module.__name__, attr, found)
+            if not isinstance(found, types.ModuleType):
+                return
+            module = found
+
+    def _adopt_module_chains(self, module: types.ModuleType, source: Source, name: str,
+                             chains: tuple[tuple[str, ...], ...], where: str) -> None:
+        """`F.gelu`, `torch.nn.functional.gelu`, `cfg.FLAG` through a module global: the module itself by
+        identity, and each attribute reached. Modules, classes, builtins and library functions found in a
+        module's `__dict__` are guarded by identity through one NamespaceReads (dict versions: a fixed cost per
+        call however many names); other values (a config constant, a user function) by their own guards."""
+        self.guard(source, Kind.ID, module, where)
+        for chain in chains:
+            if chain[0] != name:
+                continue
+            value: Any = module
+            src = source
+            for attr in chain[1:]:
+                if not isinstance(value, types.ModuleType):
+                    break
+                namespace = value.__dict__
+                found = getattr(value, attr, MISSING)
+                src = Attr(src, attr)
+                if ours(found):
+                    break  # stampout's stand-in while capturing (`torch.compiler.is_compiling`)
+                if attr in namespace and namespace[attr] is found and by_name(found):
+                    self.namespaces.note(namespace, value.__name__, attr, found)
+                else:
+                    self.adopt(found, src, where=where)
+                    break
+                value = found

@@ -1,0 +1,120 @@
+"""What one region trace changed outside itself: attribute stores, containers changed in place, attributes set
+on its input tensors, globals its code assigns. A compiled program's frame keeps them to replay; a region trace
+that makes one it cannot replay is ineligible (see RegionFrame).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..frames import user_location
+from ..guards import Kind, is_constant
+from ..sources import MISSING, Arg, Attr, Item, Source
+from ..torch_internals import FakeTensor
+from ..tracking import Watch
+from .objects import contents, copy_value, fake_fields
+
+
+class FrameWrites:
+    """The writes part of a RegionFrame: its attributes are set in `_begin_writes`."""
+
+    # the host's (RegionFrame), read here
+    program: bool
+    labels: list[str]
+    sources: dict[int, Source]
+    watch: Watch
+    guard: Callable[..., None]
+    adopt: Callable[..., None]
+    mark_ineligible: Callable[..., None]
+
+    def _begin_writes(self, leaves: list[Any]) -> None:
+        self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
+        self.stores: list[tuple[Any, str, Any, Any, str]] = []  # (object, attribute, value, value before,
+        # file:line) of each write, in order
+        self._written: set[tuple[int, str]] = set()  # attributes this trace wrote: later reads read its value
+        self.made: set[int] = set()  # objects first seen as the value of such an attribute (made during the call)
+        self.containers: list[tuple[Any, Source, tuple]] = []
+        self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
+        # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
+        self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
+
+    def note_tensor_fields(self, index: int, keys: tuple, fields: dict, where: str = "") -> None:
+        """The call's input `index` is a tensor carrying Python attributes (`fields`, copied onto its fake; `keys`
+        all its `__dict__`'s): guarded."""
+        attrs = Attr(Arg(index, self.labels[index]), "__dict__")
+        self.guard(attrs, Kind.KEYS, keys, where)
+        for k, v in fields.items():
+            self.adopt(v, Item(attrs, k), where=where)
+
+    def _close_tensor_fields(self) -> None:
+        """Attributes the traced Python set on (or deleted from) an input tensor: a store the program's
+        compiled calls replay on their own inputs; a region trace that does it cannot be stamped."""
+        internal = fake_fields()
+        for i, t, before in self._input_fields:
+            after = t.__dict__
+            for name in [k for k in {**before, **after} if k not in internal and not k.startswith("_")]:
+                old, new = before.get(name, MISSING), after.get(name, MISSING)
+                if old is new:
+                    continue
+                target = f"{self.labels[i]}.{name}"
+                self.writes.append(f"{target} (set on an input tensor)")
+                if self.program:  # replayed on each call's input, which must have the attributes this one had
+                    self.guard(Attr(Arg(i, self.labels[i]), "__dict__"), Kind.KEYS,
+                               tuple(k for k in before if k not in internal), f"{target} is set by the program")
+                    self.stores.append((t, name, new, old, target))
+                else:
+                    self.mark_ineligible(f"sets {target}, an attribute of its input tensor (a Python side effect)")
+
+    def _note_container(self, value: Any, source: Source, where: str) -> None:
+        """Watch a mutable container for changes, once: a second path to the same list (a closure cell and a class
+        attribute) is guarded to lead to it, and its changes are planned at the first."""
+        for known, first, *_ in self.containers:
+            if known is value:
+                if first != source:
+                    self.guard(source, Kind.SAME, first, where)
+                return
+        self.containers.append((value, source, contents(value), copy_value(value)))
+        if is_constant(value) and type(value) in (list, dict):  # (a dict of lists: the trace may change an inner
+            # one through a subscript)
+            for key, item in list(value.items() if isinstance(value, dict) else enumerate(value)):
+                if type(item) in (list, dict, set):
+                    self._note_container(item, Item(source, key), where)
+
+    def note_changed_container(self, value: dict, source: Source, before: dict) -> None:
+        """A container changed by the program behind the watch (a module's `_buffers` by `register_buffer`), with
+        its items `before`: planned and undone as the containers noted when read."""
+        self.containers.append((value, source, contents(before), before))
+
+    def note_input_containers(self, value: Any, source: Source) -> None:
+        """Lists and dicts among the call's arguments (opened into leaves), at `source`: what the program
+        changes in them is a side effect (replayed by compiled calls into each call's own containers)."""
+        if type(value) in (list, dict):
+            self._note_container(value, source, "")
+        if isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                self.note_input_containers(item, Item(source, i))
+        elif isinstance(value, dict):
+            for k, item in value.items():
+                self.note_input_containers(item, Item(source, k))
+
+    def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
+        base = self.sources.get(id(obj))
+        if base is None and (obj not in self.watch or id(obj) in self.watch.arguments):
+            return  # an object made during this capture
+        target = f"{base.name()}.{name}" if base is not None else f"a {type(obj).__name__}.{name}"
+        where = user_location(3)
+        self.writes.append(f"{target} at {where}")
+        self.stores.append((obj, name, value, old, where))
+        self._written.add((id(obj), name))
+        if not self.program and base is None:
+            self.mark_ineligible(f"writes {target} (a Python side effect) at {where}")
+        # (stores on objects it can name are replayed by its stamped calls when their values allow it:
+        # RegionCalls decides when the trace ends)
+
+    def _close_containers(self) -> None:
+        for value, source, before, _ in self.containers:
+            if contents(value) != before:
+                self.writes.append(f"{source.name()} (changed in place)")
+                if not self.program:
+                    self.mark_ineligible(f"changes {source.name()} in place (a Python side effect)")
