@@ -29,7 +29,7 @@ def identifier(text: str, fallback: str = "input") -> str:
     return f"_{name}" if name[0].isdigit() else name
 
 
-_EMPTY: dict = {}
+_EMPTY = types.MappingProxyType({})
 # What nn.Module.__init__ puts in every module's __dict__ (none is a tensor); `training` included
 _MODULE_FIELDS = frozenset(torch.nn.Module().__dict__)
 
@@ -49,6 +49,7 @@ class TensorNames:
 
     def __init__(self, fn: Callable, leaves: list[Any] = (), labels: list[str] = ()) -> None:
         self._found: dict[int, tuple[str, Source, str]] = {}  # id -> (name, root source, path below it)
+        self._owners: dict[tuple[int, str], Source] = {}  # (id of a root source, module path) -> its source
         root = root_module(fn)
         if root is not None:
             self._walk(root, "", Arg(0, "self"))
@@ -146,4 +147,16 @@ class TensorNames:
         if hit is None:
             return None
         name, root, path = hit
-        return name, root if path is None else module_path(root, path.rstrip("."))
+        return name, root if path is None else self._source(root, path.rstrip("."))
+
+    def _source(self, root: Source, path: str) -> Source:
+        """`module_path(root, path)`, sharing the sources of the modules above it (a layer's parameters are
+        found one after another; sources are immutable)."""
+        owner, _, attr = path.rpartition(".")
+        if not owner:
+            return module_path(root, path)
+        key = (id(root), owner)
+        parent = self._owners.get(key)
+        if parent is None:
+            parent = self._owners[key] = self._source(root, owner)
+        return Attr(parent, attr)

@@ -499,7 +499,6 @@ _FAST_NODES = all(hasattr(_PROBE, f) for f in ("_graph_namespace", "_insert", "_
     hasattr(_PROBE._graph_namespace, f) for f in ("create_name", "associate_name_with_obj")) and hasattr(
     _PROBE._find_nodes_lookup_table, "insert")
 del _PROBE
-_NODE_NAMES: dict[Any, str] = {}  # callable target -> the name create_node bases its node's name on
 _NO_KWARGS = fx.immutable_collections.immutable_dict()
 
 
@@ -513,16 +512,7 @@ def append_node(graph: fx.Graph, op: str, target: Any, args: tuple = (), kwargs:
                  if before is not None else contextlib.nullcontext())
         with where:
             return graph.create_node(op, target, args, kwargs, name)
-    if name is None:
-        try:
-            name = _NODE_NAMES.get(target) if callable(target) else None
-        except TypeError:  # (an unhashable callable)
-            name = graph._target_to_str(target)
-        if name is None:
-            name = graph._target_to_str(target)
-            if callable(target):
-                _NODE_NAMES[target] = name
-    name = graph._graph_namespace.create_name(name, None)
+    name = graph._graph_namespace.create_name(graph._target_to_str(target) if name is None else name, None)
     node = fx.Node(graph, name, op, target, args, kwargs or _NO_KWARGS, None)
     graph._graph_namespace.associate_name_with_obj(name, node)
     if after is not None:
