@@ -112,7 +112,18 @@ def test_the_torch_key_fingerprint_misses_when_a_file_torch_hashes_changes(tmp_p
     extension = fingerprint(root, "2.13.0")
     assert extension != added
     (tmp_path / "_inductor" / "script.ld").write_text("ld 2\n")
-    assert fingerprint(root, "2.13.0") != extension
+    extra = fingerprint(root, "2.13.0")
+    assert extra != extension
+
+    outside = tmp_path.parent / f"{tmp_path.name}_linked"  # a package that is a symbolic link (torch follows it)
+    outside.mkdir()
+    (outside / "__init__.py").write_text("")
+    (outside / "loop").symlink_to(outside)  # (a cycle: walked once)
+    (tmp_path / "linked").symlink_to(outside)
+    linked = fingerprint(root, "2.13.0")
+    assert linked != extra
+    (outside / "__init__.py").write_text("B = 1\n")
+    assert fingerprint(root, "2.13.0") != linked
 
 
 def test_headers_are_not_precompiled_only_inside_stampouts_compiles(tmp_path, monkeypatch):

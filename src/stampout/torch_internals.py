@@ -243,9 +243,10 @@ class Patch:
 
 
 # Note: permanent patches of torch
-# Three features change torch for good once used: `patch_parameter_writes` (below: nn.Parameter's metadata setters
+# Four features change torch for good once used: `patch_parameter_writes` (below: nn.Parameter's metadata setters
 # and torch.utils.swap_tensors bump the compiled functions' epoch), backends/toolchain.install (Inductor's ISA checks
-# memoized) and aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph, one trace per subgraph).
+# memoized), backends/startup.scope (Inductor's header precompiles, skipped where they do not pay, on a thread inside
+# stampout's compiles only) and aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph).
 # Each replacement goes through `patch_permanently`: it must name a target of PATCH_TARGETS (checked per torch
 # release) or a public one, and PERMANENT_PATCHES lists what this process changed.
 PERMANENT_PATCHES: list[Patch] = []

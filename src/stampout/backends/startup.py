@@ -59,17 +59,24 @@ STATS = {"key_remembered": 0, "key_hashed": 0, "headers_skipped": 0, "headers_de
 
 def fingerprint(root: str, version: str) -> str:
     """A digest of what `torch_key()` reads under `root` (torch's directory), from `stat` alone: every file with
-    an importable suffix outside `__pycache__`, and torch's extra files, by path, size, mtime, ctime and inode."""
+    an importable suffix outside `__pycache__`, and torch's extra files, by path, size, mtime, ctime and inode (of
+    the file a link points to)."""
     digest = hashlib.sha256(f"{version}\0{root}\n".encode())
 
     def add(path: str, st: os.stat_result) -> None:
         digest.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n".encode())
 
-    def walk(folder: str) -> None:
+    seen: set[tuple[int, int]] = set()
+
+    def walk(folder: str) -> None:  # (symbolic links followed, as torch's hash follows them; each folder once)
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen:
+            return
+        seen.add((st.st_dev, st.st_ino))
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir():
                 if entry.name != "__pycache__":
                     walk(entry.path)
             elif entry.name.endswith(_SUFFIXES):
