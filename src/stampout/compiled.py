@@ -27,7 +27,6 @@ from .capturing import capture_program, frame_function
 from .compile_args import check_arguments, describe, shorten
 from .compiled_entries import CallKey, EagerEntry, Entry, new_key
 from .context import current
-from .effects import replay
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import failed_at, raised_by_user, user_location
 from .guards import Kind
@@ -169,7 +168,7 @@ class CompiledFunction:
         effects = cap.effects
         if effects.effects:
             n = len(outputs) - len(effects.extra)
-            replay(effects.effects, ctx, outputs[n:])
+            entry.replay(ctx, outputs[n:])
             outputs = outputs[:n]
         return build(cap.output_template, outputs, leaves)
 

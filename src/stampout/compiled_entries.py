@@ -4,6 +4,7 @@ that runs a program eagerly (with its compiled pieces, where it broke)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -11,11 +12,13 @@ from typing import Any, NamedTuple
 import torch
 
 from .capture import Capture
-from .guards import Guard, Kind, compile_guards, first_failure, tensor_kind
+from .effects import Effect, Value
+from .guards import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
 from .regions.fingerprint import describe_difference, without_sizes
-from .sources import MISSING, Absolute, Attr, CallContext, Source, TypeOf
+from .replay_code import compile_replay
+from .sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
 from .torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
 from .tracking import EPOCH, WriteWatch
 
@@ -89,6 +92,12 @@ def relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list[
     return out
 
 
+def _anchored_effect(effect: Effect, anchors: Anchors) -> Effect:
+    """`effect` with its target and the sources of its values starting from anchors."""
+    values = tuple(Value(v.kind, anchors.rewrite(v.value)) if v.kind == "source" else v for v in effect.values)
+    return dataclasses.replace(effect, target=anchors.rewrite(effect.target), values=values)
+
+
 class EntryState:
     """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
     metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
@@ -148,9 +157,15 @@ class Entry:
                     self.per_call_positions.append(position)
                     per_call.append(source)
             self.anchors = Anchors(protection)
+            effects = cap.effects.effects if cap.effects is not None else []
+            self.effects = [(_anchored_effect(e, self.anchors), e) for e in effects]
+            self._replay = compile_replay([anchored for anchored, _ in self.effects])
             always = anchored(always, self.anchors)
             per_call = [self.anchors.rewrite(source) for source in per_call]
-        self.always = compile_guards(always, per_call)
+        deferred: list[Guard] = []
+        self.always = compile_guards(always, per_call, deferred)
+        self.deferred = DeferredTensors(deferred)  # the per-call tensors' metadata: one C++ check
+        self.per_call_count = len(per_call)
         self.tensor_sources = [g.source for g in tensors]
         self.state: EntryState | None = None
 
@@ -208,6 +223,11 @@ class Entry:
         per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
         if per_call is False:
             return None
+        n = self.per_call_count
+        if len(per_call) > n:
+            if not self.deferred.check(per_call[n:]):
+                return None
+            per_call = per_call[:n]
         if not state.tensor_guard.check(*state.tensors):
             return None
         if per_call:
@@ -220,6 +240,23 @@ class Entry:
         if shapes is not None and not shapes.check(shapes.values(ctx.leaves[1:], lifted)):
             return None
         return lifted
+
+    def replay(self, ctx: CallContext, outputs: list[Any]) -> None:
+        """The capture's stores, after a call this entry admitted. Their targets start from the anchors
+        (`cache.layers[<anchor>]`: no walk from the root per store) while EPOCH stays where the anchors were
+        resolved; after a store that moved it (a replayed write to a watched module), from the root."""
+        state = self.state
+        epoch = state.epoch if state is not None and state.epoch == EPOCH.value and state.unwritten() else None
+        anchored = AnchoredContext(ctx, state.anchors) if epoch is not None else None
+        with DisableTorchFunction():
+            done = 0
+            if epoch is not None and self._replay is not None:  # (generated: replay_code.py)
+                done = self._replay(ctx.leaves, ctx.fn, state.anchors, outputs, epoch)
+            for from_anchors, from_root in self.effects[done:]:
+                if EPOCH.value == epoch:
+                    from_anchors.replay(anchored, outputs)
+                else:
+                    from_root.replay(ctx, outputs)
 
     def guard_code(self) -> str:
         """The source of the predicates that admit a call: the full check (run after a write to a watched object

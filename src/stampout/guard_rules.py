@@ -229,13 +229,27 @@ class SizeRule(Rule):
         return f"_size_key({var}) == {const}"
 
 
+_BY_IDENTITY = (type(None), bool)
+_BY_VALUE = ((int, "_int"), (str, "_str"), (torch.device, "_device"), (torch.dtype, "_dtype"))  # exact type, then ==
+
+
 @_rule(Kind.CONST)
 class ConstRule(Rule):
     def observe(self, value: Any) -> Any:
         return const_key(value) if value is not MISSING and is_constant(value) else MISSING
 
+    def constant(self, guard: Expecting) -> Any:
+        t, value = guard.expected
+        return value if t in _BY_IDENTITY or t in dict(_BY_VALUE) else guard.expected
+
     def condition(self, guard: Expecting, var: str, const: str) -> str:
-        if guard.expected[0] in (type(None), bool, int, float, str):  # a scalar: no container walk
+        t = guard.expected[0]
+        if t in _BY_IDENTITY:  # None, True, False: the one object of that value
+            return f"{var} is {const}"
+        by_value = dict(_BY_VALUE)
+        if t in by_value:  # the exact type, then ==: what const_key's (type, value) compares
+            return f"(type({var}) is {by_value[t]} and {var} == {const})"
+        if t is float:  # a scalar: no container walk
             return f"({var} is not _MISSING and _const_key({var}) == {const})"
         return f"({var} is not _MISSING and _is_constant({var}) and _const_key({var}) == {const})"
 
@@ -388,6 +402,10 @@ HELPERS = {
     "_object_dict": _object_dict,
     "_module_attr": _module_attr,
     "_Tensor": torch.Tensor,
+    "_int": int,
+    "_str": str,
+    "_device": torch.device,
+    "_dtype": torch.dtype,
     "_Module": torch.nn.Module,
     "_false": lambda: False,
     **RESOLVE_HELPERS,

@@ -15,8 +15,8 @@ import torch
 from .guard_rules import HELPERS, OBJECT_GETATTRIBUTE, Kind, const_key, is_auto_mark, is_constant, show_const
 from .hook_keys import describe_hooks, hooks_key
 from .sources import MISSING, Absolute, Attr, CallContext, Item, Source, mro_attr
-from .tensormeta import tensor_kind, tensor_meta
-from .torch_internals import DisableTorchFunction
+from .tensormeta import meta_values, tensor_kind, tensor_meta
+from .torch_internals import DisableTorchFunction, tensor_guards
 
 _MODULE_GETATTR = torch.nn.Module.__getattr__
 
@@ -55,12 +55,15 @@ class Guard:
         return self.kind.rule.condition(self, var, const)
 
 
-def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> Callable[[list[Any], Any], Any]:
+def compile_guards(guards: list[Guard], results: list[Source] | None = None,
+                   deferred: list[Guard] | None = None) -> Callable[[list[Any], Any], Any]:
     """One generated function `check(leaves, fn, anchors=())` testing every guard, shared prefixes resolved once
 (`Anchor` sources read `anchors`).
 
     It returns False when a guard fails; otherwise True, or, with `results`, the tuple of the values at
-    those sources (stamping needs the parameters the guards just resolved)."""
+    those sources (stamping needs the parameters the guards just resolved). With `deferred` (a list, filled
+    here), tensor-metadata guards test only the class and storage offset; the rest of their metadata is left
+    to the caller's one C++ check (`DeferredTensors`): their values follow the results in the tuple."""
     namespace: dict[str, Any] = dict(HELPERS)
     lines = ["def check(leaves, fn, anchors=()):"]
     var_of: dict[Source, str] = {}
@@ -94,17 +97,24 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
         var_of[source] = name
         return name
 
+    later: list[str] = []
     for i, guard in enumerate(guards):
         var = bind(guard.source)
         rule = guard.kind.rule
         const = f"e{i}"
+        if deferred is not None and guard.kind is Kind.TENSOR and type(guard.expected.offset) is int:
+            namespace[const] = guard.expected.offset
+            lines.append(f"    if not (isinstance({var}, _Tensor) and {var}.storage_offset() == {const}): return False")
+            deferred.append(guard)
+            later.append(var)
+            continue
         if rule.uses_constant:
             namespace[const] = rule.constant(guard)
         lines.append(f"    if {rule.fails(guard, var, const, bind)}: return False")
-    if results is None:
+    if results is None and deferred is None:
         lines.append("    return True")
     else:
-        values = [bind(source) for source in results]
+        values = [bind(source) for source in results or ()] + later
         lines.append(f"    return ({''.join(v + ', ' for v in values)})")
     code = "\n".join(lines)
     exec(compile(code, "<stampout guards>", "exec"), namespace)
@@ -112,6 +122,30 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None) -> 
     check.source_code = code  # type: ignore[attr-defined]
     check.guards, check.variables = guards, var_of  # (for printing it: report.annotated)  # type: ignore[attr-defined]
     return check
+
+
+class DeferredTensors:
+    """The metadata checks `compile_guards` left out of a generated predicate (`deferred`), on the tensors it
+    returns: one C++ check (TensorGuards: class, sizes, strides, dtype, device, requires_grad, dispatch keys),
+    made from the first tensors that passed the exact check in Python. Where the C++ check fails (a tensor
+    listed twice, other dispatch keys) the exact check decides, so it admits exactly what the Python guards
+    admit: the C++ check passing implies it."""
+
+    __slots__ = ("expected", "fast")
+
+    def __init__(self, guards: list[Guard]) -> None:
+        self.expected = [tuple(g.expected) for g in guards]
+        self.fast: Any = None
+
+    def check(self, values: tuple) -> bool:
+        fast = self.fast
+        if fast is not None and fast.check(*values):
+            return True
+        if not all(meta_values(v) == e for v, e in zip(values, self.expected)):
+            return False
+        if fast is None and len({id(v) for v in values}) == len(values):
+            self.fast = tensor_guards(list(values))  # (TensorGuards rejects a tensor listed twice)
+        return True
 
 
 def first_failure(guards: list[Guard], ctx: CallContext) -> tuple[int, Guard, Any] | None:

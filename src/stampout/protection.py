@@ -24,13 +24,6 @@ def _instance_dict_item(source: Source) -> bool:
     return isinstance(source, Item) and isinstance(parent, Attr) and parent.attr == "__dict__"
 
 
-def _path(source: Source) -> list[Source]:
-    out = [source]
-    while (parent := out[-1].base()) is not None:
-        out.append(parent)
-    return out[::-1]
-
-
 class Protection:
     """Which guards and sources only a write to a watched object can invalidate, in one call context (watching
     the objects on their paths as a side effect). Each prefix of a path is decided once: the thousands of
@@ -111,17 +104,20 @@ class Anchors:
         self._of: dict[Source, Source | None] = {}
 
     def rewrite(self, source: Source) -> Source:
-        """`source` starting from the anchor of its deepest protected prefix (its operands too)."""
+        """`source` starting from the anchor of its deepest protected prefix, and so the operands of every step
+        (`cache.layers[<self.layers[3].attn.layer_idx>].keys`: the index is an anchor, not a walk from the root)."""
         if isinstance(source, SlotItem):
             index = self.rewrite(source.index)
             parent = self.rewrite(source.parent)
             return source if parent is source.parent and index is source.index else SlotItem(parent, index)
-        path = _path(source)
-        for depth in range(len(path) - 1, -1, -1):
-            anchor = self._anchor(path[depth])
-            if anchor is not None:
-                return _replace(source, path[depth], anchor)
-        return source
+        anchor = self._anchor(source)
+        if anchor is not None:
+            return anchor
+        parent = source.base()
+        if parent is None:
+            return source
+        new = self.rewrite(parent)
+        return source if new is parent else source.with_parent(new)
 
     def _anchor(self, prefix: Source) -> Source | None:
         if prefix in self._of:
@@ -160,13 +156,6 @@ class Anchors:
                     if isinstance(obj, torch.nn.Module) and prefix.attr in obj.__dict__:
                         out.append(obj)
         return out
-
-
-def _replace(source: Source, prefix: Source, new: Source) -> Source:
-    if source == prefix:
-        return new
-    parent = source.base()
-    return source.with_parent(_replace(parent, prefix, new))
 
 
 def anchored(guards: list[Guard], anchors: Anchors) -> list[Guard]:

@@ -76,6 +76,16 @@ class CallContext:
         self.inputs = inputs  # the call's (args, kwargs): its lists and dicts, which no leaf names
 
 
+class AnchoredContext(CallContext):
+    """A call context whose `Anchor` sources read `anchors` (the objects a passed check started from)."""
+
+    __slots__ = ("anchors",)
+
+    def __init__(self, ctx: CallContext, anchors: tuple) -> None:
+        super().__init__(ctx.leaves, ctx.fn, ctx.inputs)
+        self.anchors = anchors
+
+
 class _Root(Source):
     """A source that starts a path: the `index`-th of something its kind names (`key`), written as `label`."""
 
@@ -163,7 +173,10 @@ class Anchor(_Root):
     KIND = "anchor"
 
     def _step(self, ctx, memo):
-        raise AssertionError("an Anchor is resolved by its compiled function, not from a call context")
+        anchors = getattr(ctx, "anchors", None)
+        if anchors is None:
+            raise AssertionError("an Anchor is resolved by its compiled function or an AnchoredContext")
+        return anchors[self.index]
 
     def expr(self, base_expr: str = "") -> str:
         return f"anchors[{self.index}]"
