@@ -1,11 +1,13 @@
 """Cost of one more stamped layer: stampout.capture against Dynamo + nested_compile_region, in one process.
 
-    python bench/stamped_layer.py --models user hf-llama --depths 1 32 --repeat 3
+    python bench/stamped_layer.py --models user hf-llama --depths 1 32 --repeat 3 [--inner 5]
 
 For each model, depth and variant, a fresh model is built and every cache reset, then one capture is timed in
 CPU seconds of the capturing thread (`time.thread_time`: what other jobs on a shared machine take is not
 counted) and in wall seconds. Variants alternate within each round, so load falls on both alike; the minimum
-over rounds is reported. Dynamo's time is its first call's `compile_inner` share of the thread's CPU time
+over rounds is reported (stampout's capture, ~100x cheaper, is taken `--inner` times a round: on a loaded
+machine the minimum of a few samples of a 30 ms capture still varies by more than its per-layer cost).
+Dynamo's time is its first call's `compile_inner` share of the thread's CPU time
 (its capture alone, not the eager run of the first call). Per stamped layer = (t(N) - t(1)) / (N - 1); the
 ratio is stampout's per-layer cost as a percentage of Dynamo + nested_compile_region's from the same run.
 Models as in `stampout bench` (user: bench/user_model.py; hf-llama: transformers' Llama, regions marked).
@@ -63,6 +65,7 @@ def main() -> int:
     p.add_argument("--models", nargs="+", default=["user", "hf-llama"])
     p.add_argument("--depths", type=int, nargs=2, default=[1, 32])
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--inner", type=int, default=5, help="stampout captures per round (the minimum is kept)")
     a = p.parse_args()
     torch.set_num_threads(1)
     lo, hi = a.depths
@@ -73,9 +76,10 @@ def main() -> int:
         for _ in range(a.repeat):
             for depth in (lo, hi):
                 for variant in VARIANTS:
-                    cpu, wall = time_once(model, variant, depth)
-                    old = best.get((variant, depth), (float("inf"), float("inf")))
-                    best[(variant, depth)] = (min(old[0], cpu), min(old[1], wall))
+                    for _ in range(a.inner if variant == "stampout_regions" else 1):
+                        cpu, wall = time_once(model, variant, depth)
+                        old = best.get((variant, depth), (float("inf"), float("inf")))
+                        best[(variant, depth)] = (min(old[0], cpu), min(old[1], wall))
         per = {v: [(best[(v, hi)][k] - best[(v, lo)][k]) / (hi - lo) for k in (0, 1)] for v in VARIANTS}
         s, d = per["stampout_regions"], per["dynamo_nested"]
         print(f"{model}: per stamped layer, CPU: stampout {s[0] * 1e3:.2f} ms vs Dynamo + nested {d[0] * 1e3:.1f} ms"
