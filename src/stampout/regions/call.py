@@ -24,7 +24,7 @@ from ..structure import aliases_of, build, flatten_inputs, template_constants, t
 from ..torch_internals import DisableTorchFunction, FakeTensor, LazyGraphModule, invoke_subgraph, without_module_hooks
 from ..tracer import Tracer
 from ..tracking import Watch
-from ..world import Snapshot
+from ..world_snapshot import Snapshot
 from .cache import ArgInput, Output, RegionCache, ReuseEntry, SourceInput, Store, SymbolInput
 from .code import code_facts, is_user_code
 from .events import Ineligible, Outcome, RegionEvent, RegionStats
