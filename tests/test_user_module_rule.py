@@ -12,7 +12,7 @@ import torch
 
 import stampout
 from stampout.regions.code import is_user_module
-from stampout.world import Snapshot
+from stampout.world_snapshot import Snapshot
 
 MADE = types.ModuleType("made_config")  # (no file, no spec: made by code)
 MADE.SCALE = 2.0

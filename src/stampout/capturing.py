@@ -46,6 +46,7 @@ from .held_inputs import (
     rebuild_inputs,
 )
 from .leftovers import left_over_fakes, make_real, methods_of, modules_of
+from .lost_gradients import autograd_refusal
 from .names import TensorNames, identifier
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
@@ -60,7 +61,8 @@ from .torch_internals import (
 from .torch_internals import LazyGraphModule as _LazyGraphModule
 from .tracer import Tracer
 from .tracking import Watch
-from .world import RandomStates, autograd_refusal, check_left_over
+from .world import RandomStates
+from .world_snapshot import check_left_over
 
 log = logging.getLogger("stampout.capture")
 

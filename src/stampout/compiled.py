@@ -30,6 +30,7 @@ from .context import current
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
 from .frames import failed_at, raised_by_user, user_location
 from .guards import Kind
+from .lost_gradients import autograd_refusal
 from .names import root_module
 from .piecewise import GraphBreak, first_line, split
 from .protection import Protection
@@ -46,7 +47,6 @@ from .sources import Arg, Attr, CallContext, Source
 from .structure import argument_names, build, flatten_inputs
 from .torch_internals import DisableTorchFunction, patch_parameter_writes
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
-from .world import autograd_refusal
 
 log = logging.getLogger("stampout.guards")
 _LIVE: weakref.WeakSet = weakref.WeakSet()

@@ -16,7 +16,7 @@ from ..structure import aliases_of, flatten_inputs
 from ..torch_internals import DisableTorchFunction
 from ..tracer import Tracer
 from ..tracking import Watch
-from ..world import Snapshot
+from ..world_snapshot import Snapshot
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
 from .events import Ineligible, Outcome, RegionEvent, RegionStats
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
