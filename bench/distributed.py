@@ -4,11 +4,13 @@ torch.compile on the same sharded Llama-like (tests/distributed_worker.py: each 
 
     python bench/distributed.py                       # depths 4, 8 and 16, backend aot_eager
     python bench/distributed.py --depths 4 --backend eager
-    python bench/distributed.py --src ../main/src     # another checkout's stampout (before/after, same run)
+    python bench/distributed.py --src ../main/src     # another checkout's stampout
+    python bench/distributed.py --before ../main/src  # and that one too, as a third variant (before/after, same run)
 
 Each cell is 2 fresh processes (one per rank). *first* is from the compile call to the end of the first
 `backward()` (capture, compile, one step), wall clock and the rank process's CPU time (*first cpu*: steadier on a
-shared machine); *steady* the median of the next 5 steps; each the slower rank's.
+shared machine); *steady* the median wall time of the next 10 steps, *steady cpu* the least thread CPU time of
+one of them (min of 10: what a step costs when the machine leaves it alone); each the slower rank's.
 Ratios are stampout / torch.compile from the same run: below 1 stampout is faster. Raw numbers:
 bench/out/distributed.json. Timings on a shared 2-core machine are noisy.
 """
@@ -28,7 +30,6 @@ import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
-VARIANTS = ("stampout", "torch")
 
 
 def _rank(variant: str, depth: int, backend: str, out: str) -> None:
@@ -52,22 +53,22 @@ def _rank(variant: str, depth: int, backend: str, out: str) -> None:
 
     step(model)  # (FSDP's lazy init and a warm eager step, before the clock)
     start, cpu = time.perf_counter(), time.process_time()
-    fn = stampout.compile(model, backend=backend) if variant == "stampout" else torch.compile(model, backend=backend)
+    fn = torch.compile(model, backend=backend) if variant == "torch" else stampout.compile(model, backend=backend)
     step(fn)
     first, first_cpu = time.perf_counter() - start, time.process_time() - cpu
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
+    times, cpus, eager = [], [], []
+    for _ in range(10):
+        t, c = time.perf_counter(), time.thread_time()
         step(fn)
         times.append(time.perf_counter() - t)
-    eager = []
-    for _ in range(5):
+        cpus.append(time.thread_time() - c)
+    for _ in range(10):
         t = time.perf_counter()
         step(model)
         eager.append(time.perf_counter() - t)
     with open(out, "w") as f:
         json.dump({"first": first, "first_cpu": first_cpu, "steady": statistics.median(times),
-                   "eager": statistics.median(eager)}, f)
+                   "steady_cpu": min(cpus), "eager": statistics.median(eager)}, f)
     dist.destroy_process_group()
 
 
@@ -95,6 +96,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--src", help="the src folder of the stampout to time (default: this checkout's)")
+    parser.add_argument("--before", help="another checkout's src folder, timed as a third variant")
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--rank", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -103,19 +105,25 @@ def main() -> int:
         _rank(variant, int(depth), backend, out)
         return 0
     rows = []
-    print(f"{'depth':>5} {'variant':>9} {'first':>9} {'first cpu':>9} {'steady':>9} {'eager':>9}")
+    srcs = {"stampout": os.path.abspath(args.src) if args.src else None, "torch": None}
+    if args.before:
+        srcs["before"] = os.path.abspath(args.before)
+    print(f"{'depth':>5} {'variant':>9} {'first':>9} {'first cpu':>9} {'steady':>9} {'steady cpu':>10} {'eager':>9}")
     for depth in args.depths:
-        cells = {v: _cell(v, depth, args.backend, os.path.abspath(args.src) if args.src else None) for v in VARIANTS}
+        cells = {v: _cell(v, depth, args.backend, src) for v, src in srcs.items()}
         for v, c in cells.items():
             if "error" in c:
                 print(f"{depth:>5} {v:>9} failed: {c['error']}")
             else:
                 print(f"{depth:>5} {v:>9} {c['first']:>8.2f}s {c['first_cpu']:>8.2f}s {c['steady'] * 1e3:>7.1f}ms "
-                      f"{c['eager'] * 1e3:>7.1f}ms")
-        a, b = cells["stampout"], cells["torch"]
-        if "error" not in a and "error" not in b:
-            print(f"{depth:>5} {'ratio':>9} {a['first'] / b['first']:>9.2f} {a['first_cpu'] / b['first_cpu']:>9.2f} "
-                  f"{a['steady'] / b['steady']:>9.2f}")
+                      f"{c['steady_cpu'] * 1e3:>8.1f}ms {c['eager'] * 1e3:>7.1f}ms")
+        b = cells["torch"]
+        for v in (v for v in cells if v != "torch"):
+            a = cells[v]
+            if "error" not in a and "error" not in b:
+                print(f"{depth:>5} {v[:3] + '/torch':>9} {a['first'] / b['first']:>9.2f} "
+                      f"{a['first_cpu'] / b['first_cpu']:>9.2f} {a['steady'] / b['steady']:>9.2f} "
+                      f"{a['steady_cpu'] / b['steady_cpu']:>10.2f}")
         rows.append({"depth": depth, "backend": args.backend, **{v: c for v, c in cells.items()}})
     os.makedirs(os.path.join(_HERE, "out"), exist_ok=True)
     with open(os.path.join(_HERE, "out", "distributed.json"), "w") as f:

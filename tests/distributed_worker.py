@@ -159,9 +159,30 @@ def fsdp_compile(backends: str) -> dict:
         compiled = stampout.compile(model, backend=backend)
         got = train(model, compiled, 3, 1)
         report[backend] = {"rows": differences(eager, got), "stats": stampout_stats(compiled),
-                           "world": world_after(model, ref)}
+                           "world": world_after(model, ref), "steady": steady_step(compiled)}
     report["capture"] = fsdp_capture(ref, eager)
     return report
+
+
+def steady_step(fn) -> dict:
+    """One more training step of a compiled model after its first ones: whether the write epoch moved and how
+    many entries ran their full guard check (FSDP's parameter swaps are checked per call: fsdp_slots.py)."""
+    from stampout import compiled_entries
+    from stampout.tracking import EPOCH
+
+    refresh, calls = compiled_entries.Entry.refresh, []
+
+    def counted(self, ctx):
+        calls.append(1)
+        return refresh(self, ctx)
+
+    compiled_entries.Entry.refresh = counted
+    try:
+        before = EPOCH.value
+        fn(torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(5))).sum().backward()
+        return {"epoch_moved": EPOCH.value != before, "full_checks": len(calls)}
+    finally:
+        compiled_entries.Entry.refresh = refresh
 
 
 def fsdp_capture(ref: nn.Module, eager: list) -> dict:

@@ -62,6 +62,16 @@ def test_fsdp_sharded_blocks_are_one_region_trace(ranks, backend):
 @needs_gloo
 @on_ranks(FSDP)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fsdp_steady_step_checks_per_call_only(ranks, backend):
+    """After the first steps, FSDP's parameter swaps (2 per parameter and step, and again in backward) move no
+    write epoch, so no piece runs its full guard check: each checks its swapped slots by identity per call."""
+    for report in ranks(FSDP):
+        assert report[backend]["steady"] == {"epoch_moved": False, "full_checks": 0}
+
+
+@needs_gloo
+@on_ranks(FSDP)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_fsdp_ranks_capture_the_same_program(ranks, backend):
     first, second = (r[backend]["stats"] for r in ranks(FSDP))
     assert first["code"] == second["code"] and "invoke_subgraph" in first["code"]

@@ -13,6 +13,7 @@ import torch
 
 from .capture import Capture
 from .effects import Effect, Value
+from .fsdp_slots import SwappedSlots
 from .guards import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
@@ -138,11 +139,14 @@ class Entry:
         self.protected_sources: list[tuple[Source, bool]] = []  # (source, guarded absent?)
         memo: dict[Source, Any] = {}
         protection = Protection(ctx, memo, watch)
+        protected: list[Source] = []
         with DisableTorchFunction():
             for guard in guards:
                 if not protection.guard(guard):
                     always.append(guard)
-                elif guard.kind is Kind.TENSOR:
+                    continue
+                protected.append(guard.source)
+                if guard.kind is Kind.TENSOR:
                     tensors.append(guard)
                 elif _values_in_dict(guard):
                     self.protected_sources.append((guard.source, guard.kind is Kind.ABSENT))
@@ -162,6 +166,8 @@ class Entry:
             self._replay = compile_replay([anchored for anchored, _ in self.effects])
             always = anchored(always, self.anchors)
             per_call = [self.anchors.rewrite(source) for source in per_call]
+        # (FSDP's parameter slots among what the cached state read: checked per call, see fsdp_slots.py)
+        self.swapped = SwappedSlots([*protected, *self.fixed_sources, *(p for g in self.anchors.groups for p in g)])
         deferred: list[Guard] = []
         self.always = compile_guards(always, per_call, deferred)
         self.deferred = DeferredTensors(deferred)  # the per-call tensors' metadata: one C++ check
@@ -203,8 +209,9 @@ class Entry:
                 if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
                     modules[id(obj)] = obj
             modules.update((id(m), m) for m in self.anchors.holders(ctx, memo))
+            unwritten = self.swapped.and_held(dict_sentinel([m.__dict__ for m in modules.values()]), ctx, memo)
         state = EntryState(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
-                       tensor_guards(unique), dict_sentinel([m.__dict__ for m in modules.values()]), anchors)
+                           tensor_guards(unique), unwritten, anchors)
         self.state = state
         return state
 

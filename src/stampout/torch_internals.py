@@ -203,6 +203,7 @@ PATCH_TARGETS = (
     "torch._inductor.compile_fx.aot_export_module",
     "torch._inductor.cpu_vec_isa.VecISA.check_build",
     "torch._inductor.cpu_vec_isa.valid_vec_isa_list",
+    "torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param",
 )
 PRIVATE_NAMES = (*NAMES.values(), *_USED_HERE, *PATCH_TARGETS)
 
@@ -243,10 +244,11 @@ class Patch:
 
 
 # Note: permanent patches of torch
-# Four features change torch for good once used: `patch_parameter_writes` (below: nn.Parameter's metadata setters
+# Five features change torch for good once used: `patch_parameter_writes` (below: nn.Parameter's metadata setters
 # and torch.utils.swap_tensors bump the compiled functions' epoch), backends/toolchain.install (Inductor's ISA checks
 # memoized), backends/startup.scope (Inductor's header precompiles, skipped where they do not pay, on a thread inside
-# stampout's compiles only) and aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph).
+# stampout's compiles only), aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph, one trace per
+# subgraph) and fsdp_slots.install (FSDP2's parameter swaps write their slots without bumping the epoch).
 # Each replacement goes through `patch_permanently`: it must name a target of PATCH_TARGETS (checked per torch
 # release) or a public one, and PERMANENT_PATCHES lists what this process changed.
 PERMANENT_PATCHES: list[Patch] = []
@@ -483,6 +485,16 @@ def fsdp_lazy_init(module: torch.nn.Module) -> None:
     """FSDP2's lazy initialization from `module` (the outermost sharded module): what its first forward's root
     pre-hook does (it finds the root and the shared state `FSDPModule.unshard()` needs). Idempotent."""
     module._get_fsdp_state()._lazy_init()
+
+
+def patch_fsdp_parameter_swaps(make_swap: Callable[[Callable], Callable]) -> None:
+    """FSDP2 swaps parameters in their slots through `make_swap(its function)` from now on (fsdp_slots.py)."""
+    target = "torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param"
+    owner = importlib.import_module(target.rsplit(".", 1)[0])
+    if not getattr(owner.unsafe_setattr_param, "__stampout_swap__", False):
+        swap = make_swap(owner.unsafe_setattr_param)
+        swap.__stampout_swap__ = True
+        patch_permanently(owner, "unsafe_setattr_param", swap, target, "its swaps are checked per call, not bumped")
 
 
 def fsdp_mixed_precision(module: torch.nn.Module) -> bool:
