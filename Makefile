@@ -34,10 +34,11 @@ demo: $(STAMP)
 	$(VENV)/bin/stampout demo --layers 8 --backend inductor --against-torch-compile
 
 # Tests in parallel, one worker per core (TEST_JOBS=0: in this process); a file stays on one worker (--dist loadfile),
-# so what a file shares and the order of its tests are as in a serial run.
+# so what a file shares and the order of its tests are as in a serial run; files are handed out in collection
+# order, which tests/conftest.py makes longest first (xdist would order them by test count).
 TEST_JOBS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 $(STAMP214): pyproject.toml
 	@test -x $(PY214) || $(PYTHON) -m venv $(VENV214)

@@ -11,6 +11,10 @@
   check (the autouse fixture runs once per test, not per example; call ``stampout.reset()`` in the
   test body when examples must not share caches). The fuzzers' example counts scale with
   ``STAMPOUT_FUZZ_SCALE`` (tests/fuzzing.py; default 1) for a longer run.
+* Files run longest first (``HEAVY_FIRST``): with ``make test`` (``--dist loadfile --no-loadscope-reorder``) each
+  xdist worker takes the next file in collection order, so the long files start at once and the short ones fill
+  in at the end, instead of a one-test Inductor file starting last and running alone (xdist's default order is
+  by test count). Within a file the order is unchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +46,22 @@ try:
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "stampout"))
 except ImportError:  # pragma: no cover
     pass
+
+
+# Files by CPU time in a 2-worker run of the suite (sums of --durations, longest first; tests/test_fsdp*.py are
+# in it too). Only the order matters; a file not named here runs after these, in collection order.
+HEAVY_FIRST = (
+    "test_fuzz_soundness.py", "test_hf_zoo_decoders.py", "test_hf_zoo_encoders.py", "test_hf_zoo_diffusers.py",
+    "test_export.py", "test_inductor_restart_caches.py", "test_fsdp.py", "test_dynamic_compile_modes.py",
+    "test_backends.py", "test_hf_zoo_training.py", "test_bench_cli.py", "test_fsdp_mesh.py", "test_fuzz_world.py",
+    "test_strides.py", "test_higher_order.py", "test_generation.py",
+)
+_RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest files first (stable: a file's tests keep their order, other files theirs)."""
+    items.sort(key=lambda item: _RANK.get(item.path.name, len(HEAVY_FIRST)))
 
 
 def _watched_namespaces():
