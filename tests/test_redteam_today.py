@@ -1,0 +1,98 @@
+"""Red-team probes of the changes of 2 Dec (guards per call, one user-module rule, stamp, compile time): programs
+where stampout's result differed from eager PyTorch's, silently. Each test is eager vs stampout on one program;
+those marked xfail(strict) fail today and flip when fixed."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+
+
+def _spec_module(name: str) -> types.ModuleType:
+    """A module with a spec but no file, as `importlib.util.module_from_spec` makes for a loader-less spec."""
+    return importlib.util.module_from_spec(importlib.machinery.ModuleSpec(name, None))
+
+
+def _namespace_package(tmp_path, name: str) -> types.ModuleType:
+    """A user's namespace package (a folder without `__init__.py`): `__file__` None, `__spec__` set."""
+    (tmp_path / name).mkdir()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+_NO_FILE_MODULE = "a module with a spec and no file (namespace package, module_from_spec) is not user code for " \
+                  "regions.code.is_user_module: its namespace is neither guarded nor snapshotted"
+
+
+@pytest.mark.xfail(strict=True, reason=_NO_FILE_MODULE)
+def test_a_namespace_package_read_as_a_value_is_guarded(tmp_path):
+    cfg = _namespace_package(tmp_path, "rt_ns_cfg_read")
+    cfg.SCALE = 2.0
+    try:
+        def f(x, name="SCALE"):
+            return x * getattr(cfg, name)
+
+        compiled = stampout.compile(f, backend="eager")
+        x = torch.ones(3)
+        torch.testing.assert_close(compiled(x), f(x))
+        cfg.SCALE = 5.0
+        torch.testing.assert_close(compiled(x), f(x))  # got x * 2: the capture's SCALE, baked
+    finally:
+        sys.modules.pop("rt_ns_cfg_read", None)
+
+
+@pytest.mark.xfail(strict=True, reason=_NO_FILE_MODULE)
+def test_a_spec_module_held_by_a_module_is_guarded():
+    cfg = _spec_module("rt_spec_cfg")
+    cfg.SCALE = 2.0
+
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cfg = cfg
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x) * self.cfg.SCALE
+
+    model = M()
+    compiled = stampout.compile(model, backend="eager")
+    x = torch.ones(2, 3)
+    torch.testing.assert_close(compiled(x), model(x))
+    cfg.SCALE = 7.0
+    torch.testing.assert_close(compiled(x), model(x))  # got the result for SCALE 2.0
+
+
+@pytest.mark.xfail(strict=True, reason=_NO_FILE_MODULE + " (a regression of 5d938fe: world's own rule took "
+                   "every module without a file for a user's)")
+def test_a_region_storing_into_a_namespace_package_leaves_a_real_tensor(tmp_path):
+    cfg = _namespace_package(tmp_path, "rt_ns_cfg_store")
+    cfg.last = None
+    try:
+        class Layer(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = nn.Linear(3, 3)
+
+            def forward(self, x):
+                h = self.lin(x)
+                cfg.last = h
+                return h
+
+        model = nn.Sequential(Layer(), Layer())
+        out = stampout.compile(model, backend="eager", regions="auto")(torch.ones(2, 3))
+        assert type(cfg.last) is torch.Tensor, type(cfg.last)  # was a FakeTensor from the capture
+        torch.testing.assert_close(cfg.last, out)
+    finally:
+        sys.modules.pop("rt_ns_cfg_store", None)
