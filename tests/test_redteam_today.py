@@ -159,3 +159,46 @@ def test_a_called_function_whose_code_is_replaced_recaptures():
         torch.testing.assert_close(compiled(x), f(x))  # got x + 1
     finally:
         _helper.__code__ = code
+
+
+_CLOSURE_MODULE = ("a module reached through a closure cell (not a global) is neither noted by the world snapshot nor "
+                   "seen storing (regions/frame_code.py on_code checks attribute_stores against globals only): "
+                   "the capture's FakeTensor stays in the module")
+
+
+@pytest.mark.xfail(strict=True, reason=_CLOSURE_MODULE)
+def test_a_store_into_a_user_module_held_by_a_closure_leaves_a_real_tensor():
+    cfg = sys.modules[__name__]  # this test file: a user module with a file
+
+    def f(x):
+        h = x * 2
+        cfg.rt_closure_last = h
+        return h + 1
+
+    try:
+        stampout.capture(f, torch.ones(2))
+        assert type(cfg.rt_closure_last) is torch.Tensor, type(cfg.rt_closure_last)
+    finally:
+        cfg.__dict__.pop("rt_closure_last", None)
+
+
+@pytest.mark.xfail(strict=True, reason=_CLOSURE_MODULE + " (a library module: json)")
+def test_a_compiled_store_into_a_library_module_held_by_a_closure_is_eager_s():
+    import json
+
+    mod = json
+
+    def f(x):
+        h = x * 2
+        mod.rt_closure_last = h
+        return h + 1
+
+    try:
+        compiled = stampout.compile(f, backend="eager")
+        x = torch.ones(2)
+        compiled(x)
+        compiled(x * 3)
+        assert type(json.rt_closure_last) is torch.Tensor, type(json.rt_closure_last)
+        torch.testing.assert_close(json.rt_closure_last, x * 6)
+    finally:
+        json.__dict__.pop("rt_closure_last", None)
