@@ -167,8 +167,13 @@ _CLOSURE_MODULE = ("a module reached through a closure cell (not a global) is ne
 
 
 @pytest.mark.xfail(strict=True, reason=_CLOSURE_MODULE)
-def test_a_store_into_a_user_module_held_by_a_closure_leaves_a_real_tensor():
-    cfg = sys.modules[__name__]  # this test file: a user module with a file
+def test_a_store_into_a_user_module_held_by_a_closure_leaves_a_real_tensor(tmp_path):
+    (tmp_path / "rt_closure_cfg.py").write_text("SCALE = 2.0\n")  # a user module with a file
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = importlib.import_module("rt_closure_cfg")
+    finally:
+        sys.path.remove(str(tmp_path))
 
     def f(x):
         h = x * 2
@@ -179,7 +184,7 @@ def test_a_store_into_a_user_module_held_by_a_closure_leaves_a_real_tensor():
         stampout.capture(f, torch.ones(2))
         assert type(cfg.rt_closure_last) is torch.Tensor, type(cfg.rt_closure_last)
     finally:
-        cfg.__dict__.pop("rt_closure_last", None)
+        sys.modules.pop("rt_closure_cfg", None)
 
 
 @pytest.mark.xfail(strict=True, reason=_CLOSURE_MODULE + " (a library module: json)")
