@@ -222,3 +222,41 @@ def test_a_parameter_registry_replaced_through_the_instance_dict_is_seen():
     lin = model[2]
     lin.__dict__["_parameters"] = {"weight": nn.Parameter(lin.weight.detach() * 3), "bias": lin.bias}
     torch.testing.assert_close(compiled(x), model(x))  # got the result with the old weight
+
+
+class _Float(float):
+    pass
+
+
+def _divides_by(c):
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.c = c
+
+        def forward(self, x):
+            return x / self.c.real if isinstance(self.c, complex) else x / self.c
+
+    return M()
+
+
+@pytest.mark.xfail(strict=True, reason="guard_rules.const_key compares a float by repr only when its type is "
+                   "exactly float: a float subclass or a complex is compared by ==, so 0.0 and -0.0 are one constant")
+@pytest.mark.parametrize(("before", "after"), [(_Float(0.0), _Float(-0.0)), (complex(0.0, 1.0), complex(-0.0, 1.0))],
+                         ids=["float-subclass", "complex"])
+def test_a_signed_zero_of_a_float_like_constant_is_guarded(before, after):
+    model = _divides_by(before)
+    compiled = stampout.compile(model, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x), model(x))
+    model.c = after
+    torch.testing.assert_close(compiled(x), model(x))  # got +inf for x / -0.0
+
+
+@pytest.mark.xfail(strict=True, reason="a NumPy scalar argument of a traced op is printed into the FX code as "
+                   "np.float64(...) (NumPy 2's repr), which the generated forward cannot name: NameError (loud)")
+def test_a_numpy_scalar_attribute_used_by_an_op_compiles():
+    np = pytest.importorskip("numpy")
+    model = _divides_by(np.float64(2.0))
+    x = torch.ones(2)
+    torch.testing.assert_close(stampout.compile(model, backend="eager")(x), model(x))
