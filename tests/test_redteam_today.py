@@ -273,7 +273,8 @@ class _TanhBlock(nn.Module):
 
 @pytest.mark.xfail(strict=True, reason="aot_eager with regions='auto': after the last layer is frozen between "
                    "calls, the recaptured program's backward reaches no parameter (every grad None; eager: the "
-                   "first layers get theirs). Freezing the first or a middle layer is right")
+                   "first layers get theirs; also with the last layer frozen from the start). The frozen call is "
+                   "deduped into the one shared subgraph; freezing the first or a middle layer is right")
 def test_freezing_the_last_repeated_layer_keeps_the_other_layers_gradients():
     torch.manual_seed(0)
     model = nn.Sequential(_TanhBlock(), _TanhBlock(), _TanhBlock())
