@@ -13,7 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import stampout
-from stampout import _logging, config, progress, world
+from stampout import _logging, config, progress, world, world_snapshot
 
 SRC = pathlib.Path(stampout.__file__).parent
 
@@ -111,9 +111,9 @@ def test_world_check_reads_check_world():
     fakes, _ = _fakes(1)
     holder = types.SimpleNamespace(left=fakes[0])
     with config.patch(check_world=False):
-        world.check_left_over(world.Snapshot(), [holder])
+        world_snapshot.check_left_over(world_snapshot.Snapshot(), [holder])
     with config.patch(check_world=True), pytest.raises(AssertionError, match="left traced values in"):
-        world.check_left_over(world.Snapshot(), [holder])
+        world_snapshot.check_left_over(world_snapshot.Snapshot(), [holder])
 
 
 def test_world_scan_reads_its_limits():

@@ -35,7 +35,7 @@ _NO_FILE_MODULE = "a module with a spec and no file (namespace package, module_f
                   "regions.code.is_user_module: its namespace is neither guarded nor snapshotted"
 
 
-@pytest.mark.xfail(strict=True, reason=_NO_FILE_MODULE)
+
 def test_a_namespace_package_read_as_a_value_is_guarded(tmp_path):
     cfg = _namespace_package(tmp_path, "rt_ns_cfg_read")
     cfg.SCALE = 2.0
@@ -52,7 +52,7 @@ def test_a_namespace_package_read_as_a_value_is_guarded(tmp_path):
         sys.modules.pop("rt_ns_cfg_read", None)
 
 
-@pytest.mark.xfail(strict=True, reason=_NO_FILE_MODULE)
+
 def test_a_spec_module_held_by_a_module_is_guarded():
     cfg = _spec_module("rt_spec_cfg")
     cfg.SCALE = 2.0
@@ -74,8 +74,6 @@ def test_a_spec_module_held_by_a_module_is_guarded():
     torch.testing.assert_close(compiled(x), model(x))  # got the result for SCALE 2.0
 
 
-@pytest.mark.xfail(strict=True, reason=_NO_FILE_MODULE + " (a regression of 5d938fe: world's own rule took "
-                   "every module without a file for a user's)")
 def test_a_region_storing_into_a_namespace_package_leaves_a_real_tensor(tmp_path):
     cfg = _namespace_package(tmp_path, "rt_ns_cfg_store")
     cfg.last = None
@@ -144,8 +142,7 @@ def _other(x):
     return x * 10
 
 
-@pytest.mark.xfail(strict=True, reason="a user function called by the program is guarded by identity only "
-                   "(regions/frame_code.py _adopt_callable): assigning its __code__ keeps the old trace")
+
 def test_a_called_function_whose_code_is_replaced_recaptures():
     def f(x):
         return _helper(x)
@@ -166,7 +163,7 @@ _CLOSURE_MODULE = ("a module reached through a closure cell (not a global) is ne
                    "the capture's FakeTensor stays in the module")
 
 
-@pytest.mark.xfail(strict=True, reason=_CLOSURE_MODULE)
+
 def test_a_store_into_a_user_module_held_by_a_closure_leaves_a_real_tensor(tmp_path):
     (tmp_path / "rt_closure_cfg.py").write_text("SCALE = 2.0\n")  # a user module with a file
     sys.path.insert(0, str(tmp_path))
@@ -187,7 +184,7 @@ def test_a_store_into_a_user_module_held_by_a_closure_leaves_a_real_tensor(tmp_p
         sys.modules.pop("rt_closure_cfg", None)
 
 
-@pytest.mark.xfail(strict=True, reason=_CLOSURE_MODULE + " (a library module: json)")
+
 def test_a_compiled_store_into_a_library_module_held_by_a_closure_is_eager_s():
     import json
 

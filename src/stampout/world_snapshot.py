@@ -56,12 +56,14 @@ class Snapshot:
             self._seen.add((id(code), id(g)))
             self.note(g, 0)
             called = []
-            for name in code_facts(code).names:
-                value = g.get(name)
+            facts = code_facts(code)
+            cells = _cells(fn)  # (what it closes over: the frame's free variables once it runs)
+            for value in [*(g.get(name) for name in facts.names), *cells.values()]:
                 if value is not None:
                     self.note(value, 1)
                     if isinstance(value, types.FunctionType):
                         called.append(value)
+            self._note_store_targets(facts.attribute_stores, g, cells)
             if depth:
                 self.note_program(called, depth - 1)
 
@@ -84,10 +86,21 @@ class Snapshot:
             value = g.get(name)
             if value is not None:
                 self.note(value, 1)
+        cells = {}
         if code.co_freevars:  # containers it closes over (a list the forward appends to)
-            cells = frame.f_locals
-            for name in code.co_freevars:
-                self.note(cells.get(name), 1)
+            local = frame.f_locals
+            cells = {name: local.get(name) for name in code.co_freevars}
+            for value in cells.values():
+                self.note(value, 1)
+        self._note_store_targets(code_facts(code).attribute_stores, g, cells)
+
+    def _note_store_targets(self, chains: list[tuple[str, ...]], g: dict, cells: dict[str, Any]) -> None:
+        """A module the code stores an attribute into (`cfg.last = h`), reached through a global or a closure
+        cell, a user's or a library's: its namespace is remembered, so a traced value left there is found."""
+        for chain in chains:
+            target = g.get(chain[0], cells.get(chain[0]))
+            if isinstance(target, types.ModuleType) and type(getattr(target, "__dict__", None)) is dict:
+                self.note(target.__dict__, 0)
 
     def note(self, value: Any, depth: int) -> None:
         """Remember `value` (and what it holds, a few levels deep) if it is a container or a memo cache."""
@@ -281,3 +294,15 @@ class Repairs:
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _cells(fn: Any) -> dict[str, Any]:
+    """What `fn`'s closure cells hold, by free variable name (empty cells left out)."""
+    code, closure = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+    out: dict[str, Any] = {}
+    for name, cell in zip(code.co_freevars if code is not None else (), closure):
+        try:
+            out[name] = cell.cell_contents
+        except ValueError:
+            continue
+    return out

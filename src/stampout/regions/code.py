@@ -70,7 +70,18 @@ def is_user_module(module: types.ModuleType | None) -> bool:
     file = module_file(module)
     if file is None:
         fields = getattr(module, "__dict__", None)
-        return type(fields) is dict and fields.get("__spec__") is None  # (made by code, not imported)
+        if type(fields) is not dict:
+            return False
+        spec = fields.get("__spec__")
+        if spec is None:
+            return True  # (made by code, not imported)
+        builtin = fields.get("__name__") in sys.builtin_module_names
+        if builtin or getattr(spec, "origin", None) in ("built-in", "frozen"):
+            return False  # (sys, itertools: the interpreter's own)
+        # A namespace package is its folders' (a user's or a library's); a module made from a spec without a
+        # loader (`importlib.util.module_from_spec`) was made by code: a user's.
+        folders = getattr(spec, "submodule_search_locations", None)
+        return not folders or any(isinstance(f, str) and is_user_file(os.path.join(f, "")) for f in folders)
     return isinstance(file, str) and is_user_file(file)
 
 
@@ -92,7 +103,16 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     attribute_stores: list[tuple[str, ...]] = []
     escapes: list[str] = []
     chain: list[str] | None = None
+    cell: list[str] | None = None  # (`mod.attr = v` with `mod` a closure cell: only its stores are kept)
     for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_DEREF" and ins.argval in code.co_freevars:
+            cell = [ins.argval]
+        elif cell is not None and ins.opname in _LOADS_ATTR and len(cell) < 4:
+            cell.append(ins.argval)
+        else:
+            if cell is not None and ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
+                attribute_stores.append((*cell, ins.argval))
+            cell = None
         if chain is not None and len(chain) == 1 and ins.opname not in _LOADS_ATTR:
             escapes.append(chain[0])  # (`getattr(cfg, name)`, `return cfg`: any attribute may be read)
         if ins.opname == "LOAD_GLOBAL":
