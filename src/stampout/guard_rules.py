@@ -48,6 +48,10 @@ def const_key(value: Any) -> Any:
     t = type(value)
     if t is float:
         return (t, repr(value))  # exact, and NaN equals NaN
+    if isinstance(value, float):  # (a float subclass, NumPy's float64: its own == takes 0.0 for -0.0)
+        return (t, float.__repr__(value))
+    if isinstance(value, complex):
+        return (t, complex.__repr__(value))
     if t in (tuple, list, torch.Size):
         return (t, tuple(const_key(v) for v in value))
     if t in (set, frozenset):
@@ -64,6 +68,8 @@ def show_const(key: Any) -> str:
     t, value = key
     if t is float:
         return value
+    if issubclass(t, (float, complex)):
+        return f"{t.__name__}({value})"
     if t in (tuple, list, torch.Size):
         inner = ", ".join(show_const(k) for k in value)
         return f"({inner}{',' if len(value) == 1 else ''})" if t is tuple else f"[{inner}]" if t is list else \
