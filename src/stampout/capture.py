@@ -95,8 +95,9 @@ class Capture:
                 continue
             if not isinstance(value, torch.Tensor):
                 got = "nothing" if value is MISSING else type(value).__name__
+                was = "an int" if isinstance(tensor, torch.SymInt) else "a tensor"
                 raise StampoutError(message(
-                    f"{source.name()} was a tensor at capture and is {got} now",
+                    f"{source.name()} was {was} at capture and is {got} now",
                     user_location(), "capture again after changing the model's structure",
                 ))
             values.append(value)

@@ -13,6 +13,7 @@ import torch
 
 from .capture import Capture
 from .effects import Effect, Value
+from .errors import StampoutError
 from .fsdp_slots import SwappedSlots
 from .guards import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
 from .piecewise import Pieces
@@ -289,7 +290,10 @@ class Entry:
         if shapes is not None:
             key = self.key_for(key, ctx.leaves[1:])
             if key == self.key:
-                lifted = self.capture.placeholders_for_lifted(ctx)
+                try:
+                    lifted = self.capture.placeholders_for_lifted(ctx)
+                except StampoutError as e:  # an int captured as a symbol is not an int now
+                    return str(e).splitlines()[0]
                 values = shapes.values(ctx.leaves[1:], lifted)
                 if not shapes.check(values):
                     return f"the symbolic capture assumed {shapes.why_not(values)}"

@@ -261,6 +261,7 @@ class ShapeGuards:
         self.names = names  # per dynamic input, its label
         self._check: Callable[[list[torch.Tensor]], bool] | None = None
         self._code = ""  # the guards as Python over L['t<i>'] (set by freeze)
+        self._ints: list[int] = []  # the int inputs (attributes captured as symbols), checked by exact type
 
     @property
     def leaves(self) -> list[int]:
@@ -280,9 +281,17 @@ class ShapeGuards:
         """Generate the check from the guards the ShapeEnv holds now."""
         env = self.symbols.shape_env
         fakes = [fake for _, fake in self.symbols.inputs]
+        # An int input (an attribute captured as a symbol) must be an int: the ShapeEnv's guards compare values
+        # only, and 3.0, True or an int subclass pass them but are another program in eager (`int_tensor * 3.0`
+        # is float; `range(3.0)` raises). Dynamo guards such an input's exact type too (TYPE_MATCH).
+        ints = [i for i, fake in enumerate(fakes) if isinstance(fake, torch.SymInt)]
+        self._ints = ints
         code = env.produce_guards_expression(fakes, ignore_static=False)
         if code is None:
-            self._check = lambda values: True
+            if ints:
+                self._check = lambda values: all(type(values[i]) is int for i in ints)
+            else:
+                self._check = lambda values: True
             return
         self._code = code
         from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
@@ -291,6 +300,9 @@ class ShapeGuards:
         names = [f"t{i}" for i in range(len(fakes))]
 
         def check(values: list[torch.Tensor]) -> bool:
+            for i in ints:
+                if type(values[i]) is not int:
+                    return False
             return eval(compiled, SYMPY_INTERP, {"L": dict(zip(names, values))})  # noqa: S307 - our own code
 
         self._check = check
@@ -311,6 +323,9 @@ class ShapeGuards:
     def why_not(self, values: list[torch.Tensor]) -> str:
         """The first assumption `values` break, and how many more they do."""
         self._frozen()
+        for i in self._ints:
+            if type(values[i]) is not int:
+                return f"{self.names[i]} is an int (it is {values[i]!r}, a {type(values[i]).__name__})"
         clauses = [c.strip() for c in self._code.split(" and ")] if self._code else []
         failed = [c for c in clauses if c and not self._one(c, values)]
         if not failed:

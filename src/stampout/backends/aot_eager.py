@@ -108,7 +108,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         log.info("aot_eager: region calls inlined (each region compiled once per call): %s", why)
         gm = inline_regions(gm)
     else:
-        inline_writing_regions(gm, example_inputs)
+        inline_writing_regions(gm, example_inputs, inputs_too=True)  # (inline.py: writes into inputs at run time)
     key = None if why is not None else _graph_key(gm, example_inputs)
     whole = whole_region(gm) if why is None else None
     if key is not None:

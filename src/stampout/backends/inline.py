@@ -13,6 +13,14 @@ functionalizes a subgraph with a FunctionalTensorMode that refuses a custom (non
 arguments (`Tensor! out`: "Found a custom (non-ATen) operator whose output has alias annotations"), while the same
 ops in a flat graph are functionalized. Only those region calls are inlined (`inline_writing_regions`), nested
 ones with them; the others stay shared subgraphs.
+
+# Note: writes into inputs at run time
+A region call that writes its inputs (a static KV cache's index_copy_) reaches AOTAutograd as an invoke_subgraph
+with mutated operands, which it functionalizes into `auto_functionalized_v2`: at every call it walks the operands,
+clones each written base and copies the result back, in Python (1.8x torch.compile's time per token under
+aot_eager, 16-layer Llama, static cache). Inlined, the write is a plain op on the graph input, as in torch.compile's
+flat graph. aot_eager inlines them (`inputs_too`); Inductor compiles such regions apart, where the write is an
+input mutation of the region's own graph that it performs in place (split.py).
 """
 
 from __future__ import annotations
@@ -131,10 +139,10 @@ def _inline(gm: fx.GraphModule, node: fx.Node) -> bool:
     return True
 
 
-def inline_writing_regions(gm: fx.GraphModule, example_inputs: list[Any]) -> int:
+def inline_writing_regions(gm: fx.GraphModule, example_inputs: list[Any], inputs_too: bool = False) -> int:
     """Inline every region call whose subgraph writes through a custom op, or writes its inputs when the graph
-    trains (see the Note); how many were."""
-    training = trains(example_inputs)
+    trains or `inputs_too` (see the Notes); how many were."""
+    training = trains(example_inputs) or inputs_too
     known: dict[int, bool] = {}
     inlined = 0
     skipped: set[fx.Node] = set()
