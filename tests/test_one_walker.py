@@ -32,3 +32,29 @@ def test_map_leaves_keeps_the_containers():
     values = torch.max(torch.tensor([[1.0, 3.0]]), dim=1)  # a structseq: built from one sequence
     mapped = map_leaves(values, lambda v: v * 2)
     assert type(mapped) is type(values) and mapped.values.item() == 6.0
+
+
+def test_a_namedtuple_of_tensors_passed_to_an_op_matches_eager():
+    # builder.has_tensor opened tuple subclasses but builder.map_tensors did not: torch.cat(Pair(a, b)) ran on the
+    # fakes inside the namedtuple and the graph baked them in as a constant (the capture returned a FakeTensor).
+    from helpers import check_capture
+
+    def cat(x, y):
+        return torch.cat(Pair(x * 2, y + 1)) * 3
+
+    def stack(x, y):
+        return torch.stack(Pair(x, y)).sum(0)
+
+    for fn in (cat, stack):
+        cap = check_capture(fn, torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))
+        cap.gm.graph.lint()
+
+
+def test_a_structseq_passed_back_to_an_op_matches_eager():
+    from helpers import check_capture
+
+    def fn(x):
+        top = torch.max(x, dim=1)  # torch.return_types.max: a tuple subclass without _make
+        return torch.stack(top).sum(0) + top.values
+
+    check_capture(fn, torch.randn(2, 4, requires_grad=True))
