@@ -58,3 +58,16 @@ def test_a_structseq_passed_back_to_an_op_matches_eager():
         return torch.stack(top).sum(0) + top.values
 
     check_capture(fn, torch.randn(2, 4, requires_grad=True))
+
+
+def test_tensors_nested_in_an_ops_result_are_bound():
+    # Tracer.bind_outputs opened one level of an op's result: histogramdd's (hist, [edges, ...]) left the edges
+    # unrecorded, and using one raised "a fake tensor ... reached the graph without being recorded".
+    from helpers import check_capture
+
+    def fn(x):
+        hist, edges = torch.histogramdd(x, bins=[2, 3], range=[0.0, 1.0, 0.0, 1.0])
+        return hist.sum() + edges[1].sum() * x.sum()
+
+    cap = check_capture(fn, torch.rand(8, 2), grad=False)
+    cap.gm.graph.lint()

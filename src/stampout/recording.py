@@ -146,6 +146,10 @@ class Recording:
                     item_node = builder.graph.call_function(operator.getitem, (node, i))
                     item_node.meta["val"] = item
                     builder.bind(item, item_node)
+                elif isinstance(item, (tuple, list)) and has_tensor(item):  # (histogramdd: hist, [edges, ...])
+                    item_node = builder.graph.call_function(operator.getitem, (node, i))
+                    item_node.meta["val"] = item
+                    self.bind_outputs(builder, item_node, item)
 
     def _annotate(self, node: fx.Node, out: Any) -> None:
         node.meta["val"] = out
