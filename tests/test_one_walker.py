@@ -1,5 +1,6 @@
 """One walker over an op's arguments and results (structure.leaves_of / map_leaves), used by tensors_of, the
-known constants' real values and the per-layer slots a torch call uses."""
+known constants' real values and the per-layer slots a torch call uses; and the cases where the FX-argument
+walkers (builder.map_tensors / has_tensor, Recording.bind_outputs) disagreed with it: tuple subclasses, nesting."""
 
 from __future__ import annotations
 
