@@ -21,7 +21,8 @@ NOT_CACHES = {
     "stampout.tracking._WRITE_WATCHERS": "objects whose class live compiled functions swapped, to watch writes",
     "stampout.tracking._SHIMS": "shim classes; objects still swapped to one compare by it",
     "stampout.tracking._REGISTRATION_HOOKS": "torch's global registration hooks, installed once",
-    "stampout.torch_internals._PATCHED_PARAMETER": "the permanent patch of Parameter methods, installed once",
+    "stampout.torch_internals.parameter_writes._PATCHED_PARAMETER": "the permanent patch of Parameter methods, "
+                                                                    "installed once",
     "stampout.timing.RECORDS": "the compile-time log benches read",
     "stampout.classpatch._PATCHES": "classes patched in place while a capture or a compiled function watches them",
     "stampout.classpatch.WRITE_IDS": "instances whose writes live compiled functions watch",

@@ -1,5 +1,6 @@
 """One walker over an op's arguments and results (structure.leaves_of / map_leaves), used by tensors_of, the
-known constants' real values and the per-layer slots a torch call uses."""
+known constants' real values and the per-layer slots a torch call uses; and the cases where the FX-argument
+walkers (builder.map_tensors / has_tensor, Recording.bind_outputs) disagreed with it: tuple subclasses, nesting."""
 
 from __future__ import annotations
 
@@ -32,3 +33,42 @@ def test_map_leaves_keeps_the_containers():
     values = torch.max(torch.tensor([[1.0, 3.0]]), dim=1)  # a structseq: built from one sequence
     mapped = map_leaves(values, lambda v: v * 2)
     assert type(mapped) is type(values) and mapped.values.item() == 6.0
+
+
+def test_a_namedtuple_of_tensors_passed_to_an_op_matches_eager():
+    # builder.has_tensor opened tuple subclasses but builder.map_tensors did not: torch.cat(Pair(a, b)) ran on the
+    # fakes inside the namedtuple and the graph baked them in as a constant (the capture returned a FakeTensor).
+    from helpers import check_capture
+
+    def cat(x, y):
+        return torch.cat(Pair(x * 2, y + 1)) * 3
+
+    def stack(x, y):
+        return torch.stack(Pair(x, y)).sum(0)
+
+    for fn in (cat, stack):
+        cap = check_capture(fn, torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))
+        cap.gm.graph.lint()
+
+
+def test_a_structseq_passed_back_to_an_op_matches_eager():
+    from helpers import check_capture
+
+    def fn(x):
+        top = torch.max(x, dim=1)  # torch.return_types.max: a tuple subclass without _make
+        return torch.stack(top).sum(0) + top.values
+
+    check_capture(fn, torch.randn(2, 4, requires_grad=True))
+
+
+def test_tensors_nested_in_an_ops_result_are_bound():
+    # Tracer.bind_outputs opened one level of an op's result: histogramdd's (hist, [edges, ...]) left the edges
+    # unrecorded, and using one raised "a fake tensor ... reached the graph without being recorded".
+    from helpers import check_capture
+
+    def fn(x):
+        hist, edges = torch.histogramdd(x, bins=[2, 3], range=[0.0, 1.0, 0.0, 1.0])
+        return hist.sum() + edges[1].sum() * x.sum()
+
+    cap = check_capture(fn, torch.rand(8, 2), grad=False)
+    cap.gm.graph.lint()

@@ -101,6 +101,9 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], Any], syms: bool = Fals
     if t is slice:
         return slice(map_tensors(value.start, fn, syms), map_tensors(value.stop, fn, syms),
                      map_tensors(value.step, fn, syms))
+    if isinstance(value, tuple) and t is not torch.Size:  # a namedtuple or structseq (has_tensor opens them too)
+        items = [map_tensors(v, fn, syms) for v in value]
+        return t._make(items) if hasattr(t, "_make") else t(items)
     return value
 
 
@@ -115,6 +118,13 @@ def has_tensor(value: Any) -> bool:
     if t is slice:
         return has_tensor(value.start) or has_tensor(value.stop) or has_tensor(value.step)
     return False
+
+
+def has_node(value: Any) -> bool:
+    """Whether an FX node is inside `value`'s tuples, lists and dicts."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(value, found.append)
+    return bool(found)
 
 
 class Lifting(Protocol):
@@ -173,6 +183,9 @@ class Builder:
             return t(self.literal(v) for v in value)
         if t is dict:
             return {k: self.literal(v) for k, v in value.items()}
+        if isinstance(value, tuple) and t is not torch.Size and has_node(value):  # (FX prints namedtuples)
+            items = [self.literal(v) for v in value]
+            return t._make(items) if hasattr(t, "_make") else tuple(items)
         if isinstance(value, fx.Node) or is_constant(value) or t is slice or is_op(value):
             return value
         return self.constant(value)

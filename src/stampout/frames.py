@@ -90,7 +90,8 @@ def failed_at(error: BaseException) -> str:
     return where
 
 
-_DISPATCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tracer.py")  # where torch calls go to fakes
+_DISPATCH = frozenset(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)  # where torch calls go to fakes
+                      for name in ("tracer.py", "fakes.py", "recording.py"))  # (the tracer and its two parts)
 
 
 def raised_by_user(error: BaseException) -> bool:
@@ -104,7 +105,7 @@ def raised_by_user(error: BaseException) -> bool:
         return False
     dispatched = False
     while tb.tb_next is not None:
-        dispatched = dispatched or tb.tb_frame.f_code.co_filename == _DISPATCH
+        dispatched = dispatched or tb.tb_frame.f_code.co_filename in _DISPATCH
         tb = tb.tb_next
     return not dispatched and is_user_file(tb.tb_frame.f_code.co_filename)
 

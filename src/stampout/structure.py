@@ -63,7 +63,8 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
 # Note: the one walker over an op's arguments and results: tuples, lists and dicts (subclasses too), in
 # order, as fx's map_aggregate walks a node's. Walkers that carry a source per item (held_inputs, leftovers,
 # effects, names), look into objects' fields (tensors_within, world.holds_fake), or keep to what an FX
-# node's arguments may hold (builder.map_tensors, with slices) differ by purpose and stay where they are.
+# node's arguments may hold (builder.map_tensors and has_tensor, with slices; both open namedtuples and
+# structseqs) differ by purpose and stay where they are.
 def leaves_of(value: Any, kind: type | tuple[type, ...]) -> list[Any]:
     """Every instance of `kind` inside the tuples, lists and dicts of `value` (an op's arguments or results)."""
     if isinstance(value, kind):

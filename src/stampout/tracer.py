@@ -3,13 +3,15 @@
 Python runs for real; every torch-level call reaches `Tracer.on_call`, which runs it on fake tensors and
 records a node in the graph being built. A `Builder` is one graph under construction: the outer program,
 or the subgraph of a region call being traced (its placeholders are lifted from the parent on demand).
+
+`Tracer` is three parts: this file decides what a call is (a value decision, a state change, a refusal, an op);
+`FakeRuns` (fakes.py) computes its result on fakes; `Recording` (recording.py) puts it into the graph.
 """
 
 from __future__ import annotations
 
 import builtins
 import logging
-import operator
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -24,35 +26,28 @@ from .builder import (
     is_property_get,
     is_property_set,
     map_tensors,
-    node_target,
 )
 from .constants import ConstantValues
 from .context import current
 from .errors import AutogradCallError, CaptureError, message
-from .frames import outside_stampout, python_hooks_off, user_frame, user_location, user_source_line
-from .kernels import Specializer, is_symbolic_limit
-from .meta import NOT_HANDLED, MetaRunner, meta_like
-from .names import identifier
-from .op_errors import op_failed
-from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, draws_random, writes_in_place
+from .fakes import FakeRuns
+from .frames import outside_stampout, python_hooks_off, user_location
+from .meta import NOT_HANDLED, MetaRunner
+from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, draws_random
+from .recording import _HOOK_REGISTRATIONS, Recording
 from .regions import slots
 from .regions.code import is_user_file
 from .regions.purity import saved_hooks_keep_values
-from .shapes import Symbols, any_symbolic, symbolic_fake
+from .shapes import Symbols, any_symbolic
 from .sources import Source
-from .structure import tensors_of
 from .torch_internals import (
-    DataDependentOutputException,
     DisableTorchFunction,
-    DynamicOutputShapeException,
     FakeTensor,
     FakeTensorMode,
     HigherOrderOperator,
     check_message,
     enter_autocast,
     exit_autocast,
-    is_functorch_wrapped_tensor,
-    is_traceable_wrapper_subclass,
     lazy_load_decompositions,
     set_grad_enabled,
     top_saved_tensors_default_hooks,
@@ -62,7 +57,6 @@ from .torch_internals import (
     vmap_decrement_nesting,
     vmap_increment_nesting,
 )
-from .world import holds_traced_tensor
 
 log = logging.getLogger(__name__)
 
@@ -81,38 +75,6 @@ _FUNCTORCH_STATE = {
     vmap_decrement_nesting,
     lazy_load_decompositions,
 }
-_is_wrapped = is_functorch_wrapped_tensor
-# Autograd registrations on a tensor: graph nodes (see Tracer._record_hook).
-_HOOK_REGISTRATIONS = {_T.register_hook: "register_hook",
-                       _T.register_post_accumulate_grad_hook: "register_post_accumulate_grad_hook"}
-_FIX_DATA = (
-    "keep the decision in the graph: use torch.where(cond, a, b) for values or torch.cond for branches, "
-    "or move the check outside the captured function"
-)
-
-
-def _function_apply(cls: type) -> Callable:
-    """A stable graph target for `cls.apply` (a classmethod makes a new bound method on each access), kept
-    on the class itself so it lives exactly as long as the class."""
-    target = cls.__dict__.get("__stampout_apply__")
-    if target is None:
-        def apply(*args: Any, **kwargs: Any) -> Any:
-            return cls.apply(*args, **kwargs)
-
-        apply.__name__ = f"{cls.__name__}_apply"
-        apply.__qualname__ = f"{cls.__qualname__}.apply"
-        target = apply
-        type.__setattr__(cls, "__stampout_apply__", apply)
-    return target
-
-
-def _specialize(value: Any) -> Any:
-    """A symbolic size's value, guarded; tensors as they are."""
-    if isinstance(value, torch.SymInt):
-        return int(value)
-    if isinstance(value, torch.SymFloat):
-        return float(value)
-    return bool(value) if isinstance(value, torch.SymBool) else value
 
 
 class RegionHooks(Protocol):
@@ -152,7 +114,7 @@ class CaptureMode(PreDispatchTorchFunctionMode):
 _saved_tensors_hooks = top_saved_tensors_default_hooks
 
 
-class Tracer:
+class Tracer(FakeRuns, Recording):
     """State of one capture: the fake mode, the stack of graphs being built, the names of lifted tensors."""
 
     def __init__(self, fake_mode: FakeTensorMode, names: Any,
@@ -195,75 +157,6 @@ class Tracer:
 
     def _frame_ids(self) -> frozenset[int]:
         return self.regions.frame_ids() if self.regions is not None else frozenset()
-
-    # ---- values -------------------------------------------------------------------------------
-    def fake_of(self, t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, FakeTensor) or _is_wrapped(t):  # fakes, and vmap's batched fakes
-            return t
-        hit = self._fakes.get(id(t))
-        if hit is not None:
-            return hit[1]
-        dynamic = self.dynamic_tensors.get(id(t))
-        with DisableTorchFunction():
-            if dynamic is None:
-                fake = self.fake_mode.from_tensor(t, static_shapes=True)
-            else:
-                fake = symbolic_fake(self.fake_mode, t, identifier(dynamic[2]), dynamic[1])
-        self._fakes[id(t)] = (t, fake)
-        if dynamic is not None:
-            self.root.node_for(t)  # a placeholder of the outer graph now: it defines the symbols
-        return fake
-
-    def meta_fake(self, t: torch.Tensor) -> FakeTensor:
-        """A fake with `t`'s metadata for a placeholder's `meta['val']`: the memoized one, or a cheap new one
-        (`from_tensor` costs ~70 us; a stamped region lifts many parameters that no traced op ever reads)."""
-        hit = self._fakes.get(id(t))
-        if hit is not None:
-            return hit[1]
-        if id(t) in self.dynamic_tensors or (type(t) is not torch.Tensor and is_traceable_wrapper_subclass(t)):
-            return self.fake_of(t)  # (a DTensor parameter's fake is a DTensor: backends look for subclass inputs)
-        with DisableTorchFunction():
-            return self.new_fake(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device,
-                                 t.requires_grad)
-
-    def new_fake(self, shape: tuple, stride: tuple, offset: int, dtype: torch.dtype, device: torch.device,
-                 requires_grad: bool) -> FakeTensor:
-        """A fake tensor from known metadata, built with the fake mode unset (~10 us instead of ~170 us)."""
-        with unset_fake_temporarily():
-            elem = meta_like(shape, stride, offset, dtype)
-            fake = FakeTensor(self.fake_mode, elem, device)
-            if requires_grad:
-                fake.requires_grad_(True)
-        return fake
-
-    def lift(self, builder: Builder, t: torch.Tensor) -> fx.Node:
-        """Make `t` a placeholder of `builder` (and of every parent it has to pass through)."""
-        if builder.parent is not None:
-            return self.regions.lift_into_subgraph(builder, t)
-        if isinstance(t, FakeTensor):
-            raise CaptureError(message(
-                f"a fake tensor of shape {tuple(t.shape)} reached the graph without being recorded",
-                user_location(), "report this as a stampout bug, with the model",
-            ))
-        found = self.names.find(t)
-        name = found[0] if found is not None else f"lifted_tensor_{len(self.lifted)}"
-        if self.regions is not None:
-            self.regions.note_root_lift(t)
-        # A stamped region lifts many parameters: their placeholders' meta['val'] is filled when `gm` is
-        # first used (fill_meta), which keeps capture at a few FX nodes per stamped layer.
-        node = builder.placeholder(identifier(name), t, meta=False)
-        position = len(self.lifted)
-        self.lifted.append((node, t, found[1] if found is not None else None))
-        if id(t) in self.dynamic_tensors:
-            fake = node.meta["val"] = self.fake_of(t)
-            self.symbols.bind_input(("lifted", position), fake, node)
-        return node
-
-    def fill_meta(self) -> None:
-        """Give every placeholder still without one a `meta['val']` fake (after capture, on first use)."""
-        for node, t, _ in self.lifted:
-            if "val" not in node.meta:
-                node.meta["val"] = self.meta_fake(t)
 
     # ---- the torch function hook ----------------------------------------------------------------
     def on_call(self, func: Callable, args: tuple, kwargs: dict) -> Any:
@@ -384,159 +277,3 @@ class Tracer:
                 "the caller left it, not as the program set it", user_location(),
                 "seed outside the captured call, pass a torch.Generator (generator=...) to the random op, or use "
                 "stampout.compile, which runs such a program eagerly"))
-
-    def _record_hook(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        """`t.register_hook(fn)` (and post-accumulate-grad hooks): a graph node, so every run of the graph
-        registers `fn` on its real tensor, as eager does; the traces it is part of are not reused (their
-        stamped calls would register the first call's function)."""
-        tensor, *rest = args
-        hook = rest[0] if rest else next(iter(kwargs.values()))
-        where = user_location(3)
-        if holds_traced_tensor(hook):
-            raise CaptureError(message(
-                f"a gradient hook ({_HOOK_REGISTRATIONS[func]}) closes over a tensor the captured program computed",
-                where, "register the hook outside the captured function, or make it use only its gradient argument "
-                "and tensors held by the module",
-            ))
-        if self.regions is not None:
-            self.regions.note_hook(f"registers a gradient hook ({_HOOK_REGISTRATIONS[func]}) at {where}")
-        out = func(self.fake_of(tensor), hook)
-        builder = self.builder
-        node = builder.graph.call_method(_HOOK_REGISTRATIONS[func], (builder.node_for(tensor), builder.literal(hook)))
-        node.meta["stack_trace"] = f"  File {where}\n"
-        return out
-
-    def _dynamic_in(self, args: tuple, kwargs: dict) -> bool:
-        """Whether a real tensor captured with symbolic dims is among the arguments (its metadata must come
-        from its fake, not from the real tensor)."""
-        dynamic = self.dynamic_tensors
-        return bool(dynamic) and any(id(t) in dynamic for t in tensors_of((args, kwargs)))
-
-    def _on_symbolic_call(self, func: Callable, args: tuple, kwargs: dict, tensors_in: bool) -> Any:
-        """An op with a symbolic size among its arguments (`x.view(b, t, -1)`, `torch.arange(t)`): shape
-        propagation on fakes only, and no constant values (its result depends on the size)."""
-        if tensors_in:
-            fake_args, fake_kwargs = map_tensors(args, self.fake_of), map_tensors(kwargs, self.fake_of)
-        else:
-            fake_args, fake_kwargs = args, kwargs
-        try:
-            out = func(*fake_args, **fake_kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException):
-            self._raise_data_dependent(f"{getattr(func, '__name__', func)} (its result depends on tensor values)")
-        except RuntimeError as error:
-            if not is_symbolic_limit(error):
-                self._raise_op_failed(func, fake_args, fake_kwargs, error)
-            # A kernel without symbolic support (constant_pad_nd's pad widths): the sizes it takes are
-            # specialized (guarded) and the op recorded with their values.
-            args, kwargs = map_tensors(args, _specialize, True), map_tensors(kwargs, _specialize, True)
-            out = self._specialized(func, fake_args, fake_kwargs)
-        self.constants.forget_if_mutated(func, args, kwargs)
-        if not has_tensor(out) and not (out is None and tensors_in):
-            return out
-        self.record(func, args, kwargs, out)
-        return out
-
-    def on_autograd_function(self, cls: type, apply: Callable, args: tuple, kwargs: dict) -> Any:
-        """`cls.apply(*args)` of a custom autograd.Function: its forward runs on fakes for the output
-        metadata (not recorded), and the graph calls `cls.apply` itself, so its backward is the user's."""
-        if not (has_tensor(args) or has_tensor(kwargs)):
-            return apply(cls, *args, **kwargs)
-        fake_args = map_tensors(args, self.fake_of)
-        fake_kwargs = map_tensors(kwargs, self.fake_of)
-        with DisableTorchFunction():
-            out = apply(cls, *fake_args, **fake_kwargs)
-        self.record(_function_apply(cls), args, kwargs, out)
-        return out
-
-    def _run_on_fakes(self, func: Callable, args: tuple, kwargs: dict, tensors_in: bool) -> Any:
-        """Shape propagation through FakeTensorMode (what the meta fast path could not do)."""
-        if tensors_in:
-            fake_args = map_tensors(args, self.fake_of)
-            fake_kwargs = map_tensors(kwargs, self.fake_of) if kwargs else kwargs
-        else:
-            fake_args, fake_kwargs = args, kwargs
-        try:
-            first = fake_args[0] if fake_args else None
-            if tensors_in and self.meta.made(first) and writes_in_place(func, args, kwargs):
-                out = self.meta.mutate(func, fake_args, fake_kwargs)
-            else:
-                out = func(*fake_args, **fake_kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException) as error:
-            return self._from_constants(func, args, kwargs, error)
-        except RuntimeError as error:
-            if self.symbols is None or not is_symbolic_limit(error):
-                self._raise_op_failed(func, fake_args, fake_kwargs, error)
-            out = self._specialized(func, fake_args, fake_kwargs)  # nn.LSTM's kernel calls numel()
-        self.constants.after(func, args, kwargs, out, tensors_in)
-        return out
-
-    @staticmethod
-    def _raise_op_failed(func: Callable, fake_args: tuple, fake_kwargs: dict, error: RuntimeError) -> None:
-        """A shape bug or a missing fake kernel, said as eager says it, at the user's line (other torch errors
-        propagate as they are)."""
-        if type(error) is not RuntimeError and type(error).__name__ != "UnsupportedOperatorException":
-            raise error
-        raise op_failed(func, fake_args, fake_kwargs, error) from error
-
-    def _specialized(self, func: Callable, fake_args: tuple, fake_kwargs: dict) -> Any:
-        """`func` on static stand-ins of its symbolic arguments (guarded: the capture holds for these sizes)."""
-        log.debug("%s cannot take symbolic sizes: specialized", getattr(func, "__name__", func))
-        static = Specializer(self.new_fake)
-        return func(*map_tensors(fake_args, static, True), **map_tensors(fake_kwargs, static, True))
-
-    def _from_constants(self, func: Callable, args: tuple, kwargs: dict, error: Exception) -> Any:
-        """A data-dependent op on constant tensors: its real result, as fakes (and known values)."""
-        name = getattr(func, "__name__", func)
-        if not self.constants.knows_all(args, kwargs):
-            if isinstance(error, DynamicOutputShapeException):
-                self._raise_data_dependent(f"{name} (its output shape depends on tensor values)")
-            self._raise_data_dependent(f"{name} (its result depends on tensor values)")
-        scope = self.constants.scope_of(args, kwargs)
-        if self.regions is not None:
-            self.regions.note_value_decision(scope)  # the output's shape came from the values
-        real = self.constants.evaluate(func, args, kwargs)
-        with DisableTorchFunction():
-            out = map_tensors(real, lambda t: self.fake_mode.from_tensor(t, static_shapes=True))
-        self.constants.remember(out, real, scope)
-        return out
-
-    def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:
-        builder = self.builder
-        op, target = node_target(func)
-        node_args = builder.literal(map_tensors(args, builder.node_for, True))
-        node_kwargs = builder.literal(map_tensors(kwargs, builder.node_for, True)) if kwargs else {}
-        if op == "call_function" and target is builtins.getattr:
-            node_args = (node_args[0], func.__self__.__name__)
-        if op == "call_method":
-            node = builder.graph.call_method(target, node_args, node_kwargs)
-        else:
-            node = builder.graph.call_function(target, node_args, node_kwargs)
-        self._annotate(node, out)
-        self.bind_outputs(builder, node, out)
-        return node
-
-    def bind_outputs(self, builder: Builder, node: fx.Node, out: Any) -> None:
-        if isinstance(out, torch.Tensor):
-            builder.bind(out, node)
-        elif isinstance(out, (tuple, list)):
-            for i, item in enumerate(out):
-                if isinstance(item, torch.Tensor):
-                    item_node = builder.graph.call_function(operator.getitem, (node, i))
-                    item_node.meta["val"] = item
-                    builder.bind(item, item_node)
-
-    def _annotate(self, node: fx.Node, out: Any) -> None:
-        node.meta["val"] = out
-        frame = user_frame(3)
-        if frame is not None:
-            code = frame.f_code
-            node.meta["stack_trace"] = f'  File "{code.co_filename}", line {frame.f_lineno}, in {code.co_name}\n'
-
-    def _raise_data_dependent(self, what: str) -> None:
-        line = user_source_line(3)
-        raise CaptureError(message(
-            f"data-dependent Python during capture: {what} needs a tensor's value, which is unknown while tracing"
-            + (f"\n  code: {line}" if line else ""),
-            user_location(3),
-            _FIX_DATA,
-        ))

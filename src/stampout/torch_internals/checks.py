@@ -1,0 +1,64 @@
+"""The C++ checks a guard uses (TensorGuards over tensors' metadata, dict version tags) and torch's process-wide
+flags a fingerprint reads.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _load
+
+TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
+
+
+_FLAGS = (
+    ("deterministic algorithms", torch.are_deterministic_algorithms_enabled),
+    ("deterministic algorithms warn only", torch.is_deterministic_algorithms_warn_only_enabled),
+    ("float32 matmul precision", torch.get_float32_matmul_precision),
+    ("anomaly detection", torch.is_anomaly_enabled),
+    ("warn always", torch.is_warn_always_enabled),
+    ("intra-op threads", torch.get_num_threads),
+    ("mkldnn enabled", torch._C._get_mkldnn_enabled),
+    ("cudnn enabled", torch._C._get_cudnn_enabled),
+    ("cudnn deterministic", torch._C._get_cudnn_deterministic),
+    ("cudnn benchmark", torch._C._get_cudnn_benchmark),
+    ("flash sdp enabled", torch._C._get_flash_sdp_enabled),
+    ("mem-efficient sdp enabled", torch._C._get_mem_efficient_sdp_enabled),
+    ("math sdp enabled", torch._C._get_math_sdp_enabled),
+)
+FLAG_NAMES = tuple(name for name, _ in _FLAGS)
+_FLAG_GETTERS = tuple(get for _, get in _FLAGS)
+
+
+def global_flags() -> tuple:
+    """torch's process-wide switches that Python code may branch on (`torch.backends.mkldnn.enabled`,
+    deterministic algorithms, matmul precision, ...): part of every fingerprint."""
+    return tuple(get() for get in _FLAG_GETTERS)
+
+
+def tensor_guards(tensors: list[torch.Tensor]) -> Any:
+    """One C++ check of the metadata (shape, strides, dtype, device, requires_grad, dispatch keys) of each
+    tensor, in order; `.check(*tensors)`."""
+    return TensorGuards(
+        *tensors,
+        dynamic_dims_sizes=[list(t.shape) for t in tensors],
+        dynamic_dims_strides=[list(t.stride()) for t in tensors],
+    )
+
+
+def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:
+    """A C++ check that none of `dicts` was written since now (CPython's per-dict version tags): catches
+    writes that bypass `__setattr__` (`m.__dict__[k] = v`, `object.__setattr__(m, k, v)`)."""
+    from torch._C._dynamo.guards import RootGuardManager
+    from torch._dynamo.guards import GuardManagerType
+
+    root = RootGuardManager()
+    holder = {i: d for i, d in enumerate(dicts)}
+    for i, d in enumerate(dicts):
+        manager = root.dict_getitem_manager(i, f"dicts[{i}]", d, GuardManagerType.GUARD_MANAGER)
+        manager.add_dict_version_guard(d, [f"dict_version(dicts[{i}])"], None)
+    return functools.partial(root.check, holder)

@@ -1,0 +1,33 @@
+"""FSDP2's private state a sharded capture reads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+
+
+def fsdp_lazy_init(module: torch.nn.Module) -> None:
+    """FSDP2's lazy initialization from `module` (the outermost sharded module): what its first forward's root
+    pre-hook does (it finds the root and the shared state `FSDPModule.unshard()` needs). Idempotent."""
+    module._get_fsdp_state()._lazy_init()
+
+
+def fsdp_mixed_precision(module: torch.nn.Module) -> bool:
+    """Whether a module sharded with fully_shard casts its inputs, parameters or outputs (a MixedPrecisionPolicy)."""
+    policy = module._get_fsdp_state()._mp_policy
+    return policy.param_dtype is not None or policy.output_dtype is not None or policy.reduce_dtype is not None
+
+
+def patch_fsdp_parameter_swaps(make_swap: Callable[[Callable], Callable]) -> None:
+    """FSDP2 swaps parameters in their slots through `make_swap(its function)` from now on (fsdp_slots.py)."""
+    from . import patch_permanently  # (the package's registry of permanent patches)
+
+    target = "torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param"
+    owner = importlib.import_module(target.rsplit(".", 1)[0])
+    if not getattr(owner.unsafe_setattr_param, "__stampout_swap__", False):
+        swap = make_swap(owner.unsafe_setattr_param)
+        swap.__stampout_swap__ = True
+        patch_permanently(owner, "unsafe_setattr_param", swap, target, "its swaps are checked per call, not bumped")
