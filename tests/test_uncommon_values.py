@@ -387,3 +387,23 @@ def test_a_user_module_passed_to_a_region() -> None:
         torch.testing.assert_close(compiled(x), x * 6)
     finally:
         _SETTINGS.SCALE = 2.0
+
+
+def test_numpy_scalars_as_op_arguments_match_eager():
+    # A NumPy scalar in an op's arguments reached the FX code as NumPy 2's repr (`np.float64(2.0)`), which the
+    # generated forward cannot name; it is the Python scalar it stands for (result dtypes as in eager).
+    np = pytest.importorskip("numpy")
+
+    class Scaled(nn.Module):
+        def __init__(self, c) -> None:
+            super().__init__()
+            self.c = c
+
+        def forward(self, x):
+            return torch.div(x, self.c), torch.add(x, self.c), torch.full((2,), self.c)
+
+    for c in (np.float64(2.0), np.float32(0.1), np.int64(3)):
+        for x in (torch.ones(2), torch.ones(2, dtype=torch.int32)):
+            model = Scaled(c)
+            for want, got in zip(model(x), stampout.compile(model, backend="eager")(x)):
+                assert got.dtype == want.dtype and torch.equal(got, want), (c, x.dtype)

@@ -186,6 +186,8 @@ class Builder:
         if isinstance(value, tuple) and t is not torch.Size and has_node(value):  # (FX prints namedtuples)
             items = [self.literal(v) for v in value]
             return t._make(items) if hasattr(t, "_make") else tuple(items)
+        if t.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+            return value.item()  # (a NumPy scalar: FX would print NumPy 2's repr, `np.float64(2.0)`)
         if isinstance(value, fx.Node) or is_constant(value) or t is slice or is_op(value):
             return value
         return self.constant(value)
