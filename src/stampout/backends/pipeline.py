@@ -13,6 +13,13 @@ half the time on a 2-core machine. Inside `overlapped()`, on the calling thread 
 so the next graph's lowering runs while the compiler works. Leaving the context waits for all of it (timed
 as `c++ compile`), so the compiled callables are complete before anyone calls them; compile errors surface
 there. Other threads' compiles are untouched.
+
+With one compile thread (`TORCHINDUCTOR_COMPILE_THREADS=1`, or `torch._inductor.config.compile_threads = 1`)
+Inductor has no pool: `AsyncCompile.submit` runs the build at once, and `load_async` calls it while holding
+the build's file lock, which the build takes again through a second lock object — on Linux a second `flock`
+on the same file blocks, so the compile would hang until the lock times out. There is nothing to overlap
+then, so both hooks leave Inductor's own synchronous path alone; the setting is read per call, as
+Inductor reads it, so a change inside the context (a stampout `options=` patch) is seen.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ class DeferredEntry:
 @contextlib.contextmanager
 def overlapped() -> Iterator[None]:
     """Defer Inductor's waits for the C++ compiler on this thread until the context exits."""
-    from ..torch_internals import AsyncCompile, CppWrapperCodeCache
+    from ..torch_internals import AsyncCompile, CppWrapperCodeCache, get_compile_threads
 
     if not (hasattr(AsyncCompile, "wait") and hasattr(CppWrapperCodeCache, "load_pybinding_async")):
         yield  # not torch 2.13's Inductor: compile without overlap
@@ -55,13 +62,16 @@ def overlapped() -> Iterator[None]:
     load_pybinding = CppWrapperCodeCache.load_pybinding.__func__
     owned = "load_pybinding" in CppWrapperCodeCache.__dict__
 
+    def ours() -> bool:  # this thread's compile, and Inductor has a pool to hand the compiler to
+        return threading.get_ident() == thread and get_compile_threads() > 1
+
     def deferred_wait(self: Any, scope: dict[str, Any]) -> None:
-        if threading.get_ident() != thread or "__file__" not in scope:  # only generated modules' final wait
+        if not ours() or "__file__" not in scope:  # only generated modules' final wait
             return wait(self, scope)
         pending.append(lambda: wait(self, scope))
 
     def deferred_load_pybinding(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() != thread or "submit_fn" in kwargs:
+        if not ours() or "submit_fn" in kwargs:
             return load_pybinding(cls, *args, **kwargs)
         entry = DeferredEntry(cls.load_pybinding_async(*args, submit_fn=AsyncCompile.submit, **kwargs))
         pending.append(entry.resolve)

@@ -108,6 +108,7 @@ NAMES = {
     "extract_tensor_metadata": "torch.fx.passes.shape_prop._extract_tensor_metadata",
     "functorch_config": "torch._functorch.config",
     "functorch_vmap_decrement_nesting": "torch._C._functorch._vmap_decrement_nesting",
+    "get_compile_threads": "torch._inductor.async_compile.get_compile_threads",
     "get_current_function_mode_stack": "torch.overrides._get_current_function_mode_stack",
     "get_invoke_subgraph_cache": "torch._higher_order_ops.invoke_subgraph.get_invoke_subgraph_cache",
     "get_isa_dry_compile_fingerprint": "torch._inductor.cpu_vec_isa._get_isa_dry_compile_fingerprint",
