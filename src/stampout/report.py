@@ -50,6 +50,10 @@ def guard_code_text(cap: Any) -> str:
     """The generated predicates of a capture's reuse entries and, for a compiled capture, of its program."""
     parts = []
     for entry in cap.reuse_entries:
+        shared = getattr(entry.check, "shared", None)  # (entry_guards.EntryCheck: guards shared by every call)
+        if shared is not None:
+            parts.append(f"# region {entry.region}: once per entry, again after a write to a dict they read\n"
+                         + annotated(shared))
         if entry.check is not None:
             parts.append(f"# region {entry.region} -> {entry.subgraph} (traced at {entry.call_site})\n"
                          + annotated(entry.check))
