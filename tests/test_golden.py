@@ -72,23 +72,26 @@ def check(leaves, fn, anchors=()):
     v5 = getattr(v3, '__stampout_region__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__
     v6 = getattr(v5, 'fn', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn
     if not v6 is e3: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn: <function Layer.forward at 0x?>
-    if not ((a7.sentinel or _false)() or a7.unchanged()): return False  # names in namespaces of names read in modules: every name as read
-    v8 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
-    if not v8 is e5: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v7 = getattr(v6, '__code__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
+    if not v7 is e4: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn.__code__: <code Layer.forward at 0x?>
+    if not ((a8.sentinel or _false)() or a8.unchanged()): return False  # names in namespaces of names read in modules: every name as read
     v9 = _module_attr(v0, 'lin')  # self.lin
     if not type(v9) in e6: return False  # class of self.lin: Linear
     if not (isinstance(v9, _Module) and _no_hooks(v9)): return False  # hooks of self.lin: no hooks
     v10 = _object_dict(v9)  # self.lin.__dict__
     v11 = _item(v10, 'forward')  # self.lin.__dict__['forward']
     if not (v11 is _MISSING or _is_auto_mark(v11)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
-    v12 = _type_of(v9)  # type(self.lin)
-    v13 = mro_attr(v12, 'forward')  # type(self.lin).forward
-    if not v13 is e9: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
-    v14 = _module_attr(v9, 'weight')  # self.lin.weight
-    if not (isinstance(v14, _Tensor) and _tensor_meta(v14) == e10): return False  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True)
-    v15 = _module_attr(v9, 'bias')  # self.lin.bias
-    if not (isinstance(v15, _Tensor) and _tensor_meta(v15) == e11): return False  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True)
-    return (v14, v15, )
+    v12 = _module_attr(v9, 'weight')  # self.lin.weight
+    if not (isinstance(v12, _Tensor) and v12.storage_offset() == e9): return False  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True)
+    v13 = _module_attr(v9, 'bias')  # self.lin.bias
+    if not (isinstance(v13, _Tensor) and v13.storage_offset() == e10): return False  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True)
+    return (v12, v13, v12, v13, )
+def shared(leaves, fn, anchors=()):  # once per entry, and again after a write to a dict these read
+    v0 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v0 is e0: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v2 = mro_attr(a1, 'forward')  # Linear.forward
+    if not v2 is e1: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
+    return True
 """  # noqa: E501
 
 
@@ -119,20 +122,25 @@ COMPILED_GUARD_CODE = """
 def check(leaves, fn, anchors=()):
     v0 = _leaf(leaves, 0)  # self
     if not v0 is e0: return False  # object identity of self: <function scaled at 0x?>
-    if not ((a1.sentinel or _false)() or a1.unchanged()): return False  # names in namespaces of names read in modules: every name as read
-    v2 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
-    if not v2 is e2: return False  # object identity of globals['torch']: <module torch at 0x?>
-    v3 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
-    if not (v3 is not _MISSING and _const_key(v3) == e3): return False  # constant of globals['SCALE']: 2.0
+    v1 = getattr(v0, '__code__', _MISSING)  # self.__code__
+    if not v1 is e1: return False  # object identity of self.__code__: <code scaled at 0x?>
+    if not ((a2.sentinel or _false)() or a2.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+    v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v3 is e3: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v4 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
+    if not (v4 is not _MISSING and _const_key(v4) == e4): return False  # constant of globals['SCALE']: 2.0
     return True
 
 # every call (then one C++ check of the metadata of the tensors it read)
 def check(leaves, fn, anchors=()):
-    if not ((a0.sentinel or _false)() or a0.unchanged()): return False  # names in namespaces of names read in modules: every name as read
-    v1 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
-    if not v1 is e1: return False  # object identity of globals['torch']: <module torch at 0x?>
-    v2 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
-    if not (v2 is not _MISSING and _const_key(v2) == e2): return False  # constant of globals['SCALE']: 2.0
+    v0 = anchors[0]  # self
+    v1 = getattr(v0, '__code__', _MISSING)  # self.__code__
+    if not v1 is e0: return False  # object identity of self.__code__: <code scaled at 0x?>
+    if not ((a2.sentinel or _false)() or a2.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+    v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v3 is e2: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v4 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
+    if not (v4 is not _MISSING and _const_key(v4) == e3): return False  # constant of globals['SCALE']: 2.0
     return ()
 """  # noqa: E501
 

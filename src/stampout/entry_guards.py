@@ -136,18 +136,20 @@ class EntryCheck:
                 return False
         return True
 
-    # (report.annotated prints the per-call predicate; report.guard_code_text prints `shared` too)
+    # (what report.guard_code_text prints, comments left out: the per-call predicate, then `shared`)
     @property
     def source_code(self) -> str:
-        return self.per_call.source_code
+        if self.shared is None:
+            return self.per_call.source_code
+        return self.per_call.source_code + "\n" + self.shared.source_code.replace("def check(", "def shared(", 1)
 
     @property
-    def variables(self) -> dict:
-        return self.per_call.variables
+    def __code__(self) -> Any:
+        return self.per_call.__code__
 
     @property
-    def guards(self) -> list[Guard]:
-        return self.per_call.guards
+    def __globals__(self) -> dict:
+        return self.per_call.__globals__
 
 
 def _always() -> bool:
