@@ -75,22 +75,23 @@ def check(leaves, fn, anchors=()):
     v7 = getattr(v6, '__code__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
     if not v7 is e4: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn.__code__: <code Layer.forward at 0x?>
     if not ((a8.sentinel or _false)() or a8.unchanged()): return False  # names in namespaces of names read in modules: every name as read
-    v9 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
-    if not v9 is e6: return False  # object identity of globals['torch']: <module torch at 0x?>
-    v10 = _module_attr(v0, 'lin')  # self.lin
-    if not type(v10) in e7: return False  # class of self.lin: Linear
-    if not (isinstance(v10, _Module) and _no_hooks(v10)): return False  # hooks of self.lin: no hooks
-    v11 = _object_dict(v10)  # self.lin.__dict__
-    v12 = _item(v11, 'forward')  # self.lin.__dict__['forward']
-    if not (v12 is _MISSING or _is_auto_mark(v12)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
-    v13 = _type_of(v10)  # type(self.lin)
-    v14 = mro_attr(v13, 'forward')  # type(self.lin).forward
-    if not v14 is e10: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
-    v15 = _module_attr(v10, 'weight')  # self.lin.weight
-    if not (isinstance(v15, _Tensor) and _tensor_meta(v15) == e11): return False  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True)
-    v16 = _module_attr(v10, 'bias')  # self.lin.bias
-    if not (isinstance(v16, _Tensor) and _tensor_meta(v16) == e12): return False  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True)
-    return (v15, v16, )
+    v9 = _module_attr(v0, 'lin')  # self.lin
+    if not type(v9) in e6: return False  # class of self.lin: Linear
+    if not (isinstance(v9, _Module) and _no_hooks(v9)): return False  # hooks of self.lin: no hooks
+    v10 = _object_dict(v9)  # self.lin.__dict__
+    v11 = _item(v10, 'forward')  # self.lin.__dict__['forward']
+    if not (v11 is _MISSING or _is_auto_mark(v11)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
+    v12 = _module_attr(v9, 'weight')  # self.lin.weight
+    if not (isinstance(v12, _Tensor) and v12.storage_offset() == e9): return False  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True)
+    v13 = _module_attr(v9, 'bias')  # self.lin.bias
+    if not (isinstance(v13, _Tensor) and v13.storage_offset() == e10): return False  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True)
+    return (v12, v13, v12, v13, )
+def shared(leaves, fn, anchors=()):  # once per entry, and again after a write to a dict these read
+    v0 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v0 is e0: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v2 = mro_attr(a1, 'forward')  # Linear.forward
+    if not v2 is e1: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
+    return True
 """  # noqa: E501
 
 

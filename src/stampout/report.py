@@ -52,7 +52,7 @@ def guard_code_text(cap: Any) -> str:
     for entry in cap.reuse_entries:
         if entry.check is not None:
             parts.append(f"# region {entry.region} -> {entry.subgraph} (traced at {entry.call_site})\n"
-                         + annotated(entry.check))
+                         + annotated(getattr(entry.check, "per_call", entry.check)) + _shared_text(entry.check))
     if cap.program is not None:
         parts.append("# the whole program (stampout.compile): what it read\n"
                      + annotated(compile_guards(cap.program.guards)))
@@ -88,6 +88,16 @@ def entry_guard_code(cap: Any, entries: tuple) -> str:
         if entry.capture is not None and entry.capture is cap:
             return entry.guard_code()
     return "# no compiled entry: the function has not run a compiled call (or its entry was dropped)"
+
+
+def _shared_text(check: Any) -> str:
+    """An `entry_guards.EntryCheck`'s guards shared by every call of the entry, as the function `shared`."""
+    shared = getattr(check, "shared", None)
+    if shared is None:
+        return ""
+    text = annotated(shared).replace("def check(", "def shared(", 1)
+    first, rest = text.split("\n", 1)
+    return f"\n{first}  # once per entry, and again after a write to a dict these read\n{rest}"
 
 
 _ASSIGN = re.compile(r"^    (v\d+) = ")

@@ -71,7 +71,7 @@ class FrameCode:
             return
         self.guard(source, Kind.ID, fn, where)
         if is_user_file(fn.__code__.co_filename):
-            self.guard(Attr(source, "__code__"), Kind.ID, fn.__code__, where)  # (`fn.__code__ = ...` keeps fn)
+            self.guard(Attr(source, "__code__"), Kind.ID, fn.__code__, where)  # (`f.__code__ = g.__code__`)
             self.adopt_function(fn, source)
 
     def on_code(self, code: types.CodeType, g: dict, own: bool = False, where: str = "") -> None:

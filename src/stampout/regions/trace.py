@@ -11,9 +11,10 @@ import torch.fx as fx
 
 from ..builder import Builder
 from ..context import listeners
+from ..entry_guards import compile_entry_guards
 from ..errors import RegionError, message
 from ..frames import user_location
-from ..guards import compile_guards, is_constant
+from ..guards import is_constant
 from ..names import identifier
 from ..sources import MISSING, Absolute, Input
 from ..structure import template_constants, tensors_within, to_template
@@ -122,7 +123,8 @@ class Tracing:
             call_site=site, generation=self.cache.generation,
             leaves=frame.leaves if self.tracer.symbols is not None else None, stores=stores)
         if not frame.ineligible and (hash_key is not None or self._check_cap(region, reason, site)):
-            entry.check = compile_guards(frame.guards, [s.source for s in frame.lifted if isinstance(s, SourceInput)])
+            captured = [s.source for s in frame.lifted if isinstance(s, SourceInput)]
+            entry.check = compile_entry_guards(frame.guards, captured)
             self.cache.add(region.code, entry)
             if hash_key is not None:
                 self.cache.hashed[(region.code, hash_key)] = entry
