@@ -237,8 +237,6 @@ def _divides_by(c):
     return M()
 
 
-@pytest.mark.xfail(strict=True, reason="guard_rules.const_key compares a float by repr only when its type is "
-                   "exactly float: a float subclass or a complex is compared by ==, so 0.0 and -0.0 are one constant")
 @pytest.mark.parametrize(("before", "after"), [(_Float(0.0), _Float(-0.0)), (complex(0.0, 1.0), complex(-0.0, 1.0))],
                          ids=["float-subclass", "complex"])
 def test_a_signed_zero_of_a_float_like_constant_is_guarded(before, after):
@@ -250,8 +248,6 @@ def test_a_signed_zero_of_a_float_like_constant_is_guarded(before, after):
     torch.testing.assert_close(compiled(x), model(x))  # got +inf for x / -0.0
 
 
-@pytest.mark.xfail(strict=True, reason="a NumPy scalar argument of a traced op is printed into the FX code as "
-                   "np.float64(...) (NumPy 2's repr), which the generated forward cannot name: NameError (loud)")
 def test_a_numpy_scalar_attribute_used_by_an_op_compiles():
     np = pytest.importorskip("numpy")
     model = _divides_by(np.float64(2.0))
