@@ -108,9 +108,6 @@ def _bump_a_read_b(x, box):
     return x + box.b
 
 
-@pytest.mark.xfail(strict=True, reason="aliasing of the tensors held by input objects (lifted per call) is not "
-                   "guarded: captured with box.a and box.b distinct, a call with box.a is box.b runs the "
-                   "functionalized graph, which reads b before a's in-place update lands")
 def test_tensors_held_by_an_input_object_that_become_aliased_recapture():
     compiled = stampout.compile(_bump_a_read_b, backend="aot_eager")
     x = torch.ones(4)
@@ -120,6 +117,30 @@ def test_tensors_held_by_an_input_object_that_become_aliased_recapture():
     expected = _bump_a_read_b(x, _Box(t_eager, t_eager))
     torch.testing.assert_close(t, t_eager)
     torch.testing.assert_close(out, expected)  # got x + 0: b read as it was before a.add_(1)
+
+
+def test_tensors_held_by_an_input_object_that_become_overlapping_views_recapture():
+    compiled = stampout.compile(_bump_a_read_b, backend="aot_eager")
+    x = torch.ones(4)
+    disjoint = torch.zeros(8)
+    compiled(x, _Box(disjoint[:4], disjoint[4:]))
+    base, base_eager = torch.zeros(8), torch.zeros(8)
+    out = compiled(x, _Box(base[:4], base[2:6]))  # distinct objects, overlapping bytes
+    expected = _bump_a_read_b(x, _Box(base_eager[:4], base_eager[2:6]))
+    torch.testing.assert_close(base, base_eager)
+    torch.testing.assert_close(out, expected)
+
+
+def test_a_tensor_held_by_an_input_object_that_becomes_the_input_recaptures():
+    def f(x, box):
+        x.add_(1.0)
+        return box.b * 2
+
+    compiled = stampout.compile(f, backend="aot_eager")
+    compiled(torch.zeros(4), _Box(torch.zeros(4), torch.zeros(4)))
+    t, t_eager = torch.zeros(4), torch.zeros(4)
+    out = compiled(t, _Box(torch.zeros(4), t))
+    torch.testing.assert_close(out, f(t_eager, _Box(torch.zeros(4), t_eager)))
 
 
 def test_input_leaves_that_become_aliased_recapture():
