@@ -21,6 +21,7 @@ from .protection import Anchors, Protection, anchored
 from .regions.fingerprint import describe_difference, without_sizes
 from .replay_code import compile_replay
 from .sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
+from .structure import aliases_of
 from .torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
 from .tracking import EPOCH, WriteWatch
 
@@ -100,6 +101,12 @@ def _anchored_effect(effect: Effect, anchors: Anchors) -> Effect:
     return dataclasses.replace(effect, target=anchors.rewrite(effect.target), values=values)
 
 
+def _aliases(leaves: list[Any], per_call: list[Any]) -> tuple:
+    """Which of the tensor leaves (after the function, `leaves[0]`) and the tensors read per call alias (one id
+    pass; the overlap scan only when one is a view: structure.aliases_of)."""
+    return aliases_of([v for v in (*leaves[1:], *per_call) if isinstance(v, torch.Tensor)])
+
+
 class EntryState:
     """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
     metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
@@ -173,6 +180,11 @@ class Entry:
         self.always = compile_guards(always, per_call, deferred)
         self.deferred = DeferredTensors(deferred)  # the per-call tensors' metadata: one C++ check
         self.per_call_count = len(per_call)
+        # Which of the tensor inputs and the tensors read per call (held by input objects: `box.a`, `box.b`) are
+        # the same object or overlap, as at capture (the key holds the inputs' own aliasing only): a functionalized
+        # graph traced on distinct tensors is wrong on aliased ones. (None: no tensor is read per call.)
+        self.aliases = (_aliases(ctx.leaves, [cap.lifted[i][0] for i in self.per_call_positions])
+                        if self.per_call_positions else None)
         self.tensor_sources = [g.source for g in tensors]
         self.state: EntryState | None = None
 
@@ -239,6 +251,8 @@ class Entry:
         if not state.tensor_guard.check(*state.tensors):
             return None
         if per_call:
+            if self.aliases is not None and _aliases(ctx.leaves, per_call) != self.aliases:
+                return None
             lifted = list(state.fixed)
             for position, value in zip(self.per_call_positions, per_call):
                 lifted[position] = value

@@ -42,6 +42,7 @@ import torch.fx as fx
 from .. import config, progress, timing, torch_internals
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
 from . import pipeline, split, startup, toolchain
+from .grad_identity import separate_by_requires_grad
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 
 log = logging.getLogger("stampout.backends")
@@ -216,6 +217,7 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     inline_writing_regions(gm, example_inputs)
+    separate_by_requires_grad(gm)
     startup.fill_torch_key()
     if _on_cpu(example_inputs):
         toolchain.warm_up()
