@@ -3,6 +3,7 @@ an identifier and a subgraph copy of their own; calls like the trace keep the sh
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.fx as fx
 from torch import nn
@@ -89,3 +90,23 @@ def test_a_call_whose_outputs_differ_in_requiring_grad_is_separated():
     reference(x).sum().backward()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.inductor
+@pytest.mark.slow
+def test_inductor_whole_graph_keeps_the_gradients_of_the_layers_before_a_frozen_last_one():
+    # (the whole-graph path sends region calls through AOTAutograd's invoke_subgraph, as aot_eager does)
+    torch.manual_seed(0)
+    model = nn.Sequential(_Block(), _Block(), _Block())
+    reference = nn.Sequential(_Block(), _Block(), _Block())
+    reference.load_state_dict(model.state_dict())
+    model[2].requires_grad_(False)
+    reference[2].requires_grad_(False)
+    x = torch.randn(2, 4)
+    with stampout.config.patch(glue="whole"):
+        stampout.compile(model, backend="inductor", regions="auto")(x).sum().backward()
+    reference(x).sum().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad)
