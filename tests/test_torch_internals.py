@@ -40,7 +40,9 @@ def test_every_private_name_and_patch_target_exists_in_this_torch():
 
 
 def test_permanent_patches_are_recorded_and_only_on_listed_private_targets(monkeypatch):
-    monkeypatch.setattr(torch_internals, "PERMANENT_PATCHES", [])
+    fresh: list = []  # (the registry's list, which the package re-exports)
+    monkeypatch.setattr(torch_internals.registry, "PERMANENT_PATCHES", fresh)
+    monkeypatch.setattr(torch_internals, "PERMANENT_PATCHES", fresh)
     owner = types.SimpleNamespace(f=len)
     with pytest.raises(ValueError, match="not in torch_internals.PATCH_TARGETS"):
         torch_internals.patch_permanently(owner, "f", abs, "torch._inductor.somewhere.f", "test")

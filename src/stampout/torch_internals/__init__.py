@@ -4,17 +4,17 @@ Patched module globals (the `nested_compile_region` placeholder, export's pre-di
 `invoke_subgraph` calling convention, and the C++ tensor guards. If a torch release moves one of them,
 importing stampout fails here with the name that is missing instead of misbehaving later.
 
-This package holds the registry (NAMES, resolved on first use by `__getattr__`; PRIVATE_NAMES; the permanent
-patches) and re-exports its submodules' names, so code imports every name from `stampout.torch_internals`:
-hooks (what a capture replaces while it runs), checks (C++ guards, global flags), graphs (invoke_subgraph,
-append_node), parameter_writes (the Parameter patch), fsdp (FSDP2's private state).
+This package holds NAMES (resolved on first use by `__getattr__`) and PRIVATE_NAMES, and re-exports the
+registry (registry.py, a leaf the submodules import: loading names, PATCH_TARGETS, the permanent patches) and
+its submodules' names, so code imports every name from `stampout.torch_internals`: hooks (what a capture
+replaces while it runs), checks (C++ guards, global flags), graphs (invoke_subgraph, append_node),
+parameter_writes (the Parameter patch), fsdp (FSDP2's private state).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,17 +36,15 @@ if VERSION not in SUPPORTED:
                 torch.__version__)
 
 
-def _unsupported(what: str) -> str:
-    return (f"stampout needs {what}, which this torch ({torch.__version__}) does not have; "
-            "stampout supports torch 2.13 and 2.14: pip install 'torch>=2.13,<2.15'")
-
-
-def _load(module: str, name: str) -> Any:
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
-        raise ImportError(_unsupported(f"{module}.{name}")) from error
-
+from .registry import (  # noqa: E402, F401 - the registry's names, re-exported
+    PATCH_TARGETS,
+    PERMANENT_PATCHES,
+    Patch,
+    _load,
+    _private,
+    _unsupported,
+    patch_permanently,
+)
 
 for _module, _name in _REQUIRED:
     _load(_module, _name)
@@ -171,16 +169,6 @@ _USED_HERE = (  # (and in the modules tests/size_baseline.json still lists)
     "torch.compiler.is_compiling",
     "torch.utils._pytree.tree_leaves",
 )
-# What `patch_permanently` may replace (checked per torch release with the names above).
-PATCH_TARGETS = (
-    "torch._inductor.codegen.cpp_wrapper_cpu.CppWrapperCpu.codegen_invoke_subgraph",
-    "torch._inductor.codecache._precompile_header",
-    "torch._inductor.codecache.write",
-    "torch._inductor.compile_fx.aot_export_module",
-    "torch._inductor.cpu_vec_isa.VecISA.check_build",
-    "torch._inductor.cpu_vec_isa.valid_vec_isa_list",
-    "torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param",
-)
 PRIVATE_NAMES = (*NAMES.values(), *_USED_HERE, *PATCH_TARGETS)
 
 
@@ -209,39 +197,6 @@ def __getattr__(name: str) -> Any:
         raise ImportError(_unsupported(dotted)) from error
     globals()[name] = value
     return value
-
-
-@dataclass(frozen=True)
-class Patch:
-    """A change stampout makes to torch for the rest of the process: the name it replaced, and why."""
-
-    target: str
-    why: str
-
-
-# Note: permanent patches of torch
-# Five features change torch for good once used: `patch_parameter_writes` (nn.Parameter's metadata setters
-# and torch.utils.swap_tensors bump the compiled functions' epoch), backends/toolchain.install (Inductor's ISA checks
-# memoized), backends/startup.scope (Inductor's header precompiles, skipped where they do not pay, on a thread inside
-# stampout's compiles only), aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph, one trace per
-# subgraph) and fsdp_slots.install (FSDP2's parameter swaps write their slots without bumping the epoch).
-# Each replacement goes through `patch_permanently`: it must name a target of PATCH_TARGETS (checked per torch
-# release) or a public one, and PERMANENT_PATCHES lists what this process changed.
-PERMANENT_PATCHES: list[Patch] = []
-
-
-def patch_permanently(owner: Any, name: str, value: Any, target: str, why: str) -> Any:
-    """Set `owner.<name>` (the torch name `target`) to `value` for the rest of the process; returns what it held."""
-    if target not in PATCH_TARGETS and _private(target):
-        raise ValueError(f"{target} is not in torch_internals.PATCH_TARGETS")
-    original = getattr(owner, name, None)
-    setattr(owner, name, value)
-    PERMANENT_PATCHES.append(Patch(target, why))
-    return original
-
-
-def _private(dotted: str) -> bool:
-    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split(".")[1:])
 
 
 def missing_private_names() -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import _load
+from .registry import _load
 
 TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
 

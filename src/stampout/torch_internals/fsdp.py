@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from .registry import patch_permanently
+
 
 def fsdp_lazy_init(module: torch.nn.Module) -> None:
     """FSDP2's lazy initialization from `module` (the outermost sharded module): what its first forward's root
@@ -23,8 +25,6 @@ def fsdp_mixed_precision(module: torch.nn.Module) -> bool:
 
 def patch_fsdp_parameter_swaps(make_swap: Callable[[Callable], Callable]) -> None:
     """FSDP2 swaps parameters in their slots through `make_swap(its function)` from now on (fsdp_slots.py)."""
-    from . import patch_permanently  # (the package's registry of permanent patches)
-
     target = "torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param"
     owner = importlib.import_module(target.rsplit(".", 1)[0])
     if not getattr(owner.unsafe_setattr_param, "__stampout_swap__", False):

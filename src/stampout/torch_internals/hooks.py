@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _unsupported
+from .registry import _unsupported
 
 _INVOKE_MODULE = importlib.import_module("torch._higher_order_ops.invoke_subgraph")
 _COMPILER = importlib.import_module("torch.compiler")

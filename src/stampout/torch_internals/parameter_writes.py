@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import patch_permanently
+from .registry import patch_permanently
 
 # Note: parameters' metadata is checked after a write, not on every call. A parameter's shape, strides, dtype,
 # device and requires_grad change only through its `data` and `requires_grad` setters, `torch.utils.swap_tensors`
