@@ -243,11 +243,9 @@ class Entry:
         per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
         if per_call is False:
             return None
-        n = self.per_call_count
-        if len(per_call) > n:
-            if not self.deferred.check(per_call[n:]):
-                return None
-            per_call = per_call[:n]
+        per_call = self.deferred.admit(per_call, self.per_call_count)
+        if per_call is None:
+            return None
         if not state.tensor_guard.check(*state.tensors):
             return None
         if per_call:

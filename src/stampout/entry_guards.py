@@ -127,8 +127,8 @@ class EntryCheck:
         values = self.per_call(leaves, fn)
         if values is False or self._deferred is None:
             return values
-        n = self._n
-        return values[:n] if self._deferred.check(values[n:]) else False
+        admitted = self._deferred.admit(values, self._n)
+        return False if admitted is None else admitted
 
     def _same_mros(self) -> bool:
         for cls, mro in self._mros:

@@ -147,6 +147,13 @@ class DeferredTensors:
             self.fast = tensor_guards(list(values))  # (TensorGuards rejects a tensor listed twice)
         return True
 
+    def admit(self, values: tuple, n: int) -> tuple | None:
+        """A predicate's results (`n` values, then the tensors whose metadata it deferred) less those tensors,
+        when their metadata holds; None when it does not."""
+        if len(values) == n:
+            return values
+        return values[:n] if self.check(values[n:]) else None
+
 
 def first_failure(guards: list[Guard], ctx: CallContext) -> tuple[int, Guard, Any] | None:
     """The first guard that fails in `ctx`, with its index and the observed value; None if all hold."""
