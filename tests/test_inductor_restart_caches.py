@@ -169,3 +169,51 @@ def test_headers_are_not_precompiled_only_inside_stampouts_compiles(tmp_path, mo
         assert load() == "cpp_prefix.h.pch"  # and needed once more: precompiled
         assert startup.STATS["headers_deferred"] == startup.PRECOMPILE_AFTER
     assert startup.STATS["headers_skipped"] == 1 and len(headers) == 4
+
+
+def test_a_header_an_earlier_process_precompiled_is_used_at_once(tmp_path, monkeypatch):
+    """A later process does not build its first modules without a precompiled header that an earlier one built
+    (the store names its file for the header and command line, and the `.gch` is there): Inductor gets the header
+    from the first module on. Once the `.gch` is gone, or for another command line, the first modules are again
+    built without it."""
+    from stampout import store
+    from stampout.backends import startup
+
+    header_file = tmp_path / "headers" / "chash.h"
+    header_file.parent.mkdir()
+    headers = []
+
+    def precompile(header, cmd_line, **command):  # Inductor's: writes <hash>.h and builds <hash>.h.gch beside it
+        headers.append(cmd_line)
+        header_file.write_text(f"#include <{header}>\n")
+        (tmp_path / "headers" / "chash.h.gch").write_bytes(b"")
+        return str(header_file)
+
+    def write(content, extension, **kwargs):
+        return "key", str(tmp_path / f"ckey.{extension}")
+
+    monkeypatch.setattr(store, "directory", lambda: str(tmp_path / "store"))
+    monkeypatch.setattr(startup, "_installed", [write, precompile])
+
+    def process():  # a fresh process's state
+        monkeypatch.setattr(startup, "STATS", dict.fromkeys(startup.STATS, 0))
+        monkeypatch.setattr(startup, "_uses", {})
+
+    def load(cmd_line="g++ ..."):  # a module not built yet
+        startup._write("int main;", "main.cpp")
+        return startup._precompile_header("cpp_prefix.h", cmd_line)
+
+    process()
+    with startup.scope():
+        assert [load() for _ in range(startup.PRECOMPILE_AFTER)] == [None] * startup.PRECOMPILE_AFTER
+        assert load() == str(header_file) and startup.STATS["headers_built"] == 0
+    process()
+    with startup.scope():
+        assert load() == str(header_file) and load() == str(header_file)  # the later process: at once
+        assert startup.STATS["headers_built"] == 1 and startup.STATS["headers_deferred"] == 0
+        assert load("clang++ ...") is None  # another command line: its header was never precompiled
+    process()
+    (tmp_path / "headers" / "chash.h.gch").unlink()
+    with startup.scope():
+        assert load() is None and startup.STATS["headers_deferred"] == 1 and startup.STATS["headers_built"] == 0
+    assert headers == ["g++ ..."] * 3

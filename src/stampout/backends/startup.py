@@ -16,7 +16,10 @@ the compiler time it needed:
   one compile with it took 21 s, without it 10 s). Inside stampout's compiles (`scope()`, this thread only) the
   builder gets no precompiled header when the module is already built (nothing is compiled), and for the first
   `PRECOMPILE_AFTER` modules that need a header in this process (a stack of blocks compiles one or two distinct
-  regions); after that Inductor precompiles it as it would. A module built without the precompiled header is the
+  regions), unless an earlier process built that header's precompiled form (`headers` in the store names the
+  file for each header and command line; the `.gch` beside it must still be there, and Inductor's own check of
+  the preprocessed header decides whether it is used); after that Inductor precompiles it as it would. A module
+  built without the precompiled header is the
   same code (the generated source includes the header itself; TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0
   compiles so).
 
@@ -45,6 +48,7 @@ from ..torch_internals import patch_permanently
 log = logging.getLogger("stampout.backends")
 
 _NAMESPACE = "torch_key"
+_HEADERS = "headers"  # store: digest of (header, command line) -> the header file Inductor precompiled for them
 _EXTRA_FILES = ("_inductor/codegen/aoti_runtime/interface.cpp", "_inductor/script.ld")  # torch_key's extra files
 _SUFFIXES = tuple(importlib.machinery.all_suffixes())
 _lock = threading.Lock()
@@ -54,7 +58,9 @@ _uses: dict[tuple[str, str], int] = {}  # (header, command line) -> modules buil
 PRECOMPILE_AFTER = 2
 # This process: torch_key filled from the store / hashed and stored; headers not precompiled for a module that is
 # built / for one built without; headers handed to Inductor.
-STATS = {"key_remembered": 0, "key_hashed": 0, "headers_skipped": 0, "headers_deferred": 0, "headers_precompiled": 0}
+# headers_built: precompiled forms an earlier process left, so not deferred.
+STATS = {"key_remembered": 0, "key_hashed": 0, "headers_skipped": 0, "headers_deferred": 0, "headers_precompiled": 0,
+         "headers_built": 0}
 
 
 def fingerprint(root: str, version: str) -> str:
@@ -165,6 +171,16 @@ def _write(content: Any, extension: str, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
+def _header_key(header: str, hashable_cmd_line: str) -> str:
+    return hashlib.sha256(f"{header}\0{hashable_cmd_line}".encode()).hexdigest()
+
+
+def _precompiled_before(header: str, hashable_cmd_line: str) -> bool:
+    """Whether a process built the precompiled form of `header` for this command line and it is still there."""
+    path = store.load(_HEADERS).get(_header_key(header, hashable_cmd_line))
+    return isinstance(path, str) and os.path.isfile(path + ".gch")
+
+
 def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: Any) -> str | None:
     if getattr(_state, "depth", 0):
         binary = getattr(_state, "binary", None)
@@ -175,9 +191,18 @@ def _precompile_header(header: str, hashable_cmd_line: str, **compile_command: A
         with _lock:
             uses = _uses.get((header, hashable_cmd_line), 0)
             if binary is not None and uses < PRECOMPILE_AFTER:
-                _uses[header, hashable_cmd_line] = uses + 1
-                STATS["headers_deferred"] += 1
-                log.debug("startup: %s compiled without a precompiled %s", binary, header)
-                return None
+                if _precompiled_before(header, hashable_cmd_line):
+                    _uses[header, hashable_cmd_line] = PRECOMPILE_AFTER  # (looked up once per process)
+                    STATS["headers_built"] += 1
+                else:
+                    _uses[header, hashable_cmd_line] = uses + 1
+                    STATS["headers_deferred"] += 1
+                    log.debug("startup: %s compiled without a precompiled %s", binary, header)
+                    return None
     STATS["headers_precompiled"] += 1
-    return _installed[1](header, hashable_cmd_line, **compile_command)
+    path = _installed[1](header, hashable_cmd_line, **compile_command)
+    if isinstance(path, str) and os.path.isfile(path + ".gch"):
+        key = _header_key(header, hashable_cmd_line)
+        if store.load(_HEADERS).get(key) != path:
+            store.update(_HEADERS, {key: path})
+    return path
