@@ -1,5 +1,5 @@
 """Guard kinds: what each checks of the value at a source, the code the generated predicate tests for it, and
-how it prints; the values constants are compared by.
+how it prints. The values they compare (constant keys, the predicate's small readers) are guard_values.py's.
 
 No notions of regions or captures here: a rule sees one guard and one value.
 """
@@ -13,6 +13,15 @@ from typing import Any, Protocol
 
 import torch
 
+from .guard_values import (
+    _length,
+    _module_attr,
+    _object_dict,
+    const_key,
+    is_auto_mark,
+    is_constant,
+    show_const,
+)
 from .hook_keys import NO_HOOKS, describe_hooks, hooks_key, no_hooks
 from .shapes import size_key
 from .sources import MISSING, RESOLVE_HELPERS, CallContext, Source
@@ -24,98 +33,6 @@ class Expecting(Protocol):
     so that this module does not import guards.py, which imports it.)"""
 
     expected: Any
-
-
-_SCALARS = (type(None), bool, int, float, complex, str, bytes)
-_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
-
-
-def is_constant(value: Any) -> bool:
-    """Values a trace may bake in as constants: scalars, dtypes, devices, enums and containers of them."""
-    if isinstance(value, _SCALARS) or isinstance(value, _ATOMS):
-        return True
-    if type(value) in (tuple, list, torch.Size, frozenset, set):
-        return all(is_constant(v) for v in value)
-    if type(value) is dict:
-        return all(is_constant(k) and is_constant(v) for k, v in value.items())
-    if type(value) in (slice, range):
-        return True
-    return False
-
-
-def const_key(value: Any) -> Any:
-    """A hashable key equal only for equal constants of the same type (`1`, `1.0`, `True` differ)."""
-    t = type(value)
-    if t is float:
-        return (t, repr(value))  # exact, and NaN equals NaN
-    if isinstance(value, float):  # (a float subclass, NumPy's float64: its own == takes 0.0 for -0.0)
-        return (t, float.__repr__(value))
-    if isinstance(value, complex):
-        return (t, complex.__repr__(value))
-    if t in (tuple, list, torch.Size):
-        return (t, tuple(const_key(v) for v in value))
-    if t in (set, frozenset):
-        return (t, frozenset(const_key(v) for v in value))
-    if t is dict:
-        return (t, tuple((const_key(k), const_key(v)) for k, v in value.items()))
-    if t in (slice, range):
-        return (t, repr(value))
-    return (t, value)
-
-
-def show_const(key: Any) -> str:
-    """A const_key as the value it stands for (`1e-06`, `'silu'`, `(1, 2)`), with its type when it matters."""
-    t, value = key
-    if t is float:
-        return value
-    if issubclass(t, (float, complex)):
-        return f"{t.__name__}({value})"
-    if t in (tuple, list, torch.Size):
-        inner = ", ".join(show_const(k) for k in value)
-        return f"({inner}{',' if len(value) == 1 else ''})" if t is tuple else f"[{inner}]" if t is list else \
-            f"torch.Size([{inner}])"
-    if t is dict:
-        return "{" + ", ".join(f"{show_const(k)}: {show_const(v)}" for k, v in value) + "}"
-    if t in (set, frozenset):
-        return "{" + ", ".join(sorted(show_const(k) for k in value)) + "}"
-    return repr(value)
-
-
-OBJECT_GETATTRIBUTE = object.__getattribute__
-
-
-def _object_dict(v: Any) -> Any:
-    try:
-        return OBJECT_GETATTRIBUTE(v, "__dict__")
-    except AttributeError:
-        return MISSING
-
-
-def _module_attr(v: Any, name: str) -> Any:
-    """`getattr(module, name)` for a name its class does not define, as nn.Module resolves it."""
-    try:
-        d = OBJECT_GETATTRIBUTE(v, "__dict__")
-    except AttributeError:
-        return MISSING
-    if name in d:
-        return d[name]
-    for registry in ("_parameters", "_buffers", "_modules"):
-        r = d.get(registry)
-        if r is not None and name in r:
-            return r[name]
-    return MISSING
-
-
-def is_auto_mark(value: Any) -> bool:
-    """Whether `value` is the bound region wrapper `stampout.auto_regions` puts on a module for a capture."""
-    return getattr(getattr(value, "__func__", None), "__stampout_auto__", False) is True
-
-
-def _length(value: Any) -> Any:
-    try:
-        return len(value)
-    except TypeError:
-        return MISSING
 
 
 class Kind(enum.Enum):

@@ -12,13 +12,12 @@ from typing import Any
 
 import torch
 
-from .guard_rules import HELPERS, OBJECT_GETATTRIBUTE, Kind, const_key, is_auto_mark, is_constant, show_const
+from .guard_rules import HELPERS, Kind
+from .guard_values import OBJECT_GETATTRIBUTE, const_key, is_auto_mark, is_constant, show_const
 from .hook_keys import describe_hooks, hooks_key
 from .sources import MISSING, Absolute, Attr, CallContext, Item, Source, mro_attr
 from .tensormeta import meta_values, tensor_kind, tensor_meta
 from .torch_internals import DisableTorchFunction, tensor_guards
-
-_MODULE_GETATTR = torch.nn.Module.__getattr__
 
 
 def _plain_module_class(cls: type) -> bool:
@@ -26,7 +25,7 @@ def _plain_module_class(cls: type) -> bool:
     from .classpatch import original
 
     return (isinstance(cls, type) and issubclass(cls, torch.nn.Module)
-            and original(cls, "__getattr__") is _MODULE_GETATTR
+            and original(cls, "__getattr__") is torch.nn.Module.__getattr__
             and original(cls, "__getattribute__") is OBJECT_GETATTRIBUTE)
 
 
@@ -172,5 +171,5 @@ def check_guards(check: Callable, ctx: CallContext) -> bool:
         return check(ctx.leaves, ctx.fn)
 
 
-__all__ = ["Guard", "Kind", "compile_guards", "first_failure", "check_guards", "const_key", "is_constant",
-           "show_const", "is_auto_mark", "tensor_meta", "tensor_kind", "hooks_key", "describe_hooks"]
+__all__ = ["Guard", "Kind", "compile_guards", "first_failure", "check_guards", "const_key", "is_constant", "show_const",
+           "is_auto_mark", "tensor_meta", "tensor_kind", "hooks_key", "describe_hooks"]
