@@ -9,6 +9,7 @@ from stampout.regions.fingerprint import (
     Fingerprint,
     LeafKey,
     LeafKind,
+    as_leaf_key,
     describe_difference,
     fingerprint,
     leaf_key,
@@ -33,7 +34,7 @@ def test_fields_by_name_and_equal_to_the_plain_tuple_the_guard_builds():
 def test_requires_grad_left_out_of_the_fingerprint_leaf():
     a, b = torch.randn(2), torch.randn(2, requires_grad=True)
     assert leaf_key(a) == leaf_key(b)
-    assert leaf_key(a).value.requires_grad is None
+    assert as_leaf_key(leaf_key(a)).value.requires_grad is None
     assert tensor_meta(a) != tensor_meta(b)
 
 
@@ -49,8 +50,9 @@ def test_fingerprint_parts_are_named_and_compare_as_plain_tuples():
     x = torch.randn(2)
     x.scale = 2.0
     key = fingerprint(((None,), ()), [x, 3, torch.nn.Linear(1, 1)])
-    assert [leaf.kind for leaf in key.leaves] == [LeafKind.TENSOR, LeafKind.CONSTANT, LeafKind.MODULE]
-    assert key.leaves[0].detail == ("scale",) and key.leaves[2].value is torch.nn.Linear
+    leaves = [as_leaf_key(leaf) for leaf in key.leaves]
+    assert [leaf.kind for leaf in leaves] == [LeafKind.TENSOR, LeafKind.CONSTANT, LeafKind.MODULE]
+    assert leaves[0].detail == ("scale",) and leaves[2].value is torch.nn.Linear
     assert key.state.grad_mode is torch.is_grad_enabled() and key.state.default_dtype is torch.get_default_dtype()
     assert key == tuple(key) and hash(key) == hash(tuple(tuple(part) if isinstance(part, tuple) else part
                                                          for part in key))

@@ -13,7 +13,7 @@ import torch.fx as fx
 from ..guards import Guard, const_key, is_constant, tensor_meta
 from ..shapes import size_key
 from ..structure import Template
-from .fingerprint import Fingerprint, LeafKey, StateKey
+from .fingerprint import Fingerprint, StateKey
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class RegionCache:
         self.entries.setdefault(code, []).append(entry)
         self.by_fingerprint.setdefault((code, entry.fingerprint), []).append(entry)
 
-    def rekey(self, code: Any, key_of: Callable[[list], tuple[LeafKey, ...]]) -> None:
+    def rekey(self, code: Any, key_of: Callable[[list], tuple]) -> None:
         """Fingerprints of symbolic sizes are the ShapeEnv's simplification when they were made; a guard since
         may have simplified them further (a symbol specialized, two found equal). Make the region's entries'
         fingerprints again, so later calls with the same sizes find them."""

@@ -58,23 +58,31 @@ class Fingerprint(NamedTuple):
     """Input structure, each leaf's key, the global state, and which leaves are the same object."""
 
     spec: tuple
-    leaves: tuple[LeafKey, ...]
+    leaves: tuple[tuple, ...]  # LeafKey's fields per leaf, as plain tuples (see leaf_key)
     state: StateKey
     aliases: tuple
 
 
-def leaf_key(leaf: Any) -> LeafKey:
+_TENSOR, _CONSTANT, _SIZE, _MODULE, _OBJECT = LeafKind  # (module names: an enum member lookup costs per leaf)
+
+
+def leaf_key(leaf: Any) -> tuple:
+    """`LeafKey`'s fields for `leaf`, as a plain tuple (equal to the record; built per leaf on every compiled call,
+    where a record costs more; `as_leaf_key` names them for the readers)."""
     if isinstance(leaf, torch.Tensor):
         names = tuple(k for k in leaf.__dict__ if not k.startswith("_"))  # set by the caller (`x.scale`)
-        # (requires_grad matched separately, see RegionCalls)
-        return _new(LeafKey, (LeafKind.TENSOR, tensor_meta(leaf, requires_grad=False), names))
+        return (_TENSOR, tensor_meta(leaf, requires_grad=False), names)  # (requires_grad matched separately)
     if is_constant(leaf):
-        return _new(LeafKey, (LeafKind.CONSTANT, const_key(leaf), ()))
+        return (_CONSTANT, const_key(leaf), ())
     if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return _new(LeafKey, (LeafKind.SIZE, size_key(leaf), type(leaf)))
+        return (_SIZE, size_key(leaf), type(leaf))
     if isinstance(leaf, torch.nn.Module):
-        return _new(LeafKey, (LeafKind.MODULE, original_class(leaf), ()))
-    return _new(LeafKey, (LeafKind.OBJECT, original_class(leaf), ()))
+        return (_MODULE, original_class(leaf), ())
+    return (_OBJECT, original_class(leaf), ())
+
+
+def as_leaf_key(key: tuple) -> LeafKey:
+    return _new(LeafKey, key)
 
 
 def state_key() -> StateKey:
@@ -104,9 +112,9 @@ def without_sizes(key: Fingerprint, leaves: list[Any], masked: frozenset[int] | 
     keys = list(key.leaves)
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, torch.Tensor) and (masked is None or i in masked):
-            meta: TensorMeta = keys[i].value
+            meta: TensorMeta = as_leaf_key(keys[i]).value
             kind = TensorKind(meta.cls, leaf.dim(), meta.dtype, meta.device, None, meta.layout)
-            keys[i] = keys[i]._replace(value=kind)
+            keys[i] = as_leaf_key(keys[i])._replace(value=kind)
     return key._replace(leaves=tuple(keys))
 
 
@@ -114,7 +122,8 @@ def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
     return tuple(leaf.requires_grad for leaf in leaves if isinstance(leaf, torch.Tensor))
 
 
-def _show(key: LeafKey) -> str:
+def _show(key: tuple) -> str:
+    key = as_leaf_key(key)
     kind, value = key.kind, key.value
     if kind is LeafKind.TENSOR:  # a TensorMeta, or a TensorKind: sizes left out (a symbolic capture checks them)
         return value.show() + (f" with attributes {', '.join(key.detail)}" if key.detail else "")
