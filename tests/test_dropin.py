@@ -395,10 +395,10 @@ def test_guard_log_lines_are_short_and_name_the_users_dims(caplog):
 
 
 def test_a_structure_difference_is_cut_short():
-    from stampout.regions.fingerprint import describe_difference
+    from stampout.regions.fingerprint import Fingerprint, describe_difference, state_key
 
-    a = ((("list", tuple(range(200))),), (), (), ())
-    b = ((("list", tuple(range(201))),), (), (), ())
+    a = Fingerprint(((("list", tuple(range(200))),), ()), (), state_key(), ())
+    b = Fingerprint(((("list", tuple(range(201))),), ()), (), state_key(), ())
     text = describe_difference(a, b, [])
     assert text.startswith("argument structure differs: expected ((") and len(text) < 400
 

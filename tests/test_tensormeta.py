@@ -5,7 +5,17 @@ from __future__ import annotations
 import torch
 
 from stampout.guards import Guard, Kind
-from stampout.regions.fingerprint import describe_difference, fingerprint, leaf_key, without_sizes
+from stampout.regions.fingerprint import (
+    Fingerprint,
+    LeafKey,
+    LeafKind,
+    as_leaf_key,
+    describe_difference,
+    fingerprint,
+    leaf_key,
+    state_key,
+    without_sizes,
+)
 from stampout.sources import Arg
 from stampout.tensormeta import TensorKind, TensorMeta, kind_values, meta_values, tensor_kind, tensor_meta
 
@@ -24,15 +34,31 @@ def test_fields_by_name_and_equal_to_the_plain_tuple_the_guard_builds():
 def test_requires_grad_left_out_of_the_fingerprint_leaf():
     a, b = torch.randn(2), torch.randn(2, requires_grad=True)
     assert leaf_key(a) == leaf_key(b)
-    assert leaf_key(a)[1].requires_grad is None
+    assert as_leaf_key(leaf_key(a)).value.requires_grad is None
     assert tensor_meta(a) != tensor_meta(b)
 
 
 def test_without_sizes_keeps_the_kind():
     leaves = [torch.randn(2, 3)]
     key = without_sizes(fingerprint((), leaves), [torch.randn(5, 7)])
-    assert key[1][0] == ("tensor", TensorKind(torch.Tensor, 2, torch.float32, torch.device("cpu"), None,
-                                              torch.strided))
+    kind = TensorKind(torch.Tensor, 2, torch.float32, torch.device("cpu"), None, torch.strided)
+    assert isinstance(key, Fingerprint) and key.leaves[0] == LeafKey(LeafKind.TENSOR, kind)
+    assert key.state == state_key() and key.aliases == (0,)
+
+
+def test_fingerprint_parts_are_named_and_compare_as_plain_tuples():
+    x = torch.randn(2)
+    x.scale = 2.0
+    key = fingerprint(((None,), ()), [x, 3, torch.nn.Linear(1, 1)])
+    leaves = [as_leaf_key(leaf) for leaf in key.leaves]
+    assert [leaf.kind for leaf in leaves] == [LeafKind.TENSOR, LeafKind.CONSTANT, LeafKind.MODULE]
+    assert leaves[0].detail == ("scale",) and leaves[2].value is torch.nn.Linear
+    assert key.state.grad_mode is torch.is_grad_enabled() and key.state.default_dtype is torch.get_default_dtype()
+    assert key == tuple(key) and hash(key) == hash(tuple(tuple(part) if isinstance(part, tuple) else part
+                                                         for part in key))
+    with torch.no_grad():
+        other = fingerprint(((None,), ()), [x, 3, torch.nn.Linear(1, 1)])
+    assert describe_difference(key, other, ["x", "n", "m"]) == "grad mode: expected True, got False"
 
 
 def test_guard_and_fingerprint_print_the_same_shape():

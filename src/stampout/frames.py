@@ -13,12 +13,13 @@ import torch
 
 from . import caches
 
+_PACKAGE = os.path.dirname(os.path.abspath(sys.modules[__name__.split(".")[0]].__file__))  # (wherever this file sits)
 _OWN_DIRS = (
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,
+    _PACKAGE + os.sep,
     os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
 )
 _PLUMBING = (os.path.abspath(contextlib.__file__),)  # `with` machinery between stampout and the user's line
-_TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools") + os.sep  # the zoo is user code
+_TOOLS = os.path.join(_PACKAGE, "tools") + os.sep  # the zoo is user code
 _FILE_IS_OWN: dict[str, bool] = caches.register({}, "frames own files")
 
 

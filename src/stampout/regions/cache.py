@@ -13,6 +13,7 @@ import torch.fx as fx
 from ..guards import Guard, const_key, is_constant, tensor_meta
 from ..shapes import size_key
 from ..structure import Template
+from .fingerprint import Fingerprint, StateKey
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class ReuseEntry:
     """What a traced region call leaves behind so later equivalent calls can be stamped out."""
 
     region: str
-    fingerprint: tuple
+    fingerprint: Fingerprint
     guards: list[Guard]
     check: Callable[[list[Any], Any], bool]
     lifted: list[LiftedInput]  # how each subgraph placeholder is obtained
@@ -107,7 +108,7 @@ class RegionCache:
             if entry.leaves is None:
                 continue
             fp = entry.fingerprint
-            new = (fp[0], key_of(entry.leaves), *fp[2:])
+            new = fp._replace(leaves=key_of(entry.leaves))
             if new != fp:
                 self.by_fingerprint[(code, fp)].remove(entry)
                 entry.fingerprint = new
@@ -118,7 +119,7 @@ class RegionCache:
         self.by_fingerprint[(code, entry.fingerprint)].remove(entry)
         self.hashed = {k: v for k, v in self.hashed.items() if v is not entry}
 
-    def register(self, gm: fx.GraphModule, state: tuple) -> tuple[str, fx.GraphModule, bool]:
+    def register(self, gm: fx.GraphModule, state: StateKey) -> tuple[str, fx.GraphModule, bool]:
         """Name for a traced subgraph: an existing identical one (deduped=True) or a new one.
 
         `state` (grad mode, autocast, default dtype) is part of the key: AOTAutograd keys its traces of a

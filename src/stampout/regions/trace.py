@@ -110,7 +110,7 @@ class Tracing:
         child.sync_inference()
         child.graph.output(tuple(returned))
         gm = without_module_hooks(LazyGraphModule(child.submodules, child.graph, class_name="Region"))
-        name, gm, deduped = self.cache.register(gm, fp[2])
+        name, gm, deduped = self.cache.register(gm, fp.state)
 
         for value in template_constants(template):
             if not is_constant(value):
