@@ -223,6 +223,56 @@ def fsdp_mixed() -> dict:
     return report
 
 
+class Marked(nn.Module):
+    """A user's region around a block whose attention and MLP are sharded on their own."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.block = Block(dim, 2)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x) * 0.5
+
+
+def nested_stack(kind: str) -> nn.Module:
+    """A 2-block Stack, fully_shard'ed root; `marked`: each block inside a user's region, its attention and MLP
+    sharded; `below`: each block sharded, and its MLP sharded below it."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Stack()
+    if kind == "marked":
+        model.layers = nn.ModuleList(Marked(16) for _ in range(2))
+        for layer in model.layers:
+            fully_shard(layer.block.attn)
+            fully_shard(layer.block.mlp)
+    else:
+        for layer in model.layers:
+            fully_shard(layer.mlp)
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def fsdp_nested(kind: str) -> dict:
+    """eager vs stampout.capture and compile(aot_eager) of `nested_stack(kind)`: per variant its rows, or the
+    StampoutError it raised."""
+    ref = nested_stack(kind)
+    eager = _sgd_steps(ref, ref, 2)
+    report: dict = {}
+    for variant in ("capture", "aot_eager"):
+        stampout.reset()
+        model = nested_stack(kind)
+        try:
+            fn = (stampout.capture(model, torch.zeros(2, 4, 16)) if variant == "capture"
+                  else stampout.compile(model, backend="aot_eager"))
+            report[variant] = {"rows": differences(eager, _sgd_steps(model, fn, 2)),
+                               "world": world_after(model, ref)}
+        except stampout.StampoutError as error:
+            report[variant] = {"error": str(error)}
+    return report
+
+
 def _lints(gm: torch.fx.GraphModule) -> bool:
     gm.graph.lint()
     return True
@@ -375,5 +425,5 @@ def sharded_captures(fn) -> list:
     return found
 
 
-SCENARIOS = {"fsdp_compile": fsdp_compile, "fsdp_mixed": fsdp_mixed, "hf_llama": hf_llama,
+SCENARIOS = {"fsdp_compile": fsdp_compile, "fsdp_mixed": fsdp_mixed, "fsdp_nested": fsdp_nested, "hf_llama": hf_llama,
              "fsdp_inductor": fsdp_inductor, "tp": tensor_parallel}
