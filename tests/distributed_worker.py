@@ -7,6 +7,7 @@ parameter's full gradient, stampout's region stats, and the captured graphs' cod
 
 from __future__ import annotations
 
+import operator
 import os
 
 import torch
@@ -81,14 +82,17 @@ class Llama(nn.Module):
         return self.head(self.norm(h))
 
 
-def sharded_llama(depth: int = 4) -> nn.Module:
-    from torch.distributed.fsdp import fully_shard
+def sharded_llama(depth: int = 4, mixed: bool = False) -> nn.Module:
+    """The Llama-like, each block and the root fully_shard'ed; `mixed`: with FSDP2 mixed precision (bf16
+    parameters and inputs, fp32 gradient reduction)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     torch.manual_seed(0)
     model = Llama(depth=depth)
+    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if mixed else {}
     for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     return model
 
 
@@ -196,6 +200,77 @@ def fsdp_capture(ref: nn.Module, eager: list) -> dict:
             "stats": {"traces": stats.traces, "reuses": stats.reuses, "subgraphs": stats.subgraphs,
                       "placeholders": [n.name for n in cap.gm.graph.nodes if n.op == "placeholder"],
                       "code": region_code(cap), "lint": _lints(cap.gm)}}
+
+
+def fsdp_mixed() -> dict:
+    """FSDP2 mixed precision (bf16 compute, fp32 reduction): eager vs stampout.capture and compile(aot_eager),
+    3 SGD steps each, and the dtypes the captured graph's boundaries hand on."""
+    ref = sharded_llama(mixed=True)
+    eager = train(ref, ref, 3, 1)
+    model = sharded_llama(mixed=True)
+    cap = stampout.capture(model, torch.zeros(2, 8, dtype=torch.long))
+    got = train(model, cap, 3, 1)
+    dtypes = sorted({str(n.meta["val"].dtype) for n in cap.gm.graph.nodes
+                     if n.target is operator.getitem and isinstance(n.meta.get("val"), torch.Tensor)})
+    report = {"capture": {"rows": differences(eager, got), "world": world_after(model, ref),
+                          "stats": {"traces": cap.stats.traces, "reuses": cap.stats.reuses, "dtypes": dtypes,
+                                    "code": region_code(cap)}}}
+    stampout.reset()
+    model = sharded_llama(mixed=True)
+    compiled = stampout.compile(model, backend="aot_eager")
+    got = train(model, compiled, 3, 1)
+    report["aot_eager"] = {"rows": differences(eager, got), "world": world_after(model, ref)}
+    return report
+
+
+class Marked(nn.Module):
+    """A user's region around a block whose attention and MLP are sharded on their own."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.block = Block(dim, 2)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x) * 0.5
+
+
+def nested_stack(kind: str) -> nn.Module:
+    """A 2-block Stack, fully_shard'ed root; `marked`: each block inside a user's region, its attention and MLP
+    sharded; `below`: each block sharded, and its MLP sharded below it."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = Stack()
+    if kind == "marked":
+        model.layers = nn.ModuleList(Marked(16) for _ in range(2))
+        for layer in model.layers:
+            fully_shard(layer.block.attn)
+            fully_shard(layer.block.mlp)
+    else:
+        for layer in model.layers:
+            fully_shard(layer.mlp)
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def fsdp_nested(kind: str) -> dict:
+    """eager vs stampout.capture and compile(aot_eager) of `nested_stack(kind)`: per variant its rows, or the
+    StampoutError it raised."""
+    ref = nested_stack(kind)
+    eager = _sgd_steps(ref, ref, 2)
+    report: dict = {}
+    for variant in ("capture", "aot_eager"):
+        stampout.reset()
+        model = nested_stack(kind)
+        try:
+            fn = (stampout.capture(model, torch.zeros(2, 4, 16)) if variant == "capture"
+                  else stampout.compile(model, backend="aot_eager"))
+            report[variant] = {"rows": differences(eager, _sgd_steps(model, fn, 2)),
+                               "world": world_after(model, ref)}
+        except stampout.StampoutError as error:
+            report[variant] = {"error": str(error)}
+    return report
 
 
 def _lints(gm: torch.fx.GraphModule) -> bool:
@@ -350,5 +425,5 @@ def sharded_captures(fn) -> list:
     return found
 
 
-SCENARIOS = {"fsdp_compile": fsdp_compile, "hf_llama": hf_llama, "fsdp_inductor": fsdp_inductor,
-             "tp": tensor_parallel}
+SCENARIOS = {"fsdp_compile": fsdp_compile, "fsdp_mixed": fsdp_mixed, "fsdp_nested": fsdp_nested, "hf_llama": hf_llama,
+             "fsdp_inductor": fsdp_inductor, "tp": tensor_parallel}

@@ -32,7 +32,7 @@ from .frames import failed_at, raised_by_user, user_location
 from .guards import Kind
 from .lost_gradients import autograd_refusal
 from .names import root_module
-from .piecewise import GraphBreak, first_line, split
+from .piecewise import GraphBreak, collection_paused, first_line, split
 from .protection import Protection
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
@@ -156,7 +156,8 @@ class CompiledFunction:
                         reason = (last.why_not(ctx, key, labels) if isinstance(last, Entry)
                                   else "the last capture could not be guarded")
                         log.info("guard failed for %s: %s; capturing again", _name(self.fn), shorten(reason))
-                    hit = self._recapture(args, kwargs, key, ctx)
+                    with collection_paused():
+                        hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
         if isinstance(entry, EagerEntry):
             return entry.run(program, args, kwargs)

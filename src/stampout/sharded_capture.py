@@ -40,8 +40,8 @@ from .piecewise import Pieces
 from .sharded import forward_of, fsdp_module_class, region_forward
 from .torch_internals import (
     DisableTorchFunction,
+    fsdp_cast_dtypes,
     fsdp_lazy_init,
-    fsdp_mixed_precision,
     global_forward_hooks,
     global_forward_hooks_with_kwargs,
     global_forward_pre_hooks,
@@ -80,6 +80,11 @@ class Boundary:
 
 
 _TENSOR = object()  # the place of a tensor among a Boundary's constants
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype FSDP's mixed-precision cast (`.to(dtype)` of floating-point tensors only) gives `t`."""
+    return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
 def fsdp_pre_forward(boundary: Boundary, *tensors: torch.Tensor) -> tuple:
@@ -167,13 +172,6 @@ class Boundaries:
         if first is not None:
             with _real():
                 fsdp_lazy_init(first[1])  # (what the first forward's root pre-hook does)
-        for path, module in self.modules.values():
-            if fsdp_mixed_precision(module):
-                raise CaptureError(message(
-                    f"stampout.capture does not support FSDP2 mixed precision ({path or type(module).__name__} has "
-                    "a MixedPrecisionPolicy): its hooks cast inputs and outputs", user_location(),
-                    "use stampout.compile, or shard without mp_policy",
-                ))
 
     def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         return Pieces(self.table, {}, None).run(fn, args, kwargs)
@@ -217,7 +215,9 @@ class Boundaries:
         with DisableTorchFunction():
             params = [module.get_parameter(name) for name in boundary.params]
             pre = graph.call_function(fsdp_pre_forward, (const, *(builder.node_for(t) for t in tensors)))
-            hooked = [self._output(tracer, builder, pre, i, t, fresh=True) for i, t in enumerate(tensors)]
+            cast_in, cast_out = fsdp_cast_dtypes(module)  # (mixed precision: what its hooks cast to)
+            hooked = [self._output(tracer, builder, pre, i, t, fresh=True, dtype=_cast(t, cast_in))
+                      for i, t in enumerate(tensors)]
             prefix = f"{path}." if path else ""
             for k, (name, p) in enumerate(zip(boundary.params, params)):
                 self._output(tracer, builder, pre, len(tensors) + k, p, fresh=False, name=prefix + name)
@@ -241,19 +241,20 @@ class Boundaries:
                 ))
             post = graph.call_function(fsdp_post_forward, (const, *(builder.node_for(t) for t in hooked),
                                                            *(builder.node_for(t) for t in out_leaves)))
-            results = [self._output(tracer, builder, post, i, t, fresh=True) for i, t in enumerate(out_leaves)]
+            results = [self._output(tracer, builder, post, i, t, fresh=True, dtype=_cast(t, cast_out))
+                       for i, t in enumerate(out_leaves)]
         return pytree.tree_unflatten(results, boundary.output)
 
     @staticmethod
     def _output(tracer: Any, builder: Any, node: Any, i: int, like: torch.Tensor, fresh: bool,
-                name: str | None = None) -> torch.Tensor:
-        """The i-th output of a boundary node: a new fake with `like`'s metadata (`fresh`), or `like` itself (an
-        unsharded parameter, its node named after it)."""
+                name: str | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The i-th output of a boundary node: a new fake with `like`'s metadata but `dtype` (`fresh`), or `like`
+        itself (an unsharded parameter, its node named after it)."""
         item = builder.graph.create_node("call_function", operator.getitem, (node, i),
                                          name=identifier(name) if name else None)
         if fresh:
-            value = tracer.new_fake(tuple(like.shape), like.stride(), like.storage_offset(), like.dtype, like.device,
-                                    like.requires_grad)
+            value = tracer.new_fake(tuple(like.shape), like.stride(), like.storage_offset(), dtype or like.dtype,
+                                    like.device, like.requires_grad)
             if value.requires_grad:
                 tracer.meta.adopt(value)
         else:

@@ -212,7 +212,7 @@ def missing_private_names() -> list[str]:
 
 # The package's public names, from the submodules that own them (after the registry above: they import it).
 from .checks import FLAG_NAMES, TensorGuards, dict_sentinel, global_flags, tensor_guards  # noqa: E402, F401
-from .fsdp import fsdp_lazy_init, fsdp_mixed_precision, patch_fsdp_parameter_swaps  # noqa: E402, F401
+from .fsdp import fsdp_cast_dtypes, fsdp_lazy_init, patch_fsdp_parameter_swaps  # noqa: E402, F401
 from .graphs import INVOKE_SUBGRAPH, append_node, invoke_subgraph, is_region_call, without_module_hooks  # noqa: E402, F401
 from .hooks import capture_hooks, check_message  # noqa: E402, F401
 from .parameter_writes import PARAMETER_METADATA_METHODS, patch_parameter_writes  # noqa: E402, F401

@@ -17,10 +17,11 @@ def fsdp_lazy_init(module: torch.nn.Module) -> None:
     module._get_fsdp_state()._lazy_init()
 
 
-def fsdp_mixed_precision(module: torch.nn.Module) -> bool:
-    """Whether a module sharded with fully_shard casts its inputs, parameters or outputs (a MixedPrecisionPolicy)."""
+def fsdp_cast_dtypes(module: torch.nn.Module) -> tuple[torch.dtype | None, torch.dtype | None]:
+    """The dtypes a module sharded with fully_shard casts its floating-point inputs and outputs to (its
+    MixedPrecisionPolicy: `param_dtype` where `cast_forward_inputs`, and `output_dtype`), None where it does not."""
     policy = module._get_fsdp_state()._mp_policy
-    return policy.param_dtype is not None or policy.output_dtype is not None or policy.reduce_dtype is not None
+    return (policy.param_dtype if policy.cast_forward_inputs else None), policy.output_dtype
 
 
 def patch_fsdp_parameter_swaps(make_swap: Callable[[Callable], Callable]) -> None:
