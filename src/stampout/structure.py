@@ -94,33 +94,55 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 
 def aliases_of(leaves: list[Any]) -> tuple:
     """For each leaf, the index of the first leaf that is the same object (which inputs alias); then, when
-    distinct tensors share memory (`base[:5]` and `base[1:]`: one is a view), the pairs whose bytes overlap,
-    so an in-place op traced on disjoint inputs is not reused on overlapping ones."""
+    distinct tensors share a storage (`base[:5]` and `base[1:]`, `x` and `x.detach()` or `x.data`), the pairs
+    whose bytes may overlap, so an in-place op traced on disjoint inputs is not reused on overlapping ones."""
+    try:  # the common case, all tensors in storages of their own: one storage lookup each, no id pass
+        storages = [s._cdata for s in map(torch.Tensor.untyped_storage, leaves)]
+        if len(set(storages)) == len(storages):
+            return tuple(range(len(storages)))
+    except (RuntimeError, NotImplementedError, TypeError):  # a leaf that is not a tensor or has no storage
+        pass
     first: dict[int, int] = {}
     same = tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
-    if not any(isinstance(leaf, torch.Tensor) and leaf._is_view() for leaf in leaves):
-        return same  # (tensors share storage only through views)
-    overlaps = _overlaps(leaves, same)
+    overlaps = _overlaps(leaves, [i for i in first.values() if isinstance(leaves[i], torch.Tensor)])
     return same + (overlaps,) if overlaps else same
 
 
-def _overlaps(leaves: list[Any], same: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    by_storage: dict[int, list[tuple[int, torch.Tensor]]] = {}
+def _storage(t: torch.Tensor) -> int:
+    """An identity of the memory `t` lives in: its storage (shared by views, `detach()`, `.data`), or for a
+    tensor without one (sparse, a wrapper subclass) the tensor itself."""
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, TypeError):
+        return id(t)
+
+
+def _overlaps(leaves: list[Any], tensors: list[int]) -> tuple[tuple[int, int], ...]:
+    """Pairs (earlier, later) of the distinct tensor leaves at `tensors` whose storage is shared and whose bytes
+    may overlap; one storage lookup per tensor when none is shared (the common case)."""
+    storages = [_storage(leaves[i]) for i in tensors]
+    if len(set(storages)) == len(storages):
+        return ()
+    by_storage: dict[int, list[int]] = {}
     pairs = []
-    for i, leaf in enumerate(leaves):
-        if not isinstance(leaf, torch.Tensor) or same[i] != i or leaf.layout is not torch.strided:
-            continue
-        if getattr(leaf, "_has_symbolic_sizes_strides", False) or leaf.numel() == 0:
-            continue  # (symbolic ranges: comparing them would specialize them)
-        group = by_storage.setdefault(leaf.untyped_storage()._cdata, [])
-        pairs.extend((j, i) for j, other in group if _may_overlap(other, leaf))
-        group.append((i, leaf))
-    return tuple(pairs)
+    for i, storage in zip(tensors, storages):
+        group = by_storage.setdefault(storage, [])
+        pairs.extend((j, i) for j in group if _may_overlap(leaves[j], leaves[i]))
+        group.append(i)
+    return tuple(sorted(pairs))
 
 
 def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two strided views of one storage may share an element: exact for views with the same sizes
-    and strides laid out without self-overlap (the halves of a split); otherwise by their byte ranges."""
+    and strides laid out without self-overlap (the halves of a split); otherwise by their byte ranges. Symbolic
+    sizes (a fake tensor of a dynamic capture) count as overlapping: comparing them would specialize them."""
+    if a.layout is not torch.strided or b.layout is not torch.strided:
+        return True
+    if getattr(a, "_has_symbolic_sizes_strides", False) or getattr(b, "_has_symbolic_sizes_strides", False):
+        return True
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+
     def span(t: torch.Tensor) -> tuple[int, int]:
         start = t.storage_offset() * t.element_size()
         return start, start + t.element_size() * (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())))
