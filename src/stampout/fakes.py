@@ -36,7 +36,7 @@ from .torch_internals import (
 )
 
 if TYPE_CHECKING:
-    from .tracer import RegionHooks
+    from .region_hooks import RegionHooks
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from .torch_internals import DisableTorchFunction, FakeTensor
 from .world import holds_traced_tensor
 
 if TYPE_CHECKING:
+    from .region_hooks import RegionHooks
     from .shapes import Symbols
-    from .tracer import RegionHooks
 
 _T = torch.Tensor
 # Autograd registrations on a tensor: graph nodes (see Tracer._record_hook).

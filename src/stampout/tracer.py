@@ -13,7 +13,7 @@ from __future__ import annotations
 import builtins
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -35,6 +35,7 @@ from .frames import outside_stampout, python_hooks_off, user_location
 from .meta import NOT_HANDLED, MetaRunner
 from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, draws_random
 from .recording import _HOOK_REGISTRATIONS, Recording
+from .region_hooks import RegionHooks
 from .regions import slots
 from .regions.code import is_user_file
 from .regions.purity import saved_hooks_keep_values
@@ -75,30 +76,6 @@ _FUNCTORCH_STATE = {
     vmap_decrement_nesting,
     lazy_load_decompositions,
 }
-
-
-class RegionHooks(Protocol):
-    """What the tracer asks of the region handler."""
-
-    def lift_into_subgraph(self, builder: Builder, t: torch.Tensor) -> fx.Node: ...
-
-    def note_root_lift(self, t: torch.Tensor) -> None: ...
-
-    def note_autograd_read(self) -> None: ...
-
-    def note_value_decision(self, scope: frozenset[int]) -> None: ...
-
-    def note_hook(self, reason: str) -> None: ...
-
-    def note_unguarded_read(self, reason: str) -> None: ...
-
-    def lift_symbol(self, builder: Builder, symbol: Any) -> fx.Node: ...
-
-    def frame_ids(self) -> frozenset[int]: ...
-
-    def hooks_set(self) -> bool:
-        """Whether its trace or profile function is set now (the tracer then calls torch without them)."""
-        ...
 
 
 class CaptureMode(PreDispatchTorchFunctionMode):

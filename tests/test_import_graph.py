@@ -1,0 +1,79 @@
+"""The package's import graph has no cycles, counting imports made only for type checking: each module can be
+read (and loaded) after what it names, and a protocol lives below both its users and its providers."""
+
+import ast
+import pathlib
+
+import stampout
+
+_ROOT = pathlib.Path(stampout.__file__).parent
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in _ROOT.rglob("*.py"):
+        parts = ("stampout", *path.relative_to(_ROOT).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: pathlib.Path, modules: dict) -> set[str]:
+    """What `name` imports from the package at module level (also under `if TYPE_CHECKING:`); a function's
+    own imports (deferred on purpose) are not followed."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                submodules = {f"{target}.{a.name}" for a in node.names} & modules.keys()
+                found.update(submodules)
+                if target in modules and len(submodules) < len(node.names):
+                    found.add(target)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name in modules)
+
+    visit(ast.parse(path.read_text()).body)
+    return found - {name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(v):
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                return path[path.index(w):] + [w]
+            if w not in state and (found := visit(w)):
+                return found
+        state[v] = 2
+        path.pop()
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (found := visit(v)):
+            return found
+    return None
+
+
+def test_no_module_imports_itself_through_others():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    graph["stampout"] = set()  # (the package's __init__ imports everything it exports: the graph's top)
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
