@@ -99,3 +99,42 @@ def test_aliases_name_shared_storages_views_or_not():
     assert aliases_of([x, torch.zeros(6)]) == (0, 1)
     assert aliases_of([x, 3, x.detach(), x]) == (0, 1, 2, 0, ((0, 2),))
     assert aliases_of([torch.zeros(0), x[:0], x]) == (0, 1, 2)  # empty tensors overlap nothing
+
+
+def _write_input_read_held(x, box):
+    x.mul_(3)
+    return box.a + box.b
+
+
+def _fresh_box():
+    return _Box(torch.ones(2), torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("make_input", [
+    lambda box: box.a.detach(),  # the input now shares a held tensor's storage
+    lambda box: box.b[:],
+], ids=["detach-of-held", "view-of-held"])
+def test_an_input_sharing_a_held_tensor_after_repeated_calls_is_seen(make_input):
+    # (repeated calls with the same held tensors take the remembered answer: per_call_aliases.py)
+    compiled = stampout.compile(_write_input_read_held, backend="aot_eager")
+    box, ref = _fresh_box(), _fresh_box()
+    for _ in range(3):
+        torch.testing.assert_close(compiled(torch.ones(2), box), _write_input_read_held(torch.ones(2), ref))
+    torch.testing.assert_close(compiled(make_input(box), box), _write_input_read_held(make_input(ref), ref))
+    torch.testing.assert_close((box.a, box.b), (ref.a, ref.b))
+
+
+def _write_held_a_read_held_b(x, box):
+    box.a.add_(1)
+    return box.b * x
+
+
+def test_held_tensors_made_to_share_a_storage_in_place_are_seen():
+    compiled = stampout.compile(_write_held_a_read_held_b, backend="aot_eager")
+    box, ref = _fresh_box(), _fresh_box()
+    for _ in range(3):
+        torch.testing.assert_close(compiled(torch.ones(2), box), _write_held_a_read_held_b(torch.ones(2), ref))
+    for b in (box, ref):  # the same objects, sizes and strides: only their storage changed
+        b.b.set_(b.a.untyped_storage(), 0, (2,), (1,))
+    torch.testing.assert_close(compiled(torch.ones(2), box), _write_held_a_read_held_b(torch.ones(2), ref))
+    torch.testing.assert_close((box.a, box.b), (ref.a, ref.b))

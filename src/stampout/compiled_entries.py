@@ -16,6 +16,7 @@ from .effects import Effect, Value
 from .errors import StampoutError
 from .fsdp_slots import SwappedSlots
 from .guards import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
+from .per_call_aliases import PerCallAliases
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
 from .regions.fingerprint import describe_difference, without_sizes
@@ -101,12 +102,6 @@ def _anchored_effect(effect: Effect, anchors: Anchors) -> Effect:
     return dataclasses.replace(effect, target=anchors.rewrite(effect.target), values=values)
 
 
-def _aliases(leaves: list[Any], per_call: list[Any]) -> tuple:
-    """Which of the tensor leaves (after the function, `leaves[0]`) and the tensors read per call alias (one id
-    pass; the overlap scan only when one is a view: structure.aliases_of)."""
-    return aliases_of([v for v in (*leaves[1:], *per_call) if isinstance(v, torch.Tensor)])
-
-
 class EntryState:
     """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
     metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
@@ -183,8 +178,13 @@ class Entry:
         # Which of the tensor inputs and the tensors read per call (held by input objects: `box.a`, `box.b`) are
         # the same object or overlap, as at capture (the key holds the inputs' own aliasing only): a functionalized
         # graph traced on distinct tensors is wrong on aliased ones. (None: no tensor is read per call.)
-        self.aliases = (_aliases(ctx.leaves, [cap.lifted[i][0] for i in self.per_call_positions])
-                        if self.per_call_positions else None)
+        if self.per_call_positions:
+            read = [cap.lifted[i][0] for i in self.per_call_positions]
+            pinned = self.shapes is None and set(per_call) <= {g.source for g in deferred}
+            self.aliases: PerCallAliases | None = PerCallAliases(
+                aliases_of([v for v in (*ctx.leaves[1:], *read) if isinstance(v, torch.Tensor)]), pinned)
+        else:
+            self.aliases = None
         self.tensor_sources = [g.source for g in tensors]
         self.state: EntryState | None = None
 
@@ -249,7 +249,7 @@ class Entry:
         if not state.tensor_guard.check(*state.tensors):
             return None
         if per_call:
-            if self.aliases is not None and _aliases(ctx.leaves, per_call) != self.aliases:
+            if self.aliases is not None and not self.aliases.holds(ctx.leaves, per_call):
                 return None
             lifted = list(state.fixed)
             for position, value in zip(self.per_call_positions, per_call):
