@@ -82,9 +82,9 @@ def check(leaves, fn, anchors=()):
     v11 = _item(v10, 'forward')  # self.lin.__dict__['forward']
     if not (v11 is _MISSING or _is_auto_mark(v11)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
     v12 = _module_attr(v9, 'weight')  # self.lin.weight
-    if not (isinstance(v12, _Tensor) and v12.storage_offset() == e9): return False  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True)
+    pass  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
     v13 = _module_attr(v9, 'bias')  # self.lin.bias
-    if not (isinstance(v13, _Tensor) and v13.storage_offset() == e10): return False  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True)
+    pass  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
     return (v12, v13, v12, v13, )
 def shared(leaves, fn, anchors=()):  # once per entry, and again after a write to a dict these read
     v0 = fn.__globals__.get('torch', _MISSING)  # globals['torch']

@@ -54,6 +54,9 @@ class Guard:
         return self.kind.rule.condition(self, var, const)
 
 
+DEFERRED_LINE = "    pass"  # where a guard left to DeferredTensors stands (for printing: report.annotated)
+
+
 def compile_guards(guards: list[Guard], results: list[Source] | None = None,
                    deferred: list[Guard] | None = None) -> Callable[[list[Any], Any], Any]:
     """One generated function `check(leaves, fn, anchors=())` testing every guard, shared prefixes resolved once
@@ -61,8 +64,8 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None,
 
     It returns False when a guard fails; otherwise True, or, with `results`, the tuple of the values at
     those sources (stamping needs the parameters the guards just resolved). With `deferred` (a list, filled
-    here), tensor-metadata guards test only the class and storage offset; the rest of their metadata is left
-    to the caller's one C++ check (`DeferredTensors`): their values follow the results in the tuple."""
+    here), tensor-metadata guards are left to the caller's one C++ check (`DeferredTensors`): their values follow
+    the results in the tuple."""
     namespace: dict[str, Any] = dict(HELPERS)
     lines = ["def check(leaves, fn, anchors=()):"]
     var_of: dict[Source, str] = {}
@@ -102,9 +105,8 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None,
         rule = guard.kind.rule
         const = f"e{i}"
         if deferred is not None and guard.kind is Kind.TENSOR and type(guard.expected.offset) is int:
-            namespace[const] = guard.expected.offset
-            lines.append(f"    if not (isinstance({var}, _Tensor) and {var}.storage_offset() == {const}): return False")
-            deferred.append(guard)
+            deferred.append(guard)  # (class and storage offset too: DeferredTensors checks all of it)
+            lines.append(DEFERRED_LINE)
             later.append(var)
             continue
         if rule.uses_constant:
@@ -123,6 +125,9 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None,
     return check
 
 
+_storage_offset = torch.Tensor.storage_offset
+
+
 class DeferredTensors:
     """The metadata checks `compile_guards` left out of a generated predicate (`deferred`), on the tensors it
     returns: one C++ check (TensorGuards: class, sizes, strides, dtype, device, requires_grad, dispatch keys),
@@ -130,17 +135,18 @@ class DeferredTensors:
     listed twice, other dispatch keys) the exact check decides, so it admits exactly what the Python guards
     admit: the C++ check passing implies it."""
 
-    __slots__ = ("expected", "fast")
+    __slots__ = ("expected", "offsets", "fast")
 
     def __init__(self, guards: list[Guard]) -> None:
         self.expected = [tuple(g.expected) for g in guards]
+        self.offsets = tuple(g.expected.offset for g in guards)  # (TensorGuards does not compare them)
         self.fast: Any = None
 
     def check(self, values: tuple) -> bool:
         fast = self.fast
-        if fast is not None and fast.check(*values):
-            return True
-        if not all(meta_values(v) == e for v, e in zip(values, self.expected)):
+        if fast is not None and fast.check(*values):  # (so each value is a tensor of the expected class)
+            return tuple(map(_storage_offset, values)) == self.offsets
+        if not all(isinstance(v, torch.Tensor) and meta_values(v) == e for v, e in zip(values, self.expected)):
             return False
         if fast is None and len({id(v) for v in values}) == len(values):
             self.fast = tensor_guards(list(values))  # (TensorGuards rejects a tensor listed twice)

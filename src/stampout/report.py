@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .guards import compile_guards
+from .guards import DEFERRED_LINE, compile_guards
 from .regions.events import Outcome
 
 
@@ -113,8 +113,10 @@ def annotated(check: Any) -> str:
         assign = _ASSIGN.match(line)
         if assign and assign.group(1) in names:
             line += f"  # {names[assign.group(1)].name()}"
-        elif line.startswith("    if "):
+        elif line.startswith("    if ") or line == DEFERRED_LINE:
             guard = next(guards)
             line += f"  # {guard.kind.value} of {guard.source.name()}: {guard.expected_text()}"
+            if line.startswith(DEFERRED_LINE):
+                line += " (checked with the others in one C++ call after this function)"
         lines.append(line)
     return "\n".join(lines)

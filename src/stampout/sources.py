@@ -194,7 +194,12 @@ def _item(container: Any, key: Any) -> Any:
 
 
 def _slot_item(container: Any, index: Any) -> Any:
-    return _item(container, index) if type(index) is int else MISSING
+    if type(index) is not int or container is MISSING:  # (one call: a deep model's check makes one per layer)
+        return MISSING
+    try:
+        return container[index]
+    except (KeyError, IndexError, TypeError):
+        return MISSING
 
 
 def _type_of(obj: Any) -> Any:
