@@ -30,7 +30,7 @@ from .capture_world import (
 )
 from .capturing_context import capturing
 from .context import listeners
-from .effects import Plan, Registries, Value, undo
+from .effects import Plan, Registries, Value, put_back, undo
 from .errors import CaptureError, message
 from .frames import user_location
 from .held_inputs import (
@@ -305,8 +305,13 @@ class ProgramCapture:
             made = [h for h in held_map(self.leaves, self.labels) if h not in held]  # objects the call added
             if made and not self.unreplayable:
                 self.unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
-            self.left = left_over_fakes([h for h in [*made, *self.holders, *modules_of(self.fn)] if h not in held],
-                                        tracer, plan)
+            holders = [h for h in [*made, *self.holders, *modules_of(self.fn)] if h not in held]
+            if self.unreplayable:  # (later calls refuse, but the caller's objects end as one eager call leaves them:
+                # the objects it holds, and the containers it was given, which the program changed as copies)
+                holders += [h for h in held if not isinstance(h, (list, dict, set))
+                            or type(h) in (list, dict) and in_input_container(held[h])]
+            holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
+            self.left = left_over_fakes(holders, tracer, plan)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
         nodes = [tracer.root.node_for(t) for t in [*self.slots, *self.plan.extra]]
         if not self.guard_program:
@@ -362,5 +367,12 @@ class ProgramCapture:
             make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
                        mutated_in_place(self.tracer, self.leaves, cap))
+        if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
+            for h in self.held:
+                source = self.held[h]
+                if type(h) in (list, dict) and in_input_container(source):
+                    original = source.resolve(ctx, {})
+                    if original is not h and type(original) is type(h):
+                        put_back(original, list(h) if type(h) is list else dict(h))
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         restore_world(self.handler, None, self.objects())

@@ -51,8 +51,8 @@ class Value:
 
 @dataclass(frozen=True)
 class Effect:
-    """One store to replay: `setattr` (key: attribute), `extend` (values appended), `setitem` (key),
-    `delitem` (key), `replace` (a list's items, or a dict's: key holds its keys in order)."""
+    """One store to replay: `setattr` (key: attribute), `extend` (values appended), `add` (members added to a
+    set), `setitem` (key), `delitem` (key), `replace` (a list's items, or a dict's: key holds its keys in order)."""
 
     op: str
     target: Source
@@ -71,6 +71,8 @@ class Effect:
                 setattr(target, self.key, values[0])
         elif self.op == "extend":
             target.extend(values)
+        elif self.op == "add":  # members added to a set
+            target.update(values)
         elif self.op == "delitem":
             del target[self.key]
         elif self.op == "replace":
@@ -153,6 +155,16 @@ class Plan:
                     value = self._value(v, where)
                     if value is not None:
                         self.effects.append(Effect("setitem", source, k, (value,), where))
+            return
+        if isinstance(container, set):
+            now = {id(v) for v in container}
+            added = [v for v in container if not any(v is b for b in before)]
+            if any(id(b) not in now for b in before):  # (a member removed: the call's own set may not hold it)
+                self.refused = self.refused or f"removes members of {where}"
+            elif added:
+                values = [self._value(v, where) for v in added]
+                if all(v is not None for v in values):
+                    self.effects.append(Effect("add", source, None, tuple(values), where))
             return
         if not isinstance(container, list):
             if list(container) != list(before):

@@ -29,7 +29,7 @@ def hold_input_containers(held: Held, signature_of: Callable, fn: Callable, args
         names = names[1:]
 
     def walk(value: Any, source: Source) -> None:
-        if type(value) in (list, dict):
+        if type(value) in (list, dict, set):
             dict.__setitem__(held, id(value), (value, source))
         if type(value) in (list, tuple, dict):
             for k, item in (value.items() if isinstance(value, dict) else enumerate(value)):
@@ -61,6 +61,10 @@ def note_input_containers(program: RegionFrame, signature_of: Callable, fn: Call
 
 
 def object_fields(obj: Any) -> dict:
+    """What `obj` holds, by key: a dict's items, a list's by index, a set's members by identity, an object's
+    attributes."""
+    if isinstance(obj, (set, frozenset)):
+        return {id(v): v for v in obj}
     return dict(obj) if isinstance(obj, dict) else dict(enumerate(obj)) if isinstance(obj, list) else dict(vars(obj))
 
 
@@ -76,7 +80,8 @@ def input_stores(held: Held, before: dict[int, dict], tracer: Tracer, plan: Plan
         old, new = before[id(obj)], object_fields(obj)
         kind = "attr" if not isinstance(obj, (list, dict)) else "item"
         source = held[obj]
-        if any(k not in new for k in old) or (isinstance(obj, list) and len(new) != len(old)):
+        if (any(k not in new for k in old) or (isinstance(obj, list) and len(new) != len(old))
+                or isinstance(obj, set) and new.keys() != old.keys()):
             unreplayable = unreplayable or f"changes the items of {source.name()}"
             continue
         for key, value in new.items():
@@ -124,6 +129,9 @@ def held_map(leaves: list[Any], labels: list[str], depth: int = 3) -> Held:
 
     def walk(obj: Any, source: Source, level: int) -> None:
         if id(obj) in held.keys() or level > depth:
+            return
+        if type(obj) is set:  # (its members have no key to reach them by: a change is seen, not repeated)
+            dict.__setitem__(held, id(obj), (obj, source))
             return
         if type(obj) in (list, dict):  # (even empty: the call may fill it)
             dict.__setitem__(held, id(obj), (obj, source))

@@ -40,8 +40,9 @@ def modules_of(fn: Callable) -> list[Any]:
 
 
 def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, str]]:
-    """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`): (holder,
-    key, "attr" | "item"), each appended to `plan.extra` so the graph computes its real value."""
+    """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`, `seen.add(t)`):
+    (holder, key, "attr" | "item" | "member"), each appended to `plan.extra` so the graph computes its real
+    value."""
     found: list[tuple[Any, Any, str]] = []
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
@@ -61,6 +62,14 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
     walked: set[int] = set()
 
     def walk(holder: Any, depth: int) -> None:
+        if type(holder) is set:  # (a set the call was given: its members have no key but themselves)
+            for item in list(holder):
+                note(holder, item, "member", item)
+            return
+        if type(holder) in (list, dict):  # (a container the call was given)
+            for key, item in list(holder.items() if type(holder) is dict else enumerate(holder)):
+                note(holder, key, "item", item)
+            return
         fields = getattr(holder, "__dict__", None)
         if type(fields) is not dict or id(holder) in walked:
             return
@@ -72,6 +81,9 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
             if t is list:
                 for i, item in enumerate(value):
                     note(value, i, "item", item)
+            elif t is set:
+                for item in list(value):
+                    note(value, item, "member", item)
             elif t is dict or key in _REGISTRIES:
                 for k, item in list(value.items()):
                     note(value, k, "item", item)
@@ -88,7 +100,7 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
 _REGISTRIES = ("_parameters", "_buffers")
 
 
-_INERT = frozenset({bool, int, float, str, type(None), set, frozenset, torch.nn.Parameter, torch.Tensor})
+_INERT = frozenset({bool, int, float, str, type(None), frozenset, torch.nn.Parameter, torch.Tensor})
 
 
 def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict,
@@ -111,5 +123,8 @@ def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwarg
     for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
         if kind == "attr":
             setattr(obj, key, value)
+        elif kind == "member":  # (a set's fake member, the key, gives way to its real value)
+            obj.discard(key)
+            obj.add(value)
         else:
             obj[key] = value

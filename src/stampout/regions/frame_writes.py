@@ -87,9 +87,10 @@ class FrameWrites:
         self.containers.append((value, source, contents(before), before))
 
     def note_input_containers(self, value: Any, source: Source) -> None:
-        """Lists and dicts among the call's arguments (opened into leaves), at `source`: what the program
-        changes in them is a side effect (replayed by compiled calls into each call's own containers)."""
-        if type(value) in (list, dict):
+        """Lists and dicts among the call's arguments (opened into leaves), and sets (leaves the program gets
+        as they are), at `source`: what the program changes in them is a side effect (undone after the capture,
+        replayed by compiled calls into each call's own containers)."""
+        if type(value) in (list, dict, set):
             self._note_container(value, source, "")
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):

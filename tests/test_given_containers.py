@@ -1,0 +1,115 @@
+"""Containers the program is given and changes in place (a set argument, a list an input object holds, a list
+argument the capture runs on as a copy): the capture leaves them as one eager call leaves them (real values,
+no fake, no attribute lost), and each compiled call changes the call's own containers as eager does (set
+members added: replayed; removed: refused with an error)."""
+
+import pytest
+import torch
+
+import stampout
+from stampout.torch_internals import FakeTensor
+
+
+def _adds_tensor(x, bag):
+    bag.add(x * 2)
+    return x + 1
+
+
+def _adds_size(x, bag):
+    bag.add(len(bag) + 10)
+    return x + 1
+
+
+class _Box:
+    def __init__(self):
+        self.seen = set()
+
+
+def _adds_to_held_set(x, box):
+    box.seen.add(x.shape[0])
+    return x + 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_tensor_added_to_a_given_set_is_the_calls_real_value(backend):
+    compiled = stampout.compile(_adds_tensor, backend=backend)
+    for _ in range(3):
+        x, bag = torch.randn(3), set()
+        torch.testing.assert_close(compiled(x, bag), x + 1)
+        (member,) = bag
+        assert type(member) is torch.Tensor and not isinstance(member, FakeTensor)
+        torch.testing.assert_close(member, x * 2)
+    assert compiled.stats.captures == 1
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_constant_added_to_a_given_set_is_added_on_every_call(backend):
+    compiled = stampout.compile(_adds_size, backend=backend)
+    for _ in range(3):
+        bag = set()
+        compiled(torch.ones(2), bag)
+        assert bag == {10}
+
+
+def test_a_member_added_to_a_set_held_by_an_input_object_is_added_on_every_call():
+    compiled = stampout.compile(_adds_to_held_set, backend="eager")
+    for n in (3, 3, 3):
+        box, ref = _Box(), _Box()
+        compiled(torch.ones(n), box)
+        _adds_to_held_set(torch.ones(n), ref)
+        assert box.seen == ref.seen == {n}
+
+
+def _removes(x, bag):
+    bag.discard(1)
+    return x + 1
+
+
+def test_a_member_removed_from_a_given_set_is_refused_and_the_set_left_as_it_was():
+    bag = {1, 2}
+    with pytest.raises(stampout.StampoutError, match="removes members of bag") as info:
+        stampout.compile(_removes, backend="eager")(torch.ones(2), bag)
+    assert "test_given_containers.py" in str(info.value)
+    assert bag == {1, 2}
+
+
+def test_capture_refuses_to_call_again_a_program_that_changes_a_given_set():
+    bag = set()
+    cap = stampout.capture(_adds_tensor, torch.ones(2), bag)
+    (member,) = bag  # the capture ran the Python once, as one eager call: with the real value
+    assert type(member) is torch.Tensor
+    torch.testing.assert_close(member, torch.full((2,), 2.0))
+    with pytest.raises(stampout.StampoutError, match="changes the items of bag"):
+        cap(torch.ones(2), set())
+
+
+class _Holder:
+    pass
+
+
+def _appends_to_held_list(x, holder):
+    holder.items.append(x * 2)
+    return x + 1
+
+
+def test_capture_leaves_a_held_list_it_appended_to_with_the_real_value():
+    holder, ref = _Holder(), _Holder()
+    holder.items, ref.items = [torch.zeros(1)], [torch.zeros(1)]
+    stampout.capture(_appends_to_held_list, torch.ones(2), holder)
+    _appends_to_held_list(torch.ones(2), ref)
+    assert len(holder.items) == 2 and all(type(t) is torch.Tensor for t in holder.items)
+    torch.testing.assert_close(holder.items, ref.items)
+
+
+def _appends(x, bag):
+    bag.append(x * 2)
+    return x + 1
+
+
+def test_capture_appends_to_a_given_list_as_one_eager_call():
+    first = torch.zeros(1)
+    bag, ref = [first], [torch.zeros(1)]
+    stampout.capture(_appends, torch.ones(2), bag)
+    _appends(torch.ones(2), ref)
+    assert bag[0] is first and type(bag[1]) is torch.Tensor
+    torch.testing.assert_close(bag, ref)
