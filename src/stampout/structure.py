@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .shapes import SIZES
+from .shapes import SIZES, concrete
 
 
 def _is_namedtuple(value: Any) -> bool:
@@ -132,33 +132,42 @@ def _overlaps(leaves: list[Any], tensors: list[int]) -> tuple[tuple[int, int], .
     return tuple(sorted(pairs))
 
 
+def _layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """Sizes, strides and storage offset as ints: a fake of a dynamic capture's by its sizes for the capture's
+    own inputs (no guard: comparing the symbols would specialize them)."""
+    if getattr(t, "_has_symbolic_sizes_strides", False):
+        return tuple(concrete(tuple(t.shape))), tuple(concrete(t.stride())), concrete(t.storage_offset())
+    return tuple(t.shape), t.stride(), t.storage_offset()
+
+
 def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two strided views of one storage may share an element: exact for views with the same sizes
-    and strides laid out without self-overlap (the halves of a split); otherwise by their byte ranges. Symbolic
-    sizes (a fake tensor of a dynamic capture) count as overlapping: comparing them would specialize them."""
+    and strides laid out without self-overlap (the halves of a split); otherwise by their byte ranges."""
     if a.layout is not torch.strided or b.layout is not torch.strided:
         return True
-    if getattr(a, "_has_symbolic_sizes_strides", False) or getattr(b, "_has_symbolic_sizes_strides", False):
+    try:
+        (shape_a, stride_a, offset_a), (shape_b, stride_b, offset_b) = _layout(a), _layout(b)
+    except (TypeError, ValueError, RuntimeError):  # (a size without a value to compare by)
         return True
-    if a.numel() == 0 or b.numel() == 0:
+    if 0 in shape_a or 0 in shape_b:
         return False
 
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        start = t.storage_offset() * t.element_size()
-        return start, start + t.element_size() * (1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride())))
+    def span(shape, stride, offset, size) -> tuple[int, int]:
+        return offset * size, (offset + 1 + sum((n - 1) * abs(s) for n, s in zip(shape, stride))) * size
 
-    (s0, e0), (s1, e1) = span(a), span(b)
+    (s0, e0) = span(shape_a, stride_a, offset_a, a.element_size())
+    (s1, e1) = span(shape_b, stride_b, offset_b, b.element_size())
     if not (s0 < e1 and s1 < e0):
         return False
-    if a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype:
+    if shape_a != shape_b or stride_a != stride_b or a.dtype != b.dtype:
         return True
-    dims = sorted((s, n) for n, s in zip(a.shape, a.stride()) if n > 1)
+    dims = sorted((s, n) for n, s in zip(shape_a, stride_a) if n > 1)
     reach = 0
     for s, n in dims:  # innermost first: each stride must pass everything inside it
         if s <= reach:
             return True
         reach += (n - 1) * s
-    return _reachable(b.storage_offset() - a.storage_offset(), dims[::-1])
+    return _reachable(offset_b - offset_a, dims[::-1])
 
 
 def _reachable(d: int, dims: list[tuple[int, int]]) -> bool:
