@@ -29,9 +29,9 @@ def hold_input_containers(held: Held, signature_of: Callable, fn: Callable, args
         names = names[1:]
 
     def walk(value: Any, source: Source) -> None:
-        if type(value) in (list, dict, set):
+        if type(value) in (list, dict, set) or isinstance(value, dict):  # (an OrderedDict, a defaultdict too)
             dict.__setitem__(held, id(value), (value, source))
-        if type(value) in (list, tuple, dict):
+        if type(value) in (list, tuple) or isinstance(value, dict):
             for k, item in (value.items() if isinstance(value, dict) else enumerate(value)):
                 walk(item, Item(source, k))
 

@@ -90,7 +90,7 @@ class FrameWrites:
         """Lists and dicts among the call's arguments (opened into leaves), and sets (leaves the program gets
         as they are), at `source`: what the program changes in them is a side effect (undone after the capture,
         replayed by compiled calls into each call's own containers)."""
-        if type(value) in (list, dict, set):
+        if type(value) in (list, dict, set) or isinstance(value, dict):  # (an OrderedDict, a defaultdict too)
             self._note_container(value, source, "")
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
