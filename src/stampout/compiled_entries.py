@@ -16,7 +16,7 @@ from .effects import Effect, Value
 from .errors import StampoutError
 from .fsdp_slots import SwappedSlots
 from .guards import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
-from .per_call_aliases import PerCallAliases
+from .per_call_aliases import PerCallAliases, fixed_bases, overlaps_fixed
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
 from .regions.fingerprint import describe_difference, without_sizes
@@ -102,15 +102,21 @@ def _anchored_effect(effect: Effect, anchors: Anchors) -> Effect:
     return dataclasses.replace(effect, target=anchors.rewrite(effect.target), values=values)
 
 
+def _tensors(leaves: list[Any]) -> list[torch.Tensor]:
+    """The call's tensor inputs (after the function, `leaves[0]`)."""
+    return [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
+
+
 class EntryState:
     """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
     metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
 
-    __slots__ = ("epoch", "tensors", "names", "fixed", "tensor_guard", "unwritten", "anchors")
+    __slots__ = ("epoch", "tensors", "names", "fixed", "bases", "tensor_guard", "unwritten", "anchors")
 
-    def __init__(self, epoch: int, tensors: list, names: list, fixed: list, tensor_guard: Any,
+    def __init__(self, epoch: int, tensors: list, names: list, fixed: tuple, tensor_guard: Any,
                  unwritten: Callable[[], bool], anchors: tuple) -> None:
         self.epoch = epoch
+        self.bases = fixed_bases(fixed)  # where the fixed lifted tensors' storages start (per_call_aliases.py)
         self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
         self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
         self.tensors = tensors
@@ -178,6 +184,10 @@ class Entry:
         # Which of the tensor inputs and the tensors read per call (held by input objects: `box.a`, `box.b`) are
         # the same object or overlap, as at capture (the key holds the inputs' own aliasing only): a functionalized
         # graph traced on distinct tensors is wrong on aliased ones. (None: no tensor is read per call.)
+        # Which tensor inputs overlap a parameter or buffer the graph reads (`model(model.lin.weight.detach())`), as
+        # at capture: checked per call against the fixed lifted tensors' storages (EntryState.bases).
+        fixed_at_capture = [None if s is None else cap.lifted[i][0] for i, s in enumerate(self.fixed_sources)]
+        self.fixed_overlaps = overlaps_fixed(_tensors(ctx.leaves), fixed_at_capture, fixed_bases(fixed_at_capture))
         if self.per_call_positions:
             read = [cap.lifted[i][0] for i in self.per_call_positions]
             pinned = self.shapes is None and set(per_call) <= {g.source for g in deferred}
@@ -247,6 +257,8 @@ class Entry:
         if per_call is None:
             return None
         if not state.tensor_guard.check(*state.tensors):
+            return None
+        if overlaps_fixed(_tensors(ctx.leaves), state.fixed, state.bases) != self.fixed_overlaps:
             return None
         if per_call:
             if self.aliases is not None and not self.aliases.holds(ctx.leaves, per_call):
@@ -321,6 +333,8 @@ class Entry:
         state = self.state
         if state is not None and not state.tensor_guard.check(*state.tensors):
             return str(state.tensor_guard.check_verbose(*state.tensors, tensor_check_names=state.names))
+        if state is not None and overlaps_fixed(_tensors(ctx.leaves), state.fixed, state.bases) != self.fixed_overlaps:
+            return "which inputs share memory with a parameter or buffer the program reads differs from the capture"
         return "no difference found"
 
 

@@ -1,5 +1,6 @@
-"""Whether a call's tensor inputs and the tensors its guards read per call (a KV cache's layers, `box.a`) share
-memory as they did at capture: a functionalized graph traced on distinct tensors is wrong on aliased ones.
+"""Whether a call's tensor inputs and the tensors its graph reads (per call: a KV cache's layers, `box.a`; fixed:
+parameters and buffers) share memory as they did at capture: a functionalized graph traced on distinct tensors
+is wrong on aliased ones (`model(model.lin.weight.detach())` with a forward that writes its input).
 
 The full answer (structure.aliases_of) looks up the storage of every tensor: 40 us for the 240 cache tensors
 of an 80-layer decode step. Between calls those tensors are usually the same, in place: where their sizes
@@ -72,3 +73,30 @@ class PerCallAliases:
             return
         # (only when the inputs kept apart from the per-call tensors, as `holds` will require of later calls)
         self._memo = (pointers, taken) if self._apart(inputs, taken) else None
+
+
+def fixed_bases(fixed: Any) -> frozenset[int]:
+    """Where the storages of the fixed lifted tensors (parameters, buffers) start, for `overlaps_fixed`."""
+    out = set()
+    for t in fixed:
+        if isinstance(t, torch.Tensor):
+            try:
+                out.add(_base(t))
+            except (RuntimeError, NotImplementedError, TypeError):
+                continue
+    return frozenset(out)
+
+
+def overlaps_fixed(inputs: list[Any], fixed: Any, bases: frozenset[int]) -> tuple[tuple[int, int], ...]:
+    """Pairs (input, fixed lifted tensor) whose bytes may overlap: one storage lookup per input, the pairs worked
+    out only for an input whose storage is one of the fixed tensors' (`bases`)."""
+    pairs = []
+    for i, t in enumerate(inputs):
+        try:
+            shared = _base(t) in bases
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+        if shared:
+            fixed_tensors = [(j, f) for j, f in enumerate(fixed) if isinstance(f, torch.Tensor)]
+            pairs.extend((i, j) for j, f in fixed_tensors if aliases_of([t, f]) != (0, 1))
+    return tuple(pairs)
