@@ -66,31 +66,41 @@ def check(leaves, fn, anchors=()):
     if not type(v0) in e0: return False  # class of self: Layer
     if not (isinstance(v0, _Module) and _no_hooks(v0)): return False  # hooks of self: no hooks
     v2 = getattr(a1, '__dict__', _MISSING)  # Layer.__dict__
-    v3 = _item(v2, 'forward')  # Layer.__dict__['forward']
-    v4 = getattr(v3, '__code__', _MISSING)  # Layer.__dict__['forward'].__code__
-    if not v4 is e2: return False  # object identity of Layer.__dict__['forward'].__code__: <code region.<locals>.call_region at 0x?>
-    v5 = getattr(v3, '__stampout_region__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__
-    v6 = getattr(v5, 'fn', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn
-    if not v6 is e3: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn: <function Layer.forward at 0x?>
-    v7 = getattr(v6, '__code__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
-    if not v7 is e4: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn.__code__: <code Layer.forward at 0x?>
-    if not ((a8.sentinel or _false)() or a8.unchanged()): return False  # names in namespaces of names read in modules: every name as read
-    v9 = _module_attr(v0, 'lin')  # self.lin
-    if not type(v9) in e6: return False  # class of self.lin: Linear
-    if not (isinstance(v9, _Module) and _no_hooks(v9)): return False  # hooks of self.lin: no hooks
-    v10 = _object_dict(v9)  # self.lin.__dict__
-    v11 = _item(v10, 'forward')  # self.lin.__dict__['forward']
-    if not (v11 is _MISSING or _is_auto_mark(v11)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
-    v12 = _module_attr(v9, 'weight')  # self.lin.weight
+    v3 = _item(v2, '__init__')  # Layer.__dict__['__init__']
+    v4 = getattr(v3, '__code__', _MISSING)  # Layer.__dict__['__init__'].__code__
+    if not v4 is e2: return False  # object identity of Layer.__dict__['__init__'].__code__: <code Layer.__init__ at 0x?>
+    v5 = getattr(v3, '__closure__', _MISSING)  # Layer.__dict__['__init__'].__closure__
+    v6 = _item(v5, 0)  # Layer.__dict__['__init__'].__closure__[0]
+    v7 = getattr(v6, 'cell_contents', _MISSING)  # Layer.__dict__['__init__'].__closure__[0].cell_contents
+    if not v7 is e3: return False  # object identity of Layer.__dict__['__init__'].__closure__[0].cell_contents: <type object at 0x?>
+    v8 = _item(v2, 'forward')  # Layer.__dict__['forward']
+    v9 = getattr(v8, '__code__', _MISSING)  # Layer.__dict__['forward'].__code__
+    if not v9 is e4: return False  # object identity of Layer.__dict__['forward'].__code__: <code region.<locals>.call_region at 0x?>
+    v10 = getattr(v8, '__stampout_region__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__
+    v11 = getattr(v10, 'fn', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn
+    if not v11 is e5: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn: <function Layer.forward at 0x?>
+    v12 = getattr(v11, '__code__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
+    if not v12 is e6: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn.__code__: <code Layer.forward at 0x?>
+    if not ((a13.sentinel or _false)() or a13.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+    v14 = _module_attr(v0, 'lin')  # self.lin
+    if not type(v14) in e8: return False  # class of self.lin: Linear
+    if not (isinstance(v14, _Module) and _no_hooks(v14)): return False  # hooks of self.lin: no hooks
+    v15 = _object_dict(v14)  # self.lin.__dict__
+    v16 = _item(v15, 'forward')  # self.lin.__dict__['forward']
+    if not (v16 is _MISSING or _is_auto_mark(v16)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
+    v17 = _module_attr(v14, 'weight')  # self.lin.weight
     pass  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
-    v13 = _module_attr(v9, 'bias')  # self.lin.bias
+    v18 = _module_attr(v14, 'bias')  # self.lin.bias
     pass  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
-    return (v12, v13, v12, v13, )
+    return (v17, v18, v17, v18, )
 def shared(leaves, fn, anchors=()):  # once per entry, and again after a write to a dict these read
-    v0 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
-    if not v0 is e0: return False  # object identity of globals['torch']: <module torch at 0x?>
-    v2 = mro_attr(a1, 'forward')  # Linear.forward
-    if not v2 is e1: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
+    v1 = getattr(a0, '__dict__', _MISSING)  # Layer.__dict__
+    v2 = _item(v1, '__init__')  # Layer.__dict__['__init__']
+    if not v2 is e0: return False  # object identity of Layer.__dict__['__init__']: <function Layer.__init__ at 0x?>
+    v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v3 is e1: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v5 = mro_attr(a4, 'forward')  # Linear.forward
+    if not v5 is e2: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
     return True
 """  # noqa: E501
 

@@ -4,6 +4,7 @@ is not imported, is user code for both."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import stampout
@@ -53,3 +54,33 @@ def test_which_classes_are_user_code():
 
     assert is_user_class(Local) and is_user_class(_exec_class("class Config:\n    pass\n"))
     assert not is_user_class(torch.nn.Linear) and not is_user_class(torch.Size) and not is_user_class(object)
+
+
+class _Act:
+    def __call__(self, x):
+        return x.relu()
+
+
+class _Table:
+    def __getitem__(self, i):
+        return float(i) * 2
+
+
+_ACT, _TABLE = _Act(), _Table()
+
+
+def _dispatches_through_dunders(x):
+    return _ACT(x) * _TABLE[3]
+
+
+@pytest.mark.parametrize("patch", ["__call__", "__getitem__"])
+def test_a_dunder_method_of_a_user_class_replaced_between_calls_is_seen(patch, monkeypatch):
+    # (`act(x)` and `table[3]` reach the class's methods through type slots: no attribute read to guard)
+    compiled = stampout.compile(_dispatches_through_dunders, backend="eager")
+    x = torch.tensor([-1.0, 2.0])
+    torch.testing.assert_close(compiled(x), _dispatches_through_dunders(x))
+    if patch == "__call__":
+        monkeypatch.setattr(_Act, "__call__", lambda self, x: x.tanh())
+    else:
+        monkeypatch.setattr(_Table, "__getitem__", lambda self, i: float(i) * 10)
+    torch.testing.assert_close(compiled(x), _dispatches_through_dunders(x))

@@ -52,6 +52,9 @@ class ProgramIneligible(BaseException):  # noqa: N818 - control flow, not an err
         self.reason = reason
 
 
+_METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.partialmethod)
+
+
 class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     """Reads recorded while one region call is traced, and why its trace may not be reusable.
 
@@ -186,7 +189,12 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self._classes.add(klass)
             namespace = Attr(Absolute(klass, klass.__qualname__), "__dict__")
             for name, value in list(klass.__dict__.items()):
-                if not (name.startswith("__") and name.endswith("__")) and name not in PATCHED_NAMES:
+                if name in PATCHED_NAMES:
+                    continue
+                # Dunder methods too (`act(x)` calls `__call__`, `table[3]` `__getitem__`, `Klass()` `__init__`:
+                # through type slots, with no attribute read to guard); dunder data (`__module__`, `__dict__`,
+                # dataclass tables) is the class's own bookkeeping.
+                if not (name.startswith("__") and name.endswith("__")) or isinstance(value, _METHODS):
                     self.adopt(value, Item(namespace, name), where=where)
 
     def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
