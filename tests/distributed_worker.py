@@ -394,13 +394,22 @@ def stampout_stats(compiled) -> dict:
         "traces": sum(c.stats.traces for c in captures),
         "reuses": sum(c.stats.reuses for c in captures),
         "captures": len(captures),
-        "recaptures": sum(f.stats.captures for f in compiled_functions(fn)),
+        "recaptures": fn.stats.captures,  # (the root's stats count its pieces')
+        "public": public_view(compiled),
         "region_compiles": len({id(e.compiled) for f in compiled_functions(fn) for e in f._entries
                                 if e.capture is not None and "invoke_subgraph" in e.capture.gm.code}),
         "code": "\n".join(region_code(c) for c in captures),
         "breaks": [b.describe() for b in getattr(fn, "breaks", [])],
         "misses": [e.reason for c in captures for e in c.events if e.outcome != "reused"][1:2],
     }
+
+
+def public_view(compiled) -> dict:
+    """What a user of stampout.compile sees of it (stats, the last graph, explain) without walking its pieces."""
+    stats, last = compiled.stats, compiled.last_capture
+    return {"stats": [stats.captures, stats.traces, stats.reuses], "last_code": last.gm.code if last else None,
+            "explain_pieces": compiled.explain().count("\n  piece "),
+            "guard_code": "no compiled entry" not in compiled.guard_code()}
 
 
 def compiled_functions(fn) -> list:

@@ -80,6 +80,20 @@ def test_fsdp_ranks_capture_the_same_program(ranks, backend):
 
 @needs_gloo
 @on_ranks(FSDP)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fsdp_compiled_root_reports_its_pieces(ranks, backend):
+    """What a user sees of the compiled root without walking its pieces (its own code runs eagerly): its stats
+    count the pieces' captures (embed, norm, head, 4 blocks), the blocks' one trace and 3 reuses; last_capture is
+    the graph that ran last (the head's), explain lists the 7 pieces; the same on both ranks."""
+    first, second = (r[backend]["stats"]["public"] for r in ranks(FSDP))
+    assert first["stats"] == [7, 1, 3]
+    assert "linear(input_1, weight, None)" in first["last_code"]
+    assert first["explain_pieces"] == 7 and first["guard_code"]
+    assert first == second
+
+
+@needs_gloo
+@on_ranks(FSDP)
 def test_fsdp_capture_trains_as_eager(ranks):
     """stampout.capture of the sharded model, called for 3 SGD steps: eager's loss and full gradients, bitwise; the
     optimizer's steps on the sharded gradients leave the parameters as eager's."""
@@ -158,6 +172,7 @@ def test_fsdp_hf_llama_per_decoder_layer(ranks):
         stats = report["stats"]
         assert (stats["traces"], stats["reuses"]) == (1, 1)
         assert stats["captures"] == stats["recaptures"] == 6  # embed, rotary, 2 decoder layers, norm, head
+        assert stats["public"]["stats"] == [6, 1, 1] and stats["public"]["last_code"] is not None
     assert reports[0]["stats"] == reports[1]["stats"]
 
 
