@@ -43,6 +43,7 @@ from .regions.fingerprint import (
 )
 from .regions.frame import ProgramIneligible
 from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
+from .sharded_twins import twin_entry
 from .sources import Arg, Attr, CallContext, Source
 from .structure import argument_names, build, flatten_inputs
 from .torch_internals import DisableTorchFunction, patch_parameter_writes
@@ -85,13 +86,12 @@ class CompiledFunction:
         self.path = ""  # a piece of a piecewise-compiled module: its path from the root
         self.breaks: list[GraphBreak] = []  # where code runs eagerly and why (shared with its pieces)
         self.pieces: dict[str, CompiledFunction] = {}  # by path: the children compiled on their own
-        self.fn = fn
-        self.__wrapped__ = fn
+        self.fn = self.__wrapped__ = fn
         self.backend = resolve(backend)
         self.max_entries = max_entries
         self._counts = CompileStats()  # its own; `stats` adds its pieces'
-        self.last_capture: Capture | None = None  # (a piece's also becomes its parent's: `_parent`)
-        self._parent: CompiledFunction | None = None
+        self.last_capture: Capture | None = None
+        self._lineage: tuple[CompiledFunction, ...] = (self,)  # it, and a piece's parents: their last_capture too
         self._frame_fn = frame_function(fn)
         self._sharded = is_sharded(fn)  # fully_shard'ed: its hooks run eagerly, its forward is a region
         self._arg_names = argument_names(fn)  # labels in messages: `input_ids`, not `args[0]`
@@ -157,9 +157,8 @@ class CompiledFunction:
         if isinstance(entry, EagerEntry):
             return entry.run(program, args, kwargs)
         cap = entry.capture
-        fn = self
-        while fn is not None:  # (a piece's call is its parent's too)
-            fn.last_capture, fn = cap, fn._parent
+        for fn in self._lineage:
+            fn.last_capture = cap
         inputs = [leaves[i] for i in cap.input_tensor_leaves]
         inputs.extend(lifted)
         outputs = list(entry.compiled(*inputs))
@@ -192,6 +191,8 @@ class CompiledFunction:
         refusal = autograd_refusal(self.fn, own_hooks_outside=self._sharded)
         if refusal is not None:
             return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None), ()
+        if (twin := twin_entry(self, args, kwargs, key, ctx)) is not None:  # (a sharded block like a sibling)
+            return twin
         self._watch.release()  # capture watches reads with its own shims
         try:
             root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
@@ -291,7 +292,8 @@ class CompiledFunction:
         piece = self.pieces.get(path)
         if piece is None or piece.fn is not module:  # (a layer swapped in at that path is a module of its own)
             piece = CompiledFunction(module, self.backend, self.max_entries, self.regions, self.dynamic)
-            piece._cache, piece.path, piece.breaks, piece._parent = self._cache, path, self.breaks, self
+            piece._cache, piece.path, piece.breaks = self._cache, path, self.breaks
+            piece._lineage = (piece, *self._lineage)
             self.pieces[path] = piece
         return piece
 
