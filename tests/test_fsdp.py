@@ -19,6 +19,7 @@ ranks = ranks_fixture("distributed_worker")
 FSDP = "fsdp_compile:eager,aot_eager"
 TWINS = "fsdp_twins"
 HF = "hf_llama:aot_eager"
+HF_RECIPE = "hf_llama:aot_eager:forward"
 INDUCTOR = "fsdp_inductor"
 TP = "tp:eager,aot_eager"
 TP_MIXED = "tp:eager:auto:mixed"
@@ -190,6 +191,22 @@ def test_fsdp_hf_llama_per_decoder_layer(ranks):
         assert (stats["traces"], stats["reuses"]) == (1, 1)
         assert stats["captures"] == stats["recaptures"] == 5  # embed, rotary, decoder layer 0, norm, head
         assert stats["public"]["stats"] == [5, 1, 1] and stats["public"]["last_code"] is not None
+    assert reports[0]["stats"] == reports[1]["stats"]
+
+
+@needs_gloo
+@on_ranks(HF_RECIPE)
+def test_fsdp_hf_llama_compiled_forward_runs_piecewise(ranks):
+    """The Hugging Face recipe on the sharded Llama (`model.forward = stampout.compile(model.forward)`): the root's
+    forward runs eagerly around its compiled children, as when the model is compiled (it ran wholly eagerly)."""
+    pytest.importorskip("transformers")
+    reports = ranks(HF_RECIPE)
+    for report in reports:
+        for row in report["rows"]:
+            assert row["params"] == 21 and row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
+        stats = report["stats"]
+        assert (stats["traces"], stats["reuses"], stats["captures"]) == (1, 1, 5), stats
+        assert stats["public"]["stats"] == [5, 1, 1] and stats["public"]["explain_pieces"] == 7
     assert reports[0]["stats"] == reports[1]["stats"]
 
 

@@ -49,7 +49,19 @@ def family_entries(fn: Any) -> tuple:
 
 
 def describe_pieces(fn: Any) -> list[str]:
-    """A line per piece of `fn` (theirs included): its path and what each of its entries does."""
-    return [f"  piece {piece.path}: " + ", ".join("runs eagerly" if entry.capture is None
-                                                 else f"compiled: {entry.capture.stats}" for entry in piece._entries)
-            for piece in compiled_family(fn)[1:]]
+    """A line per piece of `fn` (theirs included): its path and what each of its entries does (a sharded block
+    running a sibling's compiled entry says whose: sharded_twins.py)."""
+    lines, owners = [], {}
+    for piece in compiled_family(fn)[1:]:
+        parts = []
+        for entry in piece._entries:
+            cap = entry.capture
+            if cap is None:
+                parts.append("runs eagerly")
+            elif id(cap) in owners:
+                parts.append(f"runs the compiled entry of {owners[id(cap)]}")
+            else:
+                owners[id(cap)] = piece.path
+                parts.append(f"compiled: {cap.stats}")
+        lines.append(f"  piece {piece.path}: " + ", ".join(parts))
+    return lines

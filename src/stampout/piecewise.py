@@ -150,7 +150,7 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
     None where it must refuse (fullgraph=True)."""
     if getattr(compiled, "fullgraph", False):
         return None
-    root = compiled.fn if isinstance(compiled.fn, nn.Module) else None
+    root = _root_of(compiled.fn)
     path, culprit = failing_module(root, error) if root is not None and error is not None else ("", root)
     prefix = f"{compiled.path}." if compiled.path else ""
     brk = None
@@ -173,6 +173,18 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
         log.info("%s cannot be captured because of %s: it runs eagerly around its %d compiled children",
                  compiled.path or type(root).__name__, prefix + path, len(table))
     return Pieces(table, by_path, brk)
+
+
+def _root_of(fn: Callable) -> nn.Module | None:
+    """The module whose own code runs eagerly around its compiled children: `fn` itself, or the sharded module
+    whose bound method was compiled (`model.forward = stampout.compile(model.forward)` of an FSDP2 model)."""
+    from .sharded import is_sharded, sharded_below
+
+    if isinstance(fn, nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    sharded = isinstance(owner, nn.Module) and (is_sharded(owner) or sharded_below(owner) is not None)
+    return owner if sharded else None
 
 
 def explain_break(fn: Callable, error: BaseException) -> str:
