@@ -6,11 +6,13 @@ torch.compile on the same sharded Llama-like (tests/distributed_worker.py: each 
     python bench/distributed.py --depths 4 --backend eager
     python bench/distributed.py --src ../main/src     # another checkout's stampout
     python bench/distributed.py --before ../main/src  # and that one too, as a third variant (before/after, same run)
+    python bench/distributed.py --repeat 3            # each figure the least of 3 interleaved runs (a busy machine)
 
 Each cell is 2 fresh processes (one per rank). *first* is from the compile call to the end of the first
 `backward()` (capture, compile, one step), wall clock and the rank process's CPU time (*first cpu*: steadier on a
 shared machine); *steady* the median wall time of the next 10 steps, *steady cpu* the least thread CPU time of
-one of them (min of 10: what a step costs when the machine leaves it alone); each the slower rank's.
+one of them (min of 10: what a step costs when the machine leaves it alone); each the slower rank's. With
+`--repeat N` every cell runs N times, the variants interleaved, and each figure is the least of the N.
 Ratios are stampout / torch.compile from the same run: below 1 stampout is faster. Raw numbers:
 bench/out/distributed.json. Timings on a shared 2-core machine are noisy.
 """
@@ -98,6 +100,8 @@ def main() -> int:
     parser.add_argument("--src", help="the src folder of the stampout to time (default: this checkout's)")
     parser.add_argument("--before", help="another checkout's src folder, timed as a third variant")
     parser.add_argument("--backend", default="aot_eager")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="cells per variant and depth, run interleaved; each figure is the least of them")
     parser.add_argument("--rank", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
@@ -110,7 +114,13 @@ def main() -> int:
         srcs["before"] = os.path.abspath(args.before)
     print(f"{'depth':>5} {'variant':>9} {'first':>9} {'first cpu':>9} {'steady':>9} {'steady cpu':>10} {'eager':>9}")
     for depth in args.depths:
-        cells = {v: _cell(v, depth, args.backend, src) for v, src in srcs.items()}
+        cells: dict[str, dict] = {}
+        for _ in range(args.repeat):  # (interleaved, so a busy spell of the machine hits every variant alike)
+            for v, src in srcs.items():
+                cell = _cell(v, depth, args.backend, src)
+                old = cells.get(v)
+                cells[v] = cell if old is None or "error" in old else old if "error" in cell else {
+                    k: min(old[k], cell[k]) for k in cell}
         for v, c in cells.items():
             if "error" in c:
                 print(f"{depth:>5} {v:>9} failed: {c['error']}")

@@ -168,6 +168,26 @@ def fsdp_compile(backends: str) -> dict:
     return report
 
 
+def fsdp_twins() -> dict:
+    """Block 2 of the sharded Llama-like reads another eps: eager vs stampout.compile(aot_eager), 3 SGD steps. The
+    other blocks take block 0's compiled entry (sharded_twins.py); block 2's guards fail on it: captured anew."""
+
+    def make() -> nn.Module:
+        model = sharded_llama()
+        model.layers[2].n1.eps = 1e-2
+        return model
+
+    ref = make()
+    eager = train(ref, ref, 3, 1)
+    model = make()
+    compiled = stampout.compile(model, backend="aot_eager")
+    got = train(model, compiled, 3, 1)
+    fn = compiled._compiled
+    shared = [fn.pieces[f"layers.{i}"]._entries[0].capture is fn.pieces["layers.0"]._entries[0].capture
+              for i in range(4)]
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "shared": shared}
+
+
 def steady_step(fn) -> dict:
     """One more training step of a compiled model after its first ones: whether the write epoch moved and how
     many entries ran their full guard check (FSDP's parameter swaps are checked per call: fsdp_slots.py)."""
@@ -377,30 +397,44 @@ def sharded_hf_llama(depth: int = 2) -> nn.Module:
     return model
 
 
-def hf_llama(backend: str) -> dict:
-    """eager vs stampout.compile of an HF Llama sharded per decoder layer (logits from its output)."""
+def hf_llama(backend: str, how: str = "module") -> dict:
+    """eager vs stampout.compile of an HF Llama sharded per decoder layer (logits from its output); `how`:
+    `module` compiles the model, `forward` its bound forward (`model.forward = stampout.compile(model.forward)`)."""
     ref = sharded_hf_llama()
     eager = train(ref, lambda ids: ref(input_ids=ids, use_cache=False).logits, 3, 1)
     model = sharded_hf_llama()
-    compiled = stampout.compile(model, backend=backend)
-    got = train(model, lambda ids: compiled(input_ids=ids, use_cache=False).logits, 3, 1)
+    if how == "forward":  # (the Hugging Face recipe: FSDP's hooks of the root run in the model's own __call__)
+        model.forward = compiled = stampout.compile(model.forward, backend=backend)
+        call = model
+    else:
+        compiled = call = stampout.compile(model, backend=backend)
+    got = train(model, lambda ids: call(input_ids=ids, use_cache=False).logits, 3, 1)
     return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
 
 
 def stampout_stats(compiled) -> dict:
     fn = getattr(compiled, "_compiled", compiled)
     captures = sharded_captures(fn)
-    return {
-        "traces": sum(c.stats.traces for c in captures),
-        "reuses": sum(c.stats.reuses for c in captures),
+    return {  # (a sharded block taking a sibling's entry is a region reuse: sharded_twins.py)
+        "traces": fn.stats.traces,
+        "reuses": fn.stats.reuses,
         "captures": len(captures),
-        "recaptures": sum(f.stats.captures for f in compiled_functions(fn)),
+        "recaptures": fn.stats.captures,  # (the root's stats count its pieces')
+        "public": public_view(compiled),
         "region_compiles": len({id(e.compiled) for f in compiled_functions(fn) for e in f._entries
                                 if e.capture is not None and "invoke_subgraph" in e.capture.gm.code}),
         "code": "\n".join(region_code(c) for c in captures),
         "breaks": [b.describe() for b in getattr(fn, "breaks", [])],
         "misses": [e.reason for c in captures for e in c.events if e.outcome != "reused"][1:2],
     }
+
+
+def public_view(compiled) -> dict:
+    """What a user of stampout.compile sees of it (stats, the last graph, explain) without walking its pieces."""
+    stats, last = compiled.stats, compiled.last_capture
+    return {"stats": [stats.captures, stats.traces, stats.reuses], "last_code": last.gm.code if last else None,
+            "explain_pieces": compiled.explain().count("\n  piece "),
+            "guard_code": "no compiled entry" not in compiled.guard_code()}
 
 
 def compiled_functions(fn) -> list:
@@ -413,17 +447,17 @@ def compiled_functions(fn) -> list:
 
 
 def sharded_captures(fn) -> list:
-    """The captures behind a compiled function and its piecewise-compiled children, root first."""
+    """The distinct captures behind a compiled function and its piecewise-compiled children, root first."""
     found = []
     stack = [fn]
     while stack:
         f = stack.pop(0)
         for entry in getattr(f, "_entries", ()):
-            if entry.capture is not None:
+            if entry.capture is not None and all(entry.capture is not c for c in found):
                 found.append(entry.capture)
         stack.extend(f.pieces[p] for p in sorted(f.pieces))
     return found
 
 
-SCENARIOS = {"fsdp_compile": fsdp_compile, "fsdp_mixed": fsdp_mixed, "fsdp_nested": fsdp_nested, "hf_llama": hf_llama,
-             "fsdp_inductor": fsdp_inductor, "tp": tensor_parallel}
+SCENARIOS = {"fsdp_compile": fsdp_compile, "fsdp_twins": fsdp_twins, "fsdp_mixed": fsdp_mixed,
+             "fsdp_nested": fsdp_nested, "hf_llama": hf_llama, "fsdp_inductor": fsdp_inductor, "tp": tensor_parallel}

@@ -17,7 +17,9 @@ from stampout.guards import describe_hooks, hooks_key
 needs_gloo = skip_without_gloo()
 ranks = ranks_fixture("distributed_worker")
 FSDP = "fsdp_compile:eager,aot_eager"
+TWINS = "fsdp_twins"
 HF = "hf_llama:aot_eager"
+HF_RECIPE = "hf_llama:aot_eager:forward"
 INDUCTOR = "fsdp_inductor"
 TP = "tp:eager,aot_eager"
 TP_MIXED = "tp:eager:auto:mixed"
@@ -52,8 +54,9 @@ def test_fsdp_sharded_blocks_are_one_region_trace(ranks, backend):
     for report in ranks(FSDP):
         stats = report[backend]["stats"]
         assert (stats["traces"], stats["reuses"]) == (1, 3)
-        # embed, head, norm and the 4 blocks, each captured once over 3 steps (the root's own code runs eagerly)
-        assert (stats["captures"], stats["recaptures"]) == (7, 7)
+        # embed, head, norm and block 0, each captured once over 3 steps (the root's own code runs eagerly); blocks
+        # 1-3 take block 0's compiled entry (sharded_twins.py)
+        assert (stats["captures"], stats["recaptures"]) == (4, 4)
         assert len(stats["breaks"]) == 1 and "layers.0 is sharded with fully_shard" in stats["breaks"][0]
         if backend == "aot_eager":  # the 4 blocks' graphs are one AOTAutograd compile
             assert stats["region_compiles"] == 1
@@ -76,6 +79,35 @@ def test_fsdp_ranks_capture_the_same_program(ranks, backend):
     first, second = (r[backend]["stats"] for r in ranks(FSDP))
     assert first["code"] == second["code"] and "invoke_subgraph" in first["code"]
     assert first == second
+
+
+@needs_gloo
+@on_ranks(FSDP)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fsdp_compiled_root_reports_its_pieces(ranks, backend):
+    """What a user sees of the compiled root without walking its pieces (its own code runs eagerly): its stats
+    count the pieces' captures (embed, norm, head, block 0), the blocks' one trace and 3 reuses; last_capture is
+    the graph that ran last (the head's), explain lists the 7 pieces; the same on both ranks."""
+    first, second = (r[backend]["stats"]["public"] for r in ranks(FSDP))
+    assert first["stats"] == [4, 1, 3]
+    assert "linear(input_1, weight, None)" in first["last_code"]
+    assert first["explain_pieces"] == 7 and first["guard_code"]
+    assert first == second
+
+
+@needs_gloo
+@on_ranks(TWINS)
+def test_fsdp_blocks_take_a_siblings_entry_when_its_guards_pass(ranks):
+    """Sharded blocks 1 and 3 run block 0's compiled entry (no capture of their own); block 2 reads another eps,
+    fails that entry's guards and is captured (a second region trace); gradients as eager's throughout."""
+    reports = ranks(TWINS)
+    for report in reports:
+        for row in report["rows"]:
+            assert row["params"] == 39 and row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
+        stats = report["stats"]
+        assert (stats["traces"], stats["reuses"], stats["captures"]) == (2, 2, 5), stats
+        assert report["shared"] == [True, True, False, True]
+    assert reports[0]["stats"] == reports[1]["stats"]
 
 
 @needs_gloo
@@ -157,7 +189,24 @@ def test_fsdp_hf_llama_per_decoder_layer(ranks):
         assert report["world"]["sharded"] and report["world"]["param"] <= 1e-6
         stats = report["stats"]
         assert (stats["traces"], stats["reuses"]) == (1, 1)
-        assert stats["captures"] == stats["recaptures"] == 6  # embed, rotary, 2 decoder layers, norm, head
+        assert stats["captures"] == stats["recaptures"] == 5  # embed, rotary, decoder layer 0, norm, head
+        assert stats["public"]["stats"] == [5, 1, 1] and stats["public"]["last_code"] is not None
+    assert reports[0]["stats"] == reports[1]["stats"]
+
+
+@needs_gloo
+@on_ranks(HF_RECIPE)
+def test_fsdp_hf_llama_compiled_forward_runs_piecewise(ranks):
+    """The Hugging Face recipe on the sharded Llama (`model.forward = stampout.compile(model.forward)`): the root's
+    forward runs eagerly around its compiled children, as when the model is compiled (it ran wholly eagerly)."""
+    pytest.importorskip("transformers")
+    reports = ranks(HF_RECIPE)
+    for report in reports:
+        for row in report["rows"]:
+            assert row["params"] == 21 and row["missing"] == [] and row["loss"] <= 1e-6 and row["grad"] <= 1e-6
+        stats = report["stats"]
+        assert (stats["traces"], stats["reuses"], stats["captures"]) == (1, 1, 5), stats
+        assert stats["public"]["stats"] == [5, 1, 1] and stats["public"]["explain_pieces"] == 7
     assert reports[0]["stats"] == reports[1]["stats"]
 
 

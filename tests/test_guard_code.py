@@ -127,3 +127,24 @@ def test_compiled_explain_says_why_an_entry_runs_eagerly():
     report = fn.explain()
     assert "[0] runs eagerly: stampout cannot guard it: it calls random.Random.random" in report
     assert "(no compiled call yet)" in report
+
+
+def test_equal_predicate_sources_share_one_code_object_not_their_constants():
+    """Two compiled functions of equal modules generate the same predicate source: it is compiled once (the entries
+    of a stack's sharded blocks), while each predicate checks its own expected values."""
+    from stampout.guards import _code_of
+
+    torch.manual_seed(0)
+    first, second = Block(0.5), Block(0.5)
+    a, c = stampout.compile(first, backend="eager"), stampout.compile(second, backend="eager")
+    x = torch.randn(2, 4)
+    a(x)
+    hits = _code_of.cache_info().hits
+    c(x)
+    ea, ec = a._compiled._entries[0], c._compiled._entries[0]
+    assert ec.always.__code__ is ea.always.__code__ and ec.always is not ea.always
+    assert _code_of.cache_info().hits > hits
+    second.scale = 0.25  # (c's predicates expect 0.5 of its own module; a's module is unchanged)
+    torch.testing.assert_close(c(x), second(x))
+    torch.testing.assert_close(a(x), first(x))
+    assert (a.stats.captures, c.stats.captures) == (1, 2)

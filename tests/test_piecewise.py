@@ -55,7 +55,8 @@ class Net(nn.Module):
 
 
 def counted(fn):
-    return {path: piece.stats.captures for path, piece in fn.pieces.items()}
+    """Each piece's own captures (its `stats` count its own pieces' too)."""
+    return {path: piece._counts.captures for path, piece in fn.pieces.items()}
 
 
 def test_item_in_a_middle_layer_compiles_the_rest(caplog):
@@ -84,6 +85,22 @@ def test_item_in_a_middle_layer_compiles_the_rest(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "graph break in layers.1 (Gate)" in warnings[0], warnings
     assert "tensor.item()" in warnings[0]
+
+
+def test_a_module_running_eagerly_reports_what_its_pieces_did():
+    """The root's own code runs eagerly and its pieces do the work: its stats count their captures, its
+    last_capture is the graph that ran last (the head's), explain lists the pieces, guard_code finds the entry."""
+    model = Net()
+    fn = stampout.compile(model, backend="eager")
+    fn(torch.randn(3, 4))
+    fn(torch.randn(3, 4))
+    assert fn.stats == stampout.CompileStats(captures=6, traces=0, reuses=0)  # embed, layers 0/2, inner, proj, head
+    assert fn.pieces["layers.1"].stats.captures == 2 and fn.pieces["layers.1"]._counts.captures == 0
+    assert fn.last_capture is fn.pieces["head"].last_capture is not None
+    text = fn.explain()
+    assert "stampout.compile of Net: 6 captures" in text and "(no compiled call yet)" not in text
+    assert "  piece layers.1: runs eagerly" in text and "  piece layers.1.inner: compiled" in text
+    assert fn.guard_code().startswith("# the full check") and "class of self: Linear" in fn.guard_code()
 
 
 def test_user_visible_state_is_untouched():

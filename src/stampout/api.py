@@ -38,7 +38,7 @@ def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # no
 
         fast = stampout.compile(model)      # an nn.Module: parameters, state_dict, train/eval/to as model's
         y = fast(x)              # first call: capture, compile; later calls: guards, then the compiled code
-        print(fast.stats)        # CompileStats(captures=1, traces=1)
+        print(fast.stats)        # CompileStats(captures=1, traces=1, reuses=0)
         model.forward = stampout.compile(model.forward)   # the Hugging Face recipe: a CompiledFunction
 
     Args:

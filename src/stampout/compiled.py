@@ -15,7 +15,6 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
 from .compile_args import check_arguments, describe, shorten
+from .compile_stats import CompileStats, family_entries, total_stats
 from .compiled_entries import CallKey, EagerEntry, Entry, new_key
 from .context import current
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
@@ -43,6 +43,7 @@ from .regions.fingerprint import (
 )
 from .regions.frame import ProgramIneligible
 from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
+from .sharded_twins import twin_entry
 from .sources import Arg, Attr, CallContext, Source
 from .structure import argument_names, build, flatten_inputs
 from .torch_internals import DisableTorchFunction, patch_parameter_writes
@@ -50,14 +51,6 @@ from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
 log = logging.getLogger("stampout.guards")
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-@dataclass
-class CompileStats:
-    """Whole-program captures so far, and region traces over all of them."""
-
-    captures: int = 0
-    traces: int = 0
 
 
 class CompiledFunction:
@@ -93,12 +86,12 @@ class CompiledFunction:
         self.path = ""  # a piece of a piecewise-compiled module: its path from the root
         self.breaks: list[GraphBreak] = []  # where code runs eagerly and why (shared with its pieces)
         self.pieces: dict[str, CompiledFunction] = {}  # by path: the children compiled on their own
-        self.fn = fn
-        self.__wrapped__ = fn
+        self.fn = self.__wrapped__ = fn
         self.backend = resolve(backend)
         self.max_entries = max_entries
-        self.stats = CompileStats()
+        self._counts = CompileStats()  # its own; `stats` adds its pieces'
         self.last_capture: Capture | None = None
+        self._lineage: tuple[CompiledFunction, ...] = (self,)  # it, and a piece's parents: their last_capture too
         self._frame_fn = frame_function(fn)
         self._sharded = is_sharded(fn)  # fully_shard'ed: its hooks run eagerly, its forward is a region
         self._arg_names = argument_names(fn)  # labels in messages: `input_ids`, not `args[0]`
@@ -110,6 +103,8 @@ class CompiledFunction:
         install_registration_hooks()
         patch_parameter_writes(EPOCH.bump)
         _LIVE.add(self)
+
+    stats = property(total_stats, doc="Captures, region traces and reuses so far, over this function and its pieces.")
 
     def reset(self) -> None:
         """Drop every compiled entry and the region cache; unwatch the model."""
@@ -125,7 +120,7 @@ class CompiledFunction:
     def guard_code(self) -> str:
         """The source of the generated guard predicates of the entry that ran last (thunder's
         `last_prologue_traces`); see `Entry.guard_code`."""
-        return report.entry_guard_code(self.last_capture, self._entries)
+        return report.entry_guard_code(self.last_capture, family_entries(self))
 
     def explain(self) -> str:
         """Its entries (which run eagerly, and why), the last capture's report and the guard code that admits calls."""
@@ -162,7 +157,8 @@ class CompiledFunction:
         if isinstance(entry, EagerEntry):
             return entry.run(program, args, kwargs)
         cap = entry.capture
-        self.last_capture = cap
+        for fn in self._lineage:
+            fn.last_capture = cap
         inputs = [leaves[i] for i in cap.input_tensor_leaves]
         inputs.extend(lifted)
         outputs = list(entry.compiled(*inputs))
@@ -195,6 +191,8 @@ class CompiledFunction:
         refusal = autograd_refusal(self.fn, own_hooks_outside=self._sharded)
         if refusal is not None:
             return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None), ()
+        if (twin := twin_entry(self, args, kwargs, key, ctx)) is not None:  # (a sharded block like a sibling)
+            return twin
         self._watch.release()  # capture watches reads with its own shims
         try:
             root = root_module(self.fn)  # the module itself, or the one whose bound method was compiled
@@ -211,7 +209,7 @@ class CompiledFunction:
                 except GuardError:
                     raise
                 except ProgramIneligible as why:  # (the capture stopped there: nothing was drawn or consumed)
-                    self.stats.captures += 1
+                    self._counts.captures += 1
                     return self._run_eagerly(key, f"stampout cannot guard it: it {why.reason}", why), ()
                 except Exception as error:  # a CaptureError, or torch's own on the fakes
                     if raised_by_user(error):
@@ -223,8 +221,9 @@ class CompiledFunction:
             self._remember(structure, args, kwargs, cap)
         finally:
             self._rewatch()
-        self.stats.captures += 1
-        self.stats.traces += cap.stats.traces
+        self._counts.captures += 1
+        self._counts.traces += cap.stats.traces
+        self._counts.reuses += cap.stats.reuses
         program = cap.program
         if cap.effects.refused:
             raise GuardError(message(
@@ -294,6 +293,7 @@ class CompiledFunction:
         if piece is None or piece.fn is not module:  # (a layer swapped in at that path is a module of its own)
             piece = CompiledFunction(module, self.backend, self.max_entries, self.regions, self.dynamic)
             piece._cache, piece.path, piece.breaks = self._cache, path, self.breaks
+            piece._lineage = (piece, *self._lineage)
             self.pieces[path] = piece
         return piece
 

@@ -6,12 +6,15 @@ any other exception propagates. What each kind checks is its rule (guard_rules.p
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from . import caches
 from .guard_rules import HELPERS, Kind
 from .guard_values import OBJECT_GETATTRIBUTE, const_key, is_auto_mark, is_constant, show_const
 from .hook_keys import describe_hooks, hooks_key
@@ -118,12 +121,21 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None,
         values = [bind(source) for source in results or ()] + later
         lines.append(f"    return ({''.join(v + ', ' for v in values)})")
     code = "\n".join(lines)
-    exec(compile(code, "<stampout guards>", "exec"), namespace)
+    exec(_code_of(code), namespace)
     check = namespace["check"]
     check.source_code = code  # type: ignore[attr-defined]
     check.guards, check.variables = guards, var_of  # (for printing it: report.annotated)  # type: ignore[attr-defined]
     return check
 
+
+@functools.lru_cache(maxsize=64)
+def _code_of(code: str) -> types.CodeType:
+    """A predicate's code object: the entries of a stack's sharded blocks generate the same source (their constants
+    differ in the namespace only), compiled once (sharded_twins.py)."""
+    return compile(code, "<stampout guards>", "exec")
+
+
+caches.register(_code_of, "guards.predicate code")
 
 _storage_offset = torch.Tensor.storage_offset
 

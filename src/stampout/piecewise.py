@@ -85,7 +85,9 @@ def _installed() -> Iterator[None]:
 def collection_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off during a capture and compile: they allocate many objects, and the
     full collections that triggers scan the whole heap (about 0.1 s of an 8-block FSDP model's 0.6 s first step,
-    bench/distributed.py); the cycles they leave are collected at the next collection after."""
+    bench/distributed.py); the cycles they leave are collected at the next collection after. Also across the
+    first run of a module run piecewise (`Pieces.run`), which captures its children one after the other: its
+    eager code between them counted towards a full collection (0.2 s of a 16-block FSDP model's first step)."""
     if not gc.isenabled():
         yield
         return
@@ -127,14 +129,16 @@ class Pieces:
         self.table = table
         self.by_path = by_path  # child path -> its CompiledFunction
         self.graph_break = brk  # the break in this module's own code (None: only a child's is at fault)
+        self.first = True  # (its first run captures and compiles the children as it goes)
 
     def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         if not self.table:
             return fn(*args, **kwargs)
         previous = getattr(_LOCAL, "table", None)
         _LOCAL.table = self.table
+        paused, self.first = collection_paused() if self.first else contextlib.nullcontext(), False
         try:
-            with _installed():
+            with _installed(), paused:
                 return fn(*args, **kwargs)
         finally:
             _LOCAL.table = previous
@@ -146,7 +150,7 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
     None where it must refuse (fullgraph=True)."""
     if getattr(compiled, "fullgraph", False):
         return None
-    root = compiled.fn if isinstance(compiled.fn, nn.Module) else None
+    root = _root_of(compiled.fn)
     path, culprit = failing_module(root, error) if root is not None and error is not None else ("", root)
     prefix = f"{compiled.path}." if compiled.path else ""
     brk = None
@@ -169,6 +173,18 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
         log.info("%s cannot be captured because of %s: it runs eagerly around its %d compiled children",
                  compiled.path or type(root).__name__, prefix + path, len(table))
     return Pieces(table, by_path, brk)
+
+
+def _root_of(fn: Callable) -> nn.Module | None:
+    """The module whose own code runs eagerly around its compiled children: `fn` itself, or the sharded module
+    whose bound method was compiled (`model.forward = stampout.compile(model.forward)` of an FSDP2 model)."""
+    from .sharded import is_sharded, sharded_below
+
+    if isinstance(fn, nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    sharded = isinstance(owner, nn.Module) and (is_sharded(owner) or sharded_below(owner) is not None)
+    return owner if sharded else None
 
 
 def explain_break(fn: Callable, error: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .compile_stats import describe_pieces
 from .guards import DEFERRED_LINE, compile_guards
 from .regions.events import Outcome
 
@@ -70,6 +71,7 @@ def explain_compiled(fn: Any, entries: tuple) -> str:
         else:
             last = "  (ran last)" if entry.capture is fn.last_capture else ""
             lines.append(f"  [{i}] compiled: {entry.capture.stats}{last}")
+    lines.extend(describe_pieces(fn))
     for brk in fn.breaks:
         lines.append(f"  {brk.describe()}")
     if fn.last_capture is None:
@@ -78,7 +80,7 @@ def explain_compiled(fn: Any, entries: tuple) -> str:
     lines.append("last capture:")
     lines.extend("  " + line for line in explain_text(fn.last_capture, guards=False).splitlines())
     lines.append("guard code of the entry that ran last:")
-    lines.extend("  " + line if line else "" for line in entry_guard_code(fn.last_capture, entries).splitlines())
+    lines.extend("  " + line if line else "" for line in fn.guard_code().splitlines())
     return "\n".join(lines)
 
 
