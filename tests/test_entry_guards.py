@@ -174,3 +174,26 @@ def test_compiled_function_misses_after_flip_between_calls():
     for change in (lambda: set_scale(3), lambda: set_act(3), lambda: set_defaults(3), lambda: patch_class(3)):
         change()
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def _helper(x):
+    return x + 1
+
+
+def _other(x):
+    return x * 10
+
+
+def test_a_called_function_whose_code_is_replaced_recaptures():
+    def f(x):
+        return _helper(x)
+
+    compiled = stampout.compile(f, backend="eager")
+    x = torch.ones(2)
+    torch.testing.assert_close(compiled(x), f(x))
+    code = _helper.__code__
+    _helper.__code__ = _other.__code__
+    try:
+        torch.testing.assert_close(compiled(x), f(x))  # got x + 1
+    finally:
+        _helper.__code__ = code

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import importlib
+import sys
 
 import stores_namespace as metrics
 import torch
@@ -198,3 +200,44 @@ def test_a_default_argument_memo_keeps_no_traced_value():
         tree_assert_close(fn(x), ref(x))
         tree_assert_close(model(x), ref(x))  # the next eager call: no fake in the memo
         assert all(type(v) is torch.Tensor for v in masks.__defaults__[0].values())
+
+
+def test_a_store_into_a_user_module_held_by_a_closure_leaves_a_real_tensor(tmp_path):
+    (tmp_path / "rt_closure_cfg.py").write_text("SCALE = 2.0\n")  # a user module with a file
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = importlib.import_module("rt_closure_cfg")
+    finally:
+        sys.path.remove(str(tmp_path))
+
+    def f(x):
+        h = x * 2
+        cfg.rt_closure_last = h
+        return h + 1
+
+    try:
+        stampout.capture(f, torch.ones(2))
+        assert type(cfg.rt_closure_last) is torch.Tensor, type(cfg.rt_closure_last)
+    finally:
+        sys.modules.pop("rt_closure_cfg", None)
+
+
+def test_a_compiled_store_into_a_library_module_held_by_a_closure_is_eager_s():
+    import json
+
+    mod = json
+
+    def f(x):
+        h = x * 2
+        mod.rt_closure_last = h
+        return h + 1
+
+    try:
+        compiled = stampout.compile(f, backend="eager")
+        x = torch.ones(2)
+        compiled(x)
+        compiled(x * 3)
+        assert type(json.rt_closure_last) is torch.Tensor, type(json.rt_closure_last)
+        torch.testing.assert_close(json.rt_closure_last, x * 6)
+    finally:
+        json.__dict__.pop("rt_closure_last", None)

@@ -5,6 +5,7 @@ why)."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import random
@@ -297,3 +298,25 @@ def test_family_python_rng_in_a_region() -> None:
         return
     tree_assert_close(cap(sample()), ref(sample()), **TOL)
     assert rng.getstate() == ref[0].rng.getstate(), "the capture drew a different number of values than eager"
+
+
+def _x(seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, D, generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_counter_the_module_fills_counts_every_call():
+    class Counts(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(D, D)
+            self.stats = collections.Counter()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.stats["calls"] += 1
+            return self.lin(x)
+
+    model = Counts()
+    fn = stampout.compile(model, backend="eager")
+    for _ in range(3):
+        fn(_x())
+    assert model.stats["calls"] == 3

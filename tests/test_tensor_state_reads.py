@@ -1,0 +1,78 @@
+"""Tensor state that is no metadata, read in forward (a parameter's `.grad`, an input's `._version`), is never
+baked into a graph: the program runs eagerly with a warning that names why, or a region reading it is traced
+per call."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+
+D = 4
+
+
+def _x(seed: int = 0) -> torch.Tensor:
+    return torch.randn(2, D, generator=torch.Generator().manual_seed(seed))
+
+
+class ReadsGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.lin.weight.grad
+        h = self.lin(x)
+        return h if g is None else h + g.sum(0)
+
+
+class ReadsVersion(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * (2.0 if x._version > 0 else 1.0)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_gradient_read_in_forward_is_not_baked(backend, caplog):
+    torch.manual_seed(0)
+    model = ReadsGrad()
+    fn = stampout.compile(copy.deepcopy(model), backend=backend)
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        x = _x()
+        torch.testing.assert_close(fn(x), model(x))
+        for m in (model, fn._orig_mod):
+            m.lin.weight.grad = torch.ones(D, D)
+        torch.testing.assert_close(fn(x), model(x))
+    assert any(".grad" in r.getMessage() for r in caplog.records)
+
+
+def test_a_version_read_in_forward_is_not_baked():
+    torch.manual_seed(0)
+    model = ReadsVersion()
+    fn = stampout.compile(copy.deepcopy(model), backend="eager")
+    torch.testing.assert_close(fn(_x()), model(_x()))
+    x, y = _x(), _x()
+    x.add_(0)
+    y.add_(0)
+    torch.testing.assert_close(fn(x), model(y))
+
+
+def test_a_region_reading_grad_is_traced_per_call():
+    class Block(ReadsGrad):
+        pass
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block())
+    model[1].lin.weight.grad = torch.ones(D, D)
+    with stampout.auto_regions(model):
+        cap = stampout.capture(model, _x())
+    assert cap.stats.reuses == 0
+    torch.testing.assert_close(cap(_x()), model(_x()))
