@@ -152,3 +152,22 @@ def test_capture_stores_into_a_given_ordered_dict_as_one_eager_call():
     again, ref = collections.OrderedDict(a=torch.ones(2)), collections.OrderedDict(a=torch.ones(2))
     torch.testing.assert_close(cap(torch.ones(2), again), _stores_into(torch.ones(2), ref))
     torch.testing.assert_close(dict(again), dict(ref))
+
+
+class _Pair(tuple):
+    def __new__(cls, a, b, tag="p"):
+        pair = super().__new__(cls, (a, b))
+        pair.tag = tag
+        return pair
+
+
+def _by_tag(pair):
+    return pair[0] * (2 if pair.tag == "p" else 3) + pair[1]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_an_attribute_of_a_tuple_subclass_argument_is_guarded(backend):
+    compiled = stampout.compile(_by_tag, backend=backend)
+    for tag in ("p", "q", "p"):
+        pair = _Pair(torch.ones(2), torch.ones(2), tag=tag)
+        torch.testing.assert_close(compiled(pair), _by_tag(pair))
