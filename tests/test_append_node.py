@@ -42,6 +42,30 @@ def test_append_node_matches_create_node() -> None:
     assert fast.python_code("self").src == slow.python_code("self").src
 
 
+def _Camel(x):  # noqa: N802 - a target whose name FX snake-cases
+    return x
+
+
+def test_append_node_names_nodes_as_create_node_for_every_kind_of_target_name() -> None:
+    """The names FX snake-cases (capitals, a magic name) and the ones it keeps (lower case, digits) alike."""
+    targets = [("placeholder", "W_q"), ("placeholder", "layers_0_attn_qkv_weight"), ("placeholder", "__magic__"),
+               ("placeholder", "getitem_1"), ("placeholder", "mixedCase"), ("call_function", _Camel),
+               ("call_function", operator.getitem), ("get_attr", "Subgraph_0"), ("call_method", "__add__")]
+
+    def build(make) -> fx.Graph:
+        g = fx.Graph()
+        x = make(g, "placeholder", "x", ())
+        for op, target in targets:
+            make(g, op, target, (x,) if op in ("call_function", "call_method") else ())
+        return g
+
+    fast = build(lambda g, op, target, args: append_node(g, op, target, args))
+    slow = build(lambda g, op, target, args: g.create_node(op, target, args))
+    assert _describe(fast) == _describe(slow)
+    assert [n.name for n in fast.nodes][1:6] == ["w_q", "layers_0_attn_qkv_weight", "magic", "getitem_1",
+                                                 "mixed_case"]
+
+
 def test_append_node_inserts_after_and_before_as_the_insertion_contexts() -> None:
     fast, slow = fx.Graph(), fx.Graph()
     for g in (fast, slow):

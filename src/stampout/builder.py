@@ -29,6 +29,7 @@ from .torch_internals import (
 
 _T = torch.Tensor
 _TARGETS: dict[Any, tuple[str, Any]] = caches.register({}, "builder node targets")
+_OWN_VAL = (FakeTensor, *SIZES)  # placeholder values that are their own meta['val']
 _ENTER_INFERENCE = enter_inference_mode
 _EXIT_INFERENCE = exit_inference_mode
 
@@ -207,7 +208,7 @@ class Builder:
         else:
             node = append_node(graph, "placeholder", name, before=next(iter(graph.nodes)) if len(graph.nodes) else None)
         self._last_placeholder = node
-        if isinstance(value, (FakeTensor, *SIZES)):
+        if isinstance(value, _OWN_VAL):
             node.meta["val"] = value
         elif meta:
             node.meta["val"] = self.tracer.meta_fake(value)

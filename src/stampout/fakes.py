@@ -104,7 +104,7 @@ class FakeRuns:
         """A fake tensor from known metadata, built with the fake mode unset (~10 us instead of ~170 us)."""
         with unset_fake_temporarily():
             elem = meta_like(shape, stride, offset, dtype)
-            fake = FakeTensor(self.fake_mode, elem, device)
+            fake = self.meta.make_fake(elem, device)
             if requires_grad:
                 fake.requires_grad_(True)
         return fake

@@ -18,6 +18,7 @@ import torch
 from .guards import const_key, is_constant
 from .structure import tensors_of
 from .torch_internals import (
+    FakeMaker,
     FakeTensor,
     FakeTensorMode,
     is_any_autocast_enabled,
@@ -61,6 +62,7 @@ class MetaRunner:
 
     def __init__(self, fake_mode: FakeTensorMode) -> None:
         self.fake_mode = fake_mode
+        self.make_fake = FakeMaker(fake_mode)  # (FakeTensor's constructor, cheaper)
         self._eligible: dict[Any, bool] = {}
         # Fakes made here carry requires_grad but no autograd history (they are leaves); see mutate().
         self._made: dict[int, FakeTensor] = {}
@@ -160,8 +162,7 @@ class MetaRunner:
         if isinstance(value, torch.Tensor):
             if value.device.type != "meta":
                 raise _Unsupported
-            fake = FakeTensor(self.fake_mode, value.detach() if value.requires_grad else value, device,
-                              requires_grad=value.requires_grad)
+            fake = self.make_fake(value.detach() if value.requires_grad else value, device, value.requires_grad)
             self._made[id(fake)] = fake
             return fake
         t = type(value)

@@ -6,11 +6,13 @@ A `Fingerprint` is a named tuple of named tuples: it hashes and compares as the 
 from __future__ import annotations
 
 import enum
+import functools
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import torch
 
+from .. import caches
 from ..guards import const_key, is_constant
 from ..shapes import show_size, size_key
 from ..structure import aliases_of
@@ -66,11 +68,21 @@ class Fingerprint(NamedTuple):
 _TENSOR, _CONSTANT, _SIZE, _MODULE, _OBJECT = LeafKind  # (module names: an enum member lookup costs per leaf)
 
 
+@functools.lru_cache(maxsize=256)
+def _attribute_names(keys: tuple) -> tuple:
+    """The attributes a tensor's caller set (`x.scale`) among its __dict__'s keys: a fake's dict holds twenty fields
+    of FakeTensor's own, the same keys for every fake (memoized on the keys alone: never stale)."""
+    return tuple(k for k in keys if not k.startswith("_"))
+
+
+caches.register(_attribute_names, "regions.fingerprint tensor attribute names")
+
+
 def leaf_key(leaf: Any) -> tuple:
     """`LeafKey`'s fields for `leaf`, as a plain tuple (equal to the record; built per leaf on every compiled call,
     where a record costs more; `as_leaf_key` names them for the readers)."""
     if isinstance(leaf, torch.Tensor):
-        names = tuple(k for k in leaf.__dict__ if not k.startswith("_"))  # set by the caller (`x.scale`)
+        names = _attribute_names(tuple(leaf.__dict__))  # set by the caller (`x.scale`)
         return (_TENSOR, tensor_meta(leaf, requires_grad=False), names)  # (requires_grad matched separately)
     if is_constant(leaf):
         return (_CONSTANT, const_key(leaf), ())

@@ -152,6 +152,9 @@ _USED_HERE = (  # (and in the modules tests/size_baseline.json still lists)
     "torch._C._FunctionBase",
     "torch._C._InferenceMode.__dict__",
     "torch._C._autograd",
+    "torch.Tensor._make_subclass",
+    "torch._C._set_throw_on_mutable_data_ptr",
+    "torch._C._set_warn_deprecated_on_mutable_data_ptr",
     "torch._C._dynamo.guards.RootGuardManager",
     "torch._C._dynamo.guards.TensorGuards",
     "torch._C._get_cudnn_benchmark",
@@ -165,6 +168,7 @@ _USED_HERE = (  # (and in the modules tests/size_baseline.json still lists)
     "torch._dynamo.guards.GuardManagerType",
     "torch._export.utils._maybe_find_pre_dispatch_tf_mode_for_export",
     "torch._functorch.config.patch",
+    "torch._subclasses.fake_tensor.FakeTensorConfig",
     "torch._higher_order_ops.invoke_subgraph.invoke_subgraph_placeholder",
     "torch.compiler.is_compiling",
     "torch.utils._pytree.tree_leaves",
@@ -212,6 +216,7 @@ def missing_private_names() -> list[str]:
 
 # The package's public names, from the submodules that own them (after the registry above: they import it).
 from .checks import FLAG_NAMES, TensorGuards, dict_sentinel, global_flags, tensor_guards  # noqa: E402, F401
+from .fakes import FakeMaker  # noqa: E402, F401
 from .fsdp import fsdp_cast_dtypes, fsdp_lazy_init, patch_fsdp_parameter_swaps  # noqa: E402, F401
 from .graphs import INVOKE_SUBGRAPH, append_node, invoke_subgraph, is_region_call, without_module_hooks  # noqa: E402, F401
 from .hooks import capture_hooks, check_message  # noqa: E402, F401

@@ -52,6 +52,18 @@ del _PROBE
 _NO_KWARGS = fx.immutable_collections.immutable_dict()
 
 
+def _target_name(graph: fx.Graph, target: Any) -> str:
+    """`graph._target_to_str(target)` (the base of a node's name): its snake-casing regex is skipped for the
+    names it leaves as they are, those with no capital letter (`layers_0_weight`, `getitem`, `invoke_subgraph`)."""
+    if callable(target):
+        op = target.__name__
+    elif type(target) is str and not (target.startswith("__") and target.endswith("__")):
+        op = target
+    else:
+        return graph._target_to_str(target)
+    return op if op == op.lower() else graph._target_to_str(target)
+
+
 def append_node(graph: fx.Graph, op: str, target: Any, args: tuple = (), kwargs: dict | None = None,
                 name: str | None = None, after: fx.Node | None = None, before: fx.Node | None = None) -> fx.Node:
     """`graph.create_node(op, target, args, kwargs, name)` at the graph's insertion point (or right after
@@ -62,7 +74,7 @@ def append_node(graph: fx.Graph, op: str, target: Any, args: tuple = (), kwargs:
                  if before is not None else contextlib.nullcontext())
         with where:
             return graph.create_node(op, target, args, kwargs, name)
-    name = graph._graph_namespace.create_name(graph._target_to_str(target) if name is None else name, None)
+    name = graph._graph_namespace.create_name(_target_name(graph, target) if name is None else name, None)
     node = fx.Node(graph, name, op, target, args, kwargs or _NO_KWARGS, None)
     graph._graph_namespace.associate_name_with_obj(name, node)
     if after is not None:
