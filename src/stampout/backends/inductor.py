@@ -119,7 +119,8 @@ def _timed_inner_compile(what: str) -> Callable[..., Any]:
         kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
         lazy = timing.current() is None  # a backward compiled during the first loss.backward()
         cpp_wrapper = config.cpp_wrapper
-        with timing.record(f"backward compile: {what}") if lazy else contextlib.nullcontext(), startup.scope():
+        with timing.record(f"backward compile: {what}") if lazy else contextlib.nullcontext(), \
+                startup.scope(backward_follows=kind == "forward"):
             rec = timing.current()
             wait, load = sum_of("async_compile.wait"), sum_of("PyCodeCache.load_by_key_path")
             hits = counters["inductor"]["fxgraph_cache_hit"]

@@ -27,6 +27,7 @@ def _load(module: str, name: str) -> Any:
 PATCH_TARGETS = (
     "torch._inductor.codegen.cpp_wrapper_cpu.CppWrapperCpu.codegen_invoke_subgraph",
     "torch._inductor.codecache._precompile_header",
+    "torch._inductor.codecache._worker_compile_cpp",
     "torch._inductor.codecache.write",
     "torch._inductor.compile_fx.aot_export_module",
     "torch._inductor.cpu_vec_isa.VecISA.check_build",
