@@ -107,6 +107,71 @@ def test_inductor_compiles_once_for_all_lengths():
     assert fn.stats.captures == 1
 
 
+@pytest.mark.inductor
+def test_inductor_a_new_length_compiles_each_distinct_region_once_more_as_one_cpp_module(monkeypatch):
+    """dynamic=None: the second length recaptures with the sequence symbolic, and that compiles the one distinct
+    region once more, with the C++ wrapper (one C++ module serving every later length, not a Python wrapper with
+    a module per kernel); the third length compiles nothing. Values are eager's throughout."""
+    from torch._dynamo.utils import counters
+
+    from stampout.backends import inductor
+
+    patches = []
+    config_patches = inductor._config_patches
+
+    def recorded(gm, example_inputs):
+        patches.append(config_patches(gm, example_inputs))
+        return patches[-1]
+
+    monkeypatch.setattr(inductor, "_config_patches", recorded)
+    model = make_model("llama", regions=True, layers=2, hidden=32, intermediate=64)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="inductor")
+
+    def graphs():
+        return counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"]
+
+    compiled = []
+    for i, t in enumerate((8, 13, 21)):
+        before = graphs()
+        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+        with torch.no_grad():
+            tree_assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
+        compiled.append(graphs() - before)
+    assert fn.stats.captures == 2 and compiled == [1, 1, 0]
+    assert [p.get("cpp_wrapper") for p in patches] == [True, True]  # (the static region's, the symbolic one's)
+
+
+def test_a_symbolic_graph_reaches_the_cpp_wrapper_without_input_values_and_falls_back_when_it_fails():
+    """compile_fx with the C++ wrapper reads a graph's inputs from its placeholders' `val` and turns symbolic sizes
+    into None: a symbolic graph goes without them (and keeps them for the Python wrapper); a failure before the
+    inner compile falls back to the Python wrapper."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from stampout.backends import inductor
+    from stampout.torch_internals import FakeTensorMode
+
+    env = ShapeEnv()
+    with FakeTensorMode(shape_env=env):
+        x = torch.empty(2, env.create_unbacked_symint() + 3)
+    gm = torch.fx.symbolic_trace(lambda t: (t.sin(),))
+    for node in gm.graph.nodes:
+        node.meta["val"] = x if node.op == "placeholder" else (x,)
+    calls = []
+
+    def compile_fx(graph, example_inputs, config_patches=None, **kwargs):
+        values = [n.meta.get("val") is not None for n in graph.graph.nodes if n.op == "placeholder"]
+        calls.append((bool((config_patches or {}).get("cpp_wrapper")), values))
+        if config_patches and config_patches.get("cpp_wrapper"):
+            raise TypeError("view() received an invalid combination of arguments")
+        return "compiled"
+
+    assert inductor._compile_fx(compile_fx, gm, [x], "region r", {"cpp_wrapper": True}) == "compiled"
+    assert calls == [(True, [False]), (False, [True])]
+    assert inductor._compile_fx(compile_fx, gm, [torch.randn(2, 3)], "region r", {}) == "compiled"
+    assert calls[-1] == (False, [True])
+
+
 def _hf(name: str) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

@@ -40,6 +40,7 @@ import torch
 import torch.fx as fx
 
 from .. import config, progress, timing, torch_internals
+from ..errors import StampoutError
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
 from . import pipeline, split, startup, toolchain
 from .grad_identity import separate_by_requires_grad
@@ -76,8 +77,7 @@ def _config_patches(gm: fx.GraphModule, example_inputs: list[Any]) -> dict[str, 
     if on_cpu and config.avoid_horizontal_fusion_bug:
         patches["cpp.max_horizontal_fusion_size"] = 1
     if not has_region_calls(gm):
-        # (torch 2.13's C++ wrapper fails on graphs with symbolic int inputs: "view() received ... NoneType")
-        if (config.cpp_wrapper and on_cpu and not split.symbolic(example_inputs) and not split.trains(example_inputs)
+        if (config.cpp_wrapper and on_cpu and not split.trains(example_inputs)
                 and not any(is_traceable_wrapper_subclass(t) for t in example_inputs)):  # (a DeviceMesh in C++)
             patches["cpp_wrapper"] = True
     elif config.avoid_reused_subgraph_buffer_bug and needs_workaround(gm, example_inputs):
@@ -91,18 +91,31 @@ def _on_cpu(example_inputs: list[Any]) -> bool:
     return all(t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor))
 
 
-def _copy(gm: fx.GraphModule, example_values: bool = False) -> fx.GraphModule:
+def _copy(gm: fx.GraphModule, example_values: bool = False, input_values: bool = True) -> fx.GraphModule:
     """A copy of `gm` (nested subgraphs too) that compile_fx may change; node metadata is copied shallowly.
-    With `example_values`, nodes carry `example_value` (AOTAutogradCache requires it on tensor method calls)."""
+    With `example_values`, nodes carry `example_value` (AOTAutogradCache requires it on tensor method calls);
+    without `input_values`, placeholders carry no `val` (see Note: symbolic graphs and the C++ wrapper)."""
     graph = copy.deepcopy(gm.graph)  # fx.Graph's deepcopy: new nodes, each with a shallow copy of its meta
     attrs: dict[str, Any] = {}
     for node in graph.nodes:
         if example_values and "val" in node.meta and "example_value" not in node.meta:
             node.meta["example_value"] = node.meta["val"]
+        if not input_values and node.op == "placeholder":
+            node.meta.pop("val", None)
+            node.meta.pop("example_value", None)
         if node.op == "get_attr":
             value = getattr(gm, node.target)
             attrs[node.target] = _copy(value, example_values) if isinstance(value, fx.GraphModule) else value
     return fx.GraphModule(attrs, graph, class_name=type(gm).__name__)
+
+
+# Note: symbolic graphs and the C++ wrapper
+# With the C++ wrapper, torch 2.13's compile_fx takes a graph's inputs from its placeholders' `val` where they have
+# one (`_extract_inputs_from_exported_gm`, written for exported programs) and puts None for every input that is not
+# a tensor: a symbolic graph's size inputs arrive as None ("view() received ... NoneType") and the compile fails
+# before lowering. A symbolic graph is therefore handed over with no `val` on its placeholders: compile_fx then
+# uses the example inputs, the capture's fakes with their symbols. A symbolic region compiled so is one C++ file
+# for every length, like a static one (instead of a Python wrapper with a C++ module per kernel).
 
 
 def _timed_inner_compile(what: str) -> Callable[..., Any]:
@@ -119,7 +132,8 @@ def _timed_inner_compile(what: str) -> Callable[..., Any]:
         kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
         lazy = timing.current() is None  # a backward compiled during the first loss.backward()
         cpp_wrapper = config.cpp_wrapper
-        with timing.record(f"backward compile: {what}") if lazy else contextlib.nullcontext(), startup.scope():
+        with timing.record(f"backward compile: {what}") if lazy else contextlib.nullcontext(), \
+                startup.scope(backward_follows=kind == "forward"):
             rec = timing.current()
             wait, load = sum_of("async_compile.wait"), sum_of("PyCodeCache.load_by_key_path")
             hits = counters["inductor"]["fxgraph_cache_hit"]
@@ -168,14 +182,35 @@ def _compile(gm: fx.GraphModule, example_inputs: list[Any], what: str, patches: 
         # forward's C++ compile (pipeline.overlapped) and fails, if it fails, inside the backend.
         with tracing(TracingContext(fake_mode)), \
                 torch_internals.functorch_config.patch(force_non_lazy_backward_lowering=split.trains(example_inputs)):
-            compiled = compile_fx(_copy(gm, example_values=True), example_inputs,
-                                  inner_compile=_timed_inner_compile(what), config_patches=patches or None,
-                                  ignore_shape_env=not split.symbolic(example_inputs))
+            compiled = _compile_fx(compile_fx, gm, example_inputs, what, patches)
     hit = counters["aot_autograd"]["autograd_cache_hit"] > hits
     if rec and hit:
         rec.move("aot autograd", "cache load", rec.seconds.get("aot autograd", 0.0) - before)
     progress.compiled(from_cache=hit)
     return compiled
+
+
+def _compile_fx(compile_fx: Callable[..., Any], gm: fx.GraphModule, example_inputs: list[Any], what: str,
+                patches: dict[str, Any]) -> Any:
+    """compile_fx on a copy of `gm`; a graph the C++ wrapper cannot take (before its inner compile, which has its
+    own fallback: `_compile_inner`) is compiled with the Python wrapper."""
+    symbolic = split.symbolic(example_inputs)
+
+    def run(options: dict[str, Any], input_values: bool = True) -> Any:
+        return compile_fx(_copy(gm, example_values=True, input_values=input_values), example_inputs,
+                          inner_compile=_timed_inner_compile(what), config_patches=options or None,
+                          ignore_shape_env=not symbolic)
+
+    if not patches.get("cpp_wrapper"):
+        return run(patches)
+    try:
+        return run(patches, input_values=not symbolic)  # (see Note: symbolic graphs and the C++ wrapper)
+    except StampoutError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any failure of the C++ wrapper: the Python wrapper is the fallback
+        log.warning("inductor: the C++ wrapper failed on the %s (%s: %s); compiling it with the Python wrapper",
+                    what, type(error).__name__, (str(error).splitlines() or [""])[0][:200])
+    return run({k: v for k, v in patches.items() if k != "cpp_wrapper"})
 
 
 def _fake_mode(example_inputs: list[Any]) -> Any:

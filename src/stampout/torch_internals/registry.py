@@ -27,6 +27,7 @@ def _load(module: str, name: str) -> Any:
 PATCH_TARGETS = (
     "torch._inductor.codegen.cpp_wrapper_cpu.CppWrapperCpu.codegen_invoke_subgraph",
     "torch._inductor.codecache._precompile_header",
+    "torch._inductor.codecache._worker_compile_cpp",
     "torch._inductor.codecache.write",
     "torch._inductor.compile_fx.aot_export_module",
     "torch._inductor.cpu_vec_isa.VecISA.check_build",
@@ -47,8 +48,9 @@ class Patch:
 # Five features change torch for good once used: `patch_parameter_writes` (nn.Parameter's metadata setters
 # and torch.utils.swap_tensors bump the compiled functions' epoch), backends/toolchain.install (Inductor's ISA checks
 # memoized), backends/startup.scope (Inductor's header precompiles, skipped where they do not pay, on a thread inside
-# stampout's compiles only), aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph, one trace per
-# subgraph) and fsdp_slots.install (FSDP2's parameter swaps write their slots without bumping the epoch).
+# stampout's compiles only, built in the background where they do; any build waits for a header still building),
+# aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph, one trace per subgraph) and
+# fsdp_slots.install (FSDP2's parameter swaps write their slots without bumping the epoch).
 # Each replacement goes through `patch_permanently`: it must name a target of PATCH_TARGETS (checked per torch
 # release) or a public one, and PERMANENT_PATCHES lists what this process changed.
 PERMANENT_PATCHES: list[Patch] = []
