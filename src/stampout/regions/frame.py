@@ -226,6 +226,12 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.adopt(item, Item(source, key), where=where)
         if not isinstance(value, tuple):
             self._note_container(value, source, where)
+        fields = getattr(value, "__dict__", None)
+        if type(value) not in (list, tuple, dict) and type(fields) is dict and fields:  # a subclass's own attributes
+            attrs = Attr(source, "__dict__")  # (`pair.tag`: set on the instance, read like any attribute)
+            self.guard(attrs, Kind.KEYS, tuple(fields), where)
+            for key, item in list(fields.items()):
+                self.adopt(item, Item(attrs, key), where=where)
 
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)
