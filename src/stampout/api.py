@@ -127,7 +127,8 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
         A `Capture`: `.gm`, `.stats`, `.events`, `.explain()`, callable like `fn`.
 
     Raises:
-        CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`).
+        CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`), also where it
+            catches that error and goes on (its `except` branch is not what eager runs).
     """
     check_callable(fn, "capture")
     check_call(fn, args, kwargs, "capture")

@@ -29,9 +29,9 @@ from .capture_world import (
     warn_unnamed,
 )
 from .capturing_context import capturing
-from .context import listeners
+from .context import listeners, swallowed
 from .effects import Plan, Registries, Value, undo
-from .errors import CaptureError, message
+from .errors import CaptureError, message, swallowed_error
 from .frames import user_location
 from .held_inputs import (
     Held,
@@ -275,7 +275,16 @@ class ProgramCapture:
                 for i, (keys, fields) in self.input_fields.items():
                     program.note_tensor_fields(i + 1, keys, fields, "attributes of the input tensors")
                 ctx.read, ctx.write = handler.on_read, handler.on_write
-            out = (fn if self.body is None else self.body)(*fake_args, **fake_kwargs)
+            try:
+                out = (fn if self.body is None else self.body)(*fake_args, **fake_kwargs)
+            except Exception as error:  # (the program's own error, after it caught one of ours: that one)
+                caught = swallowed(ctx, 0, error)
+                if caught is None:
+                    raise
+                raise swallowed_error(caught) from error
+            caught = swallowed(ctx)
+            if caught is not None:  # it caught an error stampout raised and went on: what it traced is not eager's
+                raise swallowed_error(caught)
             program = self.program
             if program is not None:
                 program.abandon = False
