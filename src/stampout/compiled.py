@@ -36,11 +36,7 @@ from .piecewise import GraphBreak, collection_paused, first_line, split
 from .protection import Protection
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
-from .regions.fingerprint import (
-    fingerprint,
-    requires_grad_pattern,
-    without_sizes,
-)
+from .regions.fingerprint import fingerprint, requires_grad_pattern, without_sizes
 from .regions.frame import ProgramIneligible
 from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from .sources import Arg, Attr, CallContext, Source
@@ -159,13 +155,11 @@ class CompiledFunction:
                     with collection_paused():
                         hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
-        if isinstance(entry, EagerEntry):
+        if isinstance(entry, (EagerEntry, _EagerOnce)):
             return entry.run(program, args, kwargs)
         cap = entry.capture
         self.last_capture = cap
-        inputs = [leaves[i] for i in cap.input_tensor_leaves]
-        inputs.extend(lifted)
-        outputs = list(entry.compiled(*inputs))
+        outputs = list(entry.compiled(*[leaves[i] for i in cap.input_tensor_leaves], *lifted))
         effects = cap.effects
         if effects.effects:
             n = len(outputs) - len(effects.extra)
@@ -214,8 +208,10 @@ class CompiledFunction:
                     self.stats.captures += 1
                     return self._run_eagerly(key, f"stampout cannot guard it: it {why.reason}", why), ()
                 except Exception as error:  # a CaptureError, or torch's own on the fakes
-                    if raised_by_user(error):
-                        raise  # the program's own error, unchanged (as eager raises it)
+                    if raised_by_user(error):  # the program's own error: this call runs eagerly, once (eager's
+                        if current() is not None:  # error, and the side effects eager makes before it; the
+                            raise  # capture undid its own). The next call captures again.
+                        return _EagerOnce(), ()
                     pieces = None if current() is not None else split(self, self._piece, first_line(error), error)
                     if pieces is None:  # fullgraph=True, or called inside a capture
                         raise
@@ -379,9 +375,7 @@ class CompiledFunction:
     def _rewatch(self) -> None:
         protection = Protection(CallContext([self.fn], self._frame_fn), {}, self._watch)
         with DisableTorchFunction():
-            for entry in self._entries:
-                if isinstance(entry, EagerEntry):
-                    continue
+            for entry in (e for e in self._entries if not isinstance(e, EagerEntry)):
                 for guard in entry.guards:
                     protection.guard(guard)
                 for source in entry.fixed_sources:
@@ -392,6 +386,10 @@ class CompiledFunction:
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+class _EagerOnce:  # a call whose capture raised the program's own error runs eagerly; nothing is kept
+    run = staticmethod(lambda program, args, kwargs: program(*args, **kwargs))  # (eager's effects, eager's error)
 
 
 def reset_all() -> None:
