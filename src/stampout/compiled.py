@@ -24,7 +24,7 @@ from . import progress, report, timing
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
-from .compile_args import check_arguments, describe, shorten
+from .compile_args import check_arguments, describe, eager_because_lazy, shorten
 from .compiled_entries import CallKey, EagerEntry, Entry, new_key
 from .context import current
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
@@ -78,6 +78,7 @@ class CompiledFunction:
         self.dynamic = dynamic
         self.fullgraph = fullgraph  # refuse (raise) where a part of the program would run eagerly
         self.disable = disable  # every call runs `fn` itself, as torch.compile(disable=True)
+        self._lazy = eager_because_lazy(fn, fullgraph)  # a generator or async function: every call runs eagerly
         # Per input structure (the fingerprint without sizes), what the last capture saw, for automatic dynamic
         # shapes: the sizes of the call's tensors and of those it lifted (a KV cache's layers), by source, and
         # the int attributes it read as constants (a cache layer's position); and what was seen to change.
@@ -128,7 +129,7 @@ class CompiledFunction:
         return report.explain_compiled(self, self._entries)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.disable:
+        if self.disable or self._lazy:
             return self.fn(*args, **kwargs)
         if self._sharded:  # FSDP's hooks run eagerly around the compiled forward (sharded.py)
             forward = forward_of(self.fn)
