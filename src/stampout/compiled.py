@@ -28,7 +28,7 @@ from .compile_args import check_arguments, describe, eager_because_lazy, shorten
 from .compiled_entries import CallKey, EagerEntry, Entry, new_key
 from .context import current
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
-from .frames import failed_at, raised_by_user, user_location
+from .frames import failed_at, raised_by_user, symbolic_fault, user_location
 from .guards import Kind
 from .lost_gradients import autograd_refusal
 from .names import root_module
@@ -307,7 +307,7 @@ class CompiledFunction:
                                    dynamic_sources={} if static else held, dynamic_ints=set() if static else ints,
                                    body=region_forward(self.fn) if self._sharded else None)
         except Exception as error:  # (torch's errors on fakes arrive as CaptureErrors: see op_errors.py)
-            if not symbolic or raised_by_user(error):
+            if not symbolic or (raised_by_user(error) and not symbolic_fault(error)):
                 raise
             log.warning("%s: capturing with symbolic sizes failed (%s: %s at %s); capturing with static sizes "
                         "for these inputs (one capture per size)", _name(self.fn), type(error).__name__,
