@@ -127,7 +127,15 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
         A `Capture`: `.gm`, `.stats`, `.events`, `.explain()`, callable like `fn`.
 
     Raises:
-        CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`).
+        CaptureError: the program needs tensor values in Python (`if t.sum() > 0`, `.item()`), also where it
+            catches that error and goes on (its `except` branch is not what eager runs); it is a generator or
+            async function, or returns a generator.
+        The program's own exception, unchanged, with the world put back as it was before the call: unlike
+        `compile` (which then runs the call eagerly, leaving eager's side effects), `capture` does not run the
+        program a second time. Its Python ran on fake tensors, so what it stored before raising may be traced
+        values no graph computes (there is no graph: the program did not return), and running it again for
+        eager's effects would repeat everything else it did (output, iterator draws) beyond the one run
+        `capture` promises.
     """
     check_callable(fn, "capture")
     check_call(fn, args, kwargs, "capture")

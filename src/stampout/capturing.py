@@ -29,9 +29,10 @@ from .capture_world import (
     warn_unnamed,
 )
 from .capturing_context import capturing
-from .context import listeners
+from .compile_args import lazy_function
+from .context import listeners, swallowed
 from .effects import Plan, Registries, Value, put_back, undo
-from .errors import CaptureError, message
+from .errors import CaptureError, message, swallowed_error
 from .frames import user_location
 from .held_inputs import (
     Held,
@@ -92,6 +93,16 @@ class CaptureOptions:
     sharded: bool = False
 
 
+def refuse_lazy(out: Any, guard_program: bool) -> None:
+    """A program that returns a generator or coroutine: its code would run later, on the capture's fakes."""
+    lazy = f"returns a {type(out).__name__}, whose code runs when it is iterated or awaited (after the capture)"
+    out.close()
+    if guard_program:  # (compile runs it eagerly)
+        raise ProgramIneligible(lazy)
+    raise CaptureError(message(f"stampout cannot capture a program that {lazy}", user_location(),
+                               "return the items (a list or tuple), or capture the function that computes one"))
+
+
 def capture_program(fn: Callable, args: tuple, kwargs: dict, **options: Any) -> Capture:
     """Capture `fn(*args, **kwargs)`; `options` are the fields of CaptureOptions (`cache=`, `guard_program=True`,
     ...). The hops are ProgramCapture's, in `ProgramCapture.run`."""
@@ -123,6 +134,10 @@ class ProgramCapture:
     def run(self) -> Capture:
         """The hops, in order; the `Capture`."""
         options = self.options
+        lazy = lazy_function(self.fn if self.body is None else self.body)
+        if lazy is not None:  # (compile runs such a function eagerly)
+            raise CaptureError(message(f"stampout cannot capture it: {lazy}", user_location(),
+                                       "capture the function that computes one item, or use stampout.compile"))
         self.refuse_lost_gradients()
         self.make_tracer(options.dynamic, options.automatic or {}, options.dynamic_sources or {},
                          options.dynamic_ints or set())
@@ -275,7 +290,18 @@ class ProgramCapture:
                 for i, (keys, fields) in self.input_fields.items():
                     program.note_tensor_fields(i + 1, keys, fields, "attributes of the input tensors")
                 ctx.read, ctx.write = handler.on_read, handler.on_write
-            out = (fn if self.body is None else self.body)(*fake_args, **fake_kwargs)
+            try:
+                out = (fn if self.body is None else self.body)(*fake_args, **fake_kwargs)
+            except Exception as error:  # (the program's own error, after it caught one of ours: that one)
+                caught = swallowed(ctx, 0, error)
+                if caught is None:
+                    raise
+                raise swallowed_error(caught) from error
+            caught = swallowed(ctx)
+            if caught is not None:  # it caught an error stampout raised and went on: what it traced is not eager's
+                raise swallowed_error(caught)
+            if inspect.isgenerator(out) or inspect.iscoroutine(out) or inspect.isasyncgen(out):
+                refuse_lazy(out, guard_program)
             program = self.program
             if program is not None:
                 program.abandon = False

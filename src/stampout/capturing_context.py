@@ -5,6 +5,7 @@ on exit. One capture at a time per process: the patched hooks are process-wide."
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 from . import torch_internals
 from .context import CAPTURE_LOCK, CaptureContext, current, entered
 from .errors import CaptureError, message
-from .frames import user_location
+from .frames import caller_outside_torch, user_location
 from .op_errors import quiet_fake_kernels
 from .regions.call import RegionCalls
 from .regions.marker import torch_marked_call
@@ -49,6 +50,46 @@ def _autograd_function_apply(original: Callable) -> Callable:
     return apply
 
 
+_SYMBOLIC = ((torch.SymInt, int), (torch.SymFloat, float), (torch.SymBool, bool))
+
+
+def _as_text(cls: type, concrete: type) -> tuple[Callable, Callable]:
+    """`repr` (`str` goes through it) and `format` of a symbolic value for the capture: where the user's Python
+    turns one into text (`f"rows={x.shape[0]}"`, `str(x.shape)`, `'{:03d}'.format(n)`, a log line), the text
+    is eager's for this call's value, and the capture is specialized to it (`int(n)` guards the symbol, as a
+    kernel without symbolic support does: fakes._specialize), so other values capture again. Elsewhere (other
+    threads, torch's and stampout's own Python) the symbol's own text."""
+    original_repr, original_format = cls.__repr__, cls.__format__
+
+    def from_user() -> bool:  # (stampout's own Python runs under DisableTorchFunction)
+        return _capturing_here() and caller_outside_torch(sys._getframe(2)) is not None
+
+    def text(self: Any) -> str:
+        return repr(concrete(self)) if from_user() else original_repr(self)
+
+    def formatted(self: Any, spec: str) -> str:
+        return format(concrete(self), spec) if from_user() else original_format(self, spec)
+
+    return text, formatted
+
+
+@contextlib.contextmanager
+def _symbolic_text() -> Iterator[None]:
+    """Sym types' `__repr__`/`__format__` patched for the capture (see `_as_text`), put back after."""
+    saved = [(cls, {name: cls.__dict__.get(name) for name in ("__repr__", "__format__")}) for cls, _ in _SYMBOLIC]
+    for cls, concrete in _SYMBOLIC:
+        cls.__repr__, cls.__format__ = _as_text(cls, concrete)
+    try:
+        yield
+    finally:
+        for cls, methods in saved:
+            for name, method in methods.items():
+                if method is None:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, method)
+
+
 def _capturing_here() -> bool:
     """Whether this thread is running a capture's program (what `torch.compiler.is_compiling()` answers)."""
     return current() is not None and is_torch_function_mode_enabled()
@@ -69,7 +110,8 @@ def capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[Ca
         try:
             hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
                                                   _capturing_here)
-            with hooks, quiet_fake_kernels(lambda: current() is not None), entered(ctx), tracer.fake_mode, tracer.mode:
+            with hooks, _symbolic_text(), quiet_fake_kernels(lambda: current() is not None), entered(ctx), \
+                    tracer.fake_mode, tracer.mode:
                 handler.start()
                 try:
                     yield ctx

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from .errors import StampoutError, message
@@ -49,6 +50,39 @@ def check_arguments(fn: Any, max_entries: Any, fullgraph: Any, disable: Any) -> 
         if not isinstance(value, bool):
             raise StampoutError(message(f"{name} must be True or False, got {value!r}", user_location(3),
                                         f"pass {name}=True or {name}=False, as with torch.compile"))
+
+
+def lazy_function(fn: Any) -> str | None:
+    """What makes `fn` (a module: its forward) a generator or async function, with its file:line, or None. Calling
+    one runs none of its code: it returns a generator or coroutine whose code runs later, when iterated or awaited,
+    so a capture that runs the call once cannot record it (its items would be computed on the capture's fakes)."""
+    import inspect
+
+    import torch
+
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    for test, kind in ((inspect.isgeneratorfunction, "a generator function"),
+                       (inspect.isasyncgenfunction, "an async generator function"),
+                       (inspect.iscoroutinefunction, "an async function")):
+        if test(target):
+            code = getattr(inspect.unwrap(getattr(target, "__func__", target)), "__code__", None)
+            where = f"{code.co_filename}:{code.co_firstlineno} in {code.co_name}" if code is not None else "<unknown>"
+            name = getattr(target, "__qualname__", type(fn).__name__)
+            return f"{name} is {kind} (defined at {where}): its code runs when its result is iterated or awaited"
+    return None
+
+
+def eager_because_lazy(fn: Any, fullgraph: bool) -> bool:
+    """Whether `fn` is a generator or async function, which compile runs eagerly (saying so once), or refuses with
+    fullgraph=True: a capture that calls it once would return a generator over the capture's fake tensors."""
+    why = lazy_function(fn)
+    if why is not None and fullgraph:
+        raise StampoutError(message(f"{why} (fullgraph=True)", user_location(3),
+                                    "compile the function the generator calls per item, or pass fullgraph=False"))
+    if why is not None:
+        logging.getLogger("stampout.guards").warning("stampout.compile runs it eagerly: %s; a capture runs a call "
+                                                     "once", why)
+    return why is not None
 
 
 def _short(value: Any, limit: int = 60) -> str:

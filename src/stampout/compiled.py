@@ -23,12 +23,12 @@ from . import progress, report, timing
 from .backends import resolve
 from .capture import Capture
 from .capturing import capture_program, frame_function
-from .compile_args import check_arguments, describe, shorten
+from .compile_args import check_arguments, describe, eager_because_lazy, shorten
 from .compile_stats import CompileStats, family_entries, total_stats
 from .compiled_entries import CallKey, EagerEntry, Entry, new_key
 from .context import current
 from .errors import BackendError, CaptureError, GuardError, StampoutError, message
-from .frames import failed_at, raised_by_user, user_location
+from .frames import failed_at, raised_by_user, symbolic_fault, user_location
 from .guards import Kind
 from .lost_gradients import autograd_refusal
 from .names import root_module
@@ -36,11 +36,7 @@ from .piecewise import GraphBreak, collection_paused, first_line, split
 from .protection import Protection
 from .regions.auto import auto_regions
 from .regions.cache import RegionCache
-from .regions.fingerprint import (
-    fingerprint,
-    requires_grad_pattern,
-    without_sizes,
-)
+from .regions.fingerprint import fingerprint, requires_grad_pattern, without_sizes
 from .regions.frame import ProgramIneligible
 from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from .sharded_twins import twin_entry
@@ -75,6 +71,7 @@ class CompiledFunction:
         self.dynamic = dynamic
         self.fullgraph = fullgraph  # refuse (raise) where a part of the program would run eagerly
         self.disable = disable  # every call runs `fn` itself, as torch.compile(disable=True)
+        self._lazy = eager_because_lazy(fn, fullgraph)  # a generator or async function: every call runs eagerly
         # Per input structure (the fingerprint without sizes), what the last capture saw, for automatic dynamic
         # shapes: the sizes of the call's tensors and of those it lifted (a KV cache's layers), by source, and
         # the int attributes it read as constants (a cache layer's position); and what was seen to change.
@@ -127,7 +124,7 @@ class CompiledFunction:
         return report.explain_compiled(self, self._entries)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.disable:
+        if self.disable or self._lazy:
             return self.fn(*args, **kwargs)
         if self._sharded:  # FSDP's hooks run eagerly around the compiled forward (sharded.py)
             forward = forward_of(self.fn)
@@ -154,14 +151,12 @@ class CompiledFunction:
                     with collection_paused():
                         hit = self._recapture(args, kwargs, key, ctx)
         entry, lifted = hit
-        if isinstance(entry, EagerEntry):
+        if isinstance(entry, (EagerEntry, _EagerOnce)):
             return entry.run(program, args, kwargs)
         cap = entry.capture
         for fn in self._lineage:
             fn.last_capture = cap
-        inputs = [leaves[i] for i in cap.input_tensor_leaves]
-        inputs.extend(lifted)
-        outputs = list(entry.compiled(*inputs))
+        outputs = list(entry.compiled(*[leaves[i] for i in cap.input_tensor_leaves], *lifted))
         effects = cap.effects
         if effects.effects:
             n = len(outputs) - len(effects.extra)
@@ -212,8 +207,10 @@ class CompiledFunction:
                     self._counts.captures += 1
                     return self._run_eagerly(key, f"stampout cannot guard it: it {why.reason}", why), ()
                 except Exception as error:  # a CaptureError, or torch's own on the fakes
-                    if raised_by_user(error):
-                        raise  # the program's own error, unchanged (as eager raises it)
+                    if raised_by_user(error):  # the program's own error: this call runs eagerly, once (eager's
+                        if current() is not None:  # error, and the side effects eager makes before it; the
+                            raise  # capture undid its own). The next call captures again.
+                        return _EagerOnce(), ()
                     pieces = None if current() is not None else split(self, self._piece, first_line(error), error)
                     if pieces is None:  # fullgraph=True, or called inside a capture
                         raise
@@ -310,7 +307,7 @@ class CompiledFunction:
                                    dynamic_sources={} if static else held, dynamic_ints=set() if static else ints,
                                    body=region_forward(self.fn) if self._sharded else None)
         except Exception as error:  # (torch's errors on fakes arrive as CaptureErrors: see op_errors.py)
-            if not symbolic or raised_by_user(error):
+            if not symbolic or (raised_by_user(error) and not symbolic_fault(error)):
                 raise
             log.warning("%s: capturing with symbolic sizes failed (%s: %s at %s); capturing with static sizes "
                         "for these inputs (one capture per size)", _name(self.fn), type(error).__name__,
@@ -379,9 +376,7 @@ class CompiledFunction:
     def _rewatch(self) -> None:
         protection = Protection(CallContext([self.fn], self._frame_fn), {}, self._watch)
         with DisableTorchFunction():
-            for entry in self._entries:
-                if isinstance(entry, EagerEntry):
-                    continue
+            for entry in (e for e in self._entries if not isinstance(e, EagerEntry)):
                 for guard in entry.guards:
                     protection.guard(guard)
                 for source in entry.fixed_sources:
@@ -392,6 +387,10 @@ class CompiledFunction:
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+class _EagerOnce:  # a call whose capture raised the program's own error runs eagerly; nothing is kept
+    run = staticmethod(lambda program, args, kwargs: program(*args, **kwargs))  # (eager's effects, eager's error)
 
 
 def reset_all() -> None:

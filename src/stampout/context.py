@@ -21,7 +21,7 @@ class CaptureContext:
     """What one running capture shares with the code it runs: its region handler, attribute listeners, and how
     many per-layer indices (regions.slots) its region traces follow now."""
 
-    __slots__ = ("handler", "tracer", "read", "write", "slots_followed")
+    __slots__ = ("handler", "tracer", "read", "write", "slots_followed", "raised")
 
     def __init__(self, handler: Any, tracer: Any) -> None:
         self.handler = handler  # regions.call.RegionCalls: every region call goes there
@@ -29,6 +29,9 @@ class CaptureContext:
         self.read: Reader | None = None  # attribute reads on watched objects (None: not recording)
         self.write: Writer | None = None
         self.slots_followed = 0  # while non-zero the tracer looks for them among torch calls' arguments
+        # Every StampoutError made on this thread during the capture (see `swallowed`): a program that catches one
+        # (`try: if x.sum() > 0: ... except RuntimeError:`) took, while traced, a path eager would not take.
+        self.raised: list[BaseException] = []
 
 
 class _State(threading.local):
@@ -37,6 +40,33 @@ class _State(threading.local):
 
 STATE = _State()
 CAPTURE_LOCK = threading.RLock()
+
+
+def note_raised(error: BaseException) -> None:
+    """(StampoutError.__init__) Remember an error made while this thread captures."""
+    ctx = STATE.ctx
+    if ctx is not None:
+        ctx.raised.append(error)
+
+
+def swallowed(ctx: CaptureContext | None, since: int = 0, propagating: BaseException | None = None
+              ) -> BaseException | None:
+    """The first error stampout raised during the capture (after the first `since`) that the program caught and
+    did not let propagate: raised (it has a traceback), caught by a frame that is not stampout's own (the
+    traceback begins at the frame that caught it), not `propagating` and not an error eager raises too (a shape
+    bug, `op_errors.op_failed`). Such a program went on down a path (its `except` branch) that eager would not
+    take, so what was traced after it cannot stand for the program; None if there is none."""
+    if ctx is None:
+        return None
+    from .frames import is_stampout_file
+
+    for error in ctx.raised[since:]:
+        tb = error.__traceback__
+        if (tb is None or error is propagating or getattr(error, "eager_too", False)
+                or is_stampout_file(tb.tb_frame.f_code.co_filename)):
+            continue
+        return error
+    return None
 
 
 def current() -> CaptureContext | None:

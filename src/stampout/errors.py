@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from .context import note_raised
+
 
 class StampoutError(RuntimeError):
-    """Base class of every error stampout raises on its own account."""
+    """Base class of every error stampout raises on its own account. One made during a capture is noted on the
+    capture (context.swallowed: a program that catches it cannot be captured as it ran)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        note_raised(self)
 
 
 class CaptureError(StampoutError):
@@ -40,3 +47,19 @@ def message(what: str, where: str | None, fix: str) -> str:
         lines.append(f"  at {where}")
     lines.append(f"  fix: {fix}")
     return "\n".join(lines)
+
+
+def swallowed_error(caught: BaseException) -> CaptureError:
+    """The CaptureError for a program that caught `caught` (an error stampout raised during its capture) and went
+    on: raised with `caught`'s traceback, so that it names (and piecewise compile finds) the code at fault."""
+    text = str(caught).strip()
+    lines = text.splitlines()
+    where = next((line.strip()[3:] for line in lines[1:] if line.strip().startswith("at ")), None)
+    error = CaptureError(message(
+        f"the program caught an error stampout raised during the capture and went on without it: "
+        f"{lines[0] if lines else type(caught).__name__}", where,
+        "let that error propagate (no try/except or contextlib.suppress around code that needs tensor values in "
+        "Python): keep the decision in the graph with torch.where or torch.cond, or move it outside the captured "
+        "code; stampout.compile runs such code eagerly",
+    ))
+    return error.with_traceback(caught.__traceback__)

@@ -39,6 +39,11 @@ def user_frame(skip: int = 1) -> FrameType | None:
     return frame
 
 
+def is_stampout_file(filename: str) -> bool:
+    """Whether code in `filename` is stampout's own (its tools, the model zoo, are user code)."""
+    return filename.startswith(_OWN_DIRS[0]) and not filename.startswith(_TOOLS)
+
+
 def outside_stampout(skip: int = 1) -> FrameType | None:
     """The innermost frame that is not stampout's (torch's own Python included), or None."""
     frame = sys._getframe(skip)
@@ -108,6 +113,14 @@ def raised_by_user(error: BaseException) -> bool:
         dispatched = dispatched or tb.tb_frame.f_code.co_filename in _DISPATCH
         tb = tb.tb_next
     return not dispatched and is_user_file(tb.tb_frame.f_code.co_filename)
+
+
+def symbolic_fault(error: BaseException) -> bool:
+    """Whether the program's own error is Python refusing a symbolic size where eager has an int (`divmod(n, 4)`,
+    `n.bit_length()`, a user `__index__` returning one): a TypeError or AttributeError naming SymInt, SymFloat or
+    SymBool."""
+    names = ("SymInt", "SymFloat", "SymBool")
+    return isinstance(error, (TypeError, AttributeError)) and any(name in str(error) for name in names)
 
 
 def set_profile(profile: Any) -> None:

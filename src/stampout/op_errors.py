@@ -121,11 +121,13 @@ def op_failed(func: Callable, args: tuple, kwargs: dict, error: RuntimeError) ->
     eager = _eager_error(func, args, kwargs)
     if eager is not None:
         eager_text = str(eager).strip().splitlines()[0] if str(eager).strip() else type(eager).__name__
-        return CaptureError(message(
+        error = CaptureError(message(
             f"{type(eager).__name__} in {name}: {eager_text} (inputs: {inputs}){code}",
             user_location(3),
             "this call fails in eager too: fix the shapes or dtypes at that line",
         ))
+        error.eager_too = True  # (a program that catches it takes the path eager takes: context.swallowed)
+        return error
     return CaptureError(message(
         f"{name} failed on fake tensors: {text} (inputs: {inputs}){code}",
         user_location(3),

@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from ..builder import Builder
-from ..context import listeners
+from ..context import current, listeners, swallowed
 from ..entry_guards import compile_entry_guards
 from ..errors import RegionError, message
 from ..frames import user_location
@@ -50,6 +50,8 @@ class Tracing:
                 outer.adopt_function(region.fn, Absolute(region.fn, region.name))
         tracer.builders.append(child)
         self.push(frame)
+        ctx = current()
+        raised = len(ctx.raised) if ctx is not None else 0
         try:
             with listeners(self.on_read, self.on_write):
                 sys.settrace(self.trace_hook)
@@ -59,6 +61,10 @@ class Tracing:
                 finally:
                     sys.setprofile(None)
                     sys.settrace(None)
+            caught = swallowed(ctx, raised)
+            if caught is not None:  # (its trace took the path of an `except` eager would not take: never reused)
+                frame.mark_ineligible("catches an error stampout raised while tracing it: "
+                                      + (str(caught).strip().splitlines() or [type(caught).__name__])[0])
         except BaseException:
             if frame.slots is not None:
                 frame.slots.close()  # stop following per-layer indices (the trace failed)
