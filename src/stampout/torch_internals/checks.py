@@ -40,6 +40,23 @@ def global_flags() -> tuple:
     return tuple(get() for get in _FLAG_GETTERS)
 
 
+_function_modes = torch._C._len_torch_function_stack
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def caller_modes() -> bool:
+    """Whether a TorchFunctionMode or TorchDispatchMode is active (one a caller holds around a compiled call sees
+    every call eagerly, and a compiled graph would bypass it), other than `torch.set_default_device`'s
+    DeviceContext. Checked on every compiled call: two C calls when no mode is active."""
+    n = _function_modes()
+    if n:
+        from torch.utils._device import DeviceContext
+
+        if any(type(torch._C._get_function_stack_at(i)) is not DeviceContext for i in range(n)):
+            return True
+    return _dispatch_modes() > 0
+
+
 def tensor_guards(tensors: list[torch.Tensor]) -> Any:
     """One C++ check of the metadata (shape, strides, dtype, device, requires_grad, dispatch keys) of each
     tensor, in order; `.check(*tensors)`."""
