@@ -63,10 +63,27 @@ _MODULE_VERDICTS: dict[Any, bool] = caches.register({}, "regions.purity function
 _METHOD_VERDICTS: dict[tuple[type, str], bool] = caches.register({}, "regions.purity method verdicts")
 
 
+# torch's process-wide settings (threads, matmul precision, deterministic algorithms, the default dtype, anomaly
+# mode, flush-denormal, the cudnn/cublas/mkldnn/sdp flags that torch.backends.* set): a setter's effect outlives the
+# call, and a graph neither keeps nor repeats it. A torch C function is a setter by its name (`set_*`, `_set_*`),
+# unless it sets what a graph keeps (grad mode, autocast: the tracer records them) or is torch's plumbing for one
+# tensor or one dispatch (conj/neg bits, modes, tracing, functionalization, a thread's name).
+_SETTER = re.compile(r"_?(un)?set_")
+_KEPT_OR_PLUMBING = ("grad_enabled", "autocast", "conj", "neg", "torch_function", "dispatch", "tls", "tracing",
+                     "functionalization", "tensor_metadata", "view_replay", "skip_next", "value_trace", "only_lift",
+                     "thread_name", "worker_", "generator_metaclass")
+
+
+def global_setter(module: str, name: str) -> bool:
+    """Whether the torch C function `module.name` sets one of torch's process-wide settings (see above)."""
+    return (module.split(".")[0] == "torch" and _SETTER.match(name) is not None
+            and not any(word in name for word in _KEPT_OR_PLUMBING))
+
+
 def _pure_module(module: str, name: str) -> bool:
     root = module.split(".")[0]
     if root == "torch":
-        return True
+        return not global_setter(module, name)
     if root == "numpy":
         return not module.startswith("numpy.random")
     if module == "builtins":
@@ -130,6 +147,16 @@ _TORCH_STATE = {
 }
 
 
+_SETTERS: dict[Any, str | None] = caches.register({}, "regions.purity torch setters")
+
+
+def _setter_name(fn: Any) -> str | None:
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", "")
+    if not isinstance(module, str):
+        module = getattr(getattr(fn, "__self__", None), "__name__", "")
+    return f"{module}.{name} (a process-wide torch setting)" if global_setter(module, name) else None
+
+
 # Saved-tensor hooks of torch's own that change only where a saved tensor lives until backward, never its value
 # (activation checkpointing drops and recomputes it, save_on_cpu moves it): a graph without them computes the same.
 _VALUE_KEEPING_HOOKS = ("torch.utils.checkpoint", "torch.autograd.graph")
@@ -147,6 +174,10 @@ def torch_state_call(fn: Any, frame: types.FrameType | None = None) -> str | Non
         return "a torch.Generator method (torch.manual_seed?)"
     try:
         what = _TORCH_STATE.get(fn)
+        if what is None:
+            what = _SETTERS.get(fn, False)
+            if what is False:
+                what = _SETTERS[fn] = _setter_name(fn)
     except TypeError:  # (unhashable)
         return None
     if what is not None and fn is push_saved_tensors_default_hooks and frame is not None:
