@@ -220,6 +220,8 @@ from .checks import (  # noqa: E402, F401
     TensorGuards,
     caller_modes,
     dict_sentinel,
+    dispatch_modes,
+    function_modes,
     global_flags,
     tensor_guards,
 )
