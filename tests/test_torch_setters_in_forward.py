@@ -24,6 +24,13 @@ SETTINGS = [
      lambda: torch.backends.cudnn.benchmark, lambda v: setattr(torch.backends.cudnn, "benchmark", v)),
     ("use_deterministic_algorithms", lambda: torch.use_deterministic_algorithms(True),
      torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
+    # (settings torch keeps in Python: no C call sets them)
+    ("backends.opt_einsum.enabled", lambda: setattr(torch.backends.opt_einsum, "enabled", False),
+     lambda: torch.backends.opt_einsum.enabled, lambda v: setattr(torch.backends.opt_einsum, "enabled", v)),
+    ("backends.mha.set_fastpath_enabled", lambda: torch.backends.mha.set_fastpath_enabled(False),
+     torch.backends.mha.get_fastpath_enabled, torch.backends.mha.set_fastpath_enabled),
+    ("set_printoptions", lambda: torch.set_printoptions(precision=2), lambda: torch._tensor_str.PRINT_OPTS.precision,
+     lambda v: torch.set_printoptions(precision=v)),
 ]
 
 

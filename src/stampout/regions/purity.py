@@ -148,6 +148,9 @@ _TORCH_STATE = {
 
 
 _SETTERS: dict[Any, str | None] = caches.register({}, "regions.purity torch setters")
+# torch's Python that sets a process-wide setting with no C call: the Python-held torch.backends flags (opt_einsum,
+# mha fastpath: a function named like a setter in torch/backends), print options, the default device.
+_PYTHON_SETTERS: dict[Any, str | None] = caches.register({}, "regions.purity torch Python setters")
 
 
 def _setter_name(fn: Any) -> str | None:
@@ -155,6 +158,31 @@ def _setter_name(fn: Any) -> str | None:
     if not isinstance(module, str):
         module = getattr(getattr(fn, "__self__", None), "__name__", "")
     return f"{module}.{name} (a process-wide torch setting)" if global_setter(module, name) else None
+
+
+def python_setter(code: types.CodeType) -> str | None:
+    """How to name torch Python code about to run that sets a process-wide setting (see above), or None."""
+    what = _PYTHON_SETTERS.get(code, False)
+    if what is False:
+        what = _PYTHON_SETTERS[code] = _python_setter_name(code)
+    return what
+
+
+@functools.cache
+def _named_python_setters() -> tuple[str, dict[types.CodeType, str]]:
+    import torch
+
+    return os.path.dirname(torch.backends.__file__) + os.sep, {
+        torch.set_printoptions.__code__: "torch.set_printoptions",
+        torch.set_default_device.__code__: "torch.set_default_device"}
+
+
+def _python_setter_name(code: types.CodeType) -> str | None:
+    backends, named = _named_python_setters()
+    what = named.get(code)
+    if what is None and code.co_filename.startswith(backends) and _SETTER.match(code.co_name):
+        what = f"torch.backends' {code.co_name} (a process-wide torch setting)"
+    return what
 
 
 # Saved-tensor hooks of torch's own that change only where a saved tensor lives until backward, never its value
