@@ -45,13 +45,7 @@ from .regions.frame import ProgramIneligible
 from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from .sources import Arg, Attr, CallContext, Source
 from .structure import argument_names, build, flatten_inputs
-from .torch_internals import (
-    DisableTorchFunction,
-    caller_modes,
-    dispatch_modes,
-    function_modes,
-    patch_parameter_writes,
-)
+from .torch_internals import DisableTorchFunction, caller_modes, dispatch_modes, function_modes, patch_parameter_writes
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
 log = logging.getLogger("stampout.guards")
@@ -139,7 +133,6 @@ class CompiledFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.disable or (function_modes() or dispatch_modes()) and caller_modes() and current() is None:
-            # (a mode the caller holds sees eager's calls: the program runs eagerly)
             return self.fn(*args, **kwargs)
         if self._sharded:  # FSDP's hooks run eagerly around the compiled forward (sharded.py)
             forward = forward_of(self.fn)

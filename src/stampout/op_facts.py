@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import builtins
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ NEEDS_VALUE: dict[Callable, str] = {
 # reads one is not reused and a compiled program runs eagerly. (`requires_grad` is guarded: not here.) Where the
 # fake tensor a capture runs on cannot answer, `capture` refuses: "fake" (fakes have no memory), "region" (a
 # region's trace runs on fresh leaf fakes of its inputs: not views, no grad_fn), "" (a fake answers as eager).
-UNGUARDED_READS: dict[Callable, tuple[str, str]] = {
+UNGUARDED_READS: Mapping[Callable, tuple[str, str]] = MappingProxyType({
     _T.grad.__get__: (".grad", ""),
     _T._grad.__get__: ("._grad", ""),
     _T._version.__get__: ("._version", ""),
@@ -87,7 +88,7 @@ UNGUARDED_READS: dict[Callable, tuple[str, str]] = {
     _T.is_shared: (".is_shared()", "fake"),
     _T.is_pinned: (".is_pinned()", "fake"),
     _T.share_memory_: (".share_memory_()", "fake"),
-}
+})
 
 # Words in the names of ops whose result is not a function of their inputs.
 _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",

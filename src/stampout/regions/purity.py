@@ -147,10 +147,10 @@ _TORCH_STATE = {
 }
 
 
+# torch's C setters (by callable) and its Python that sets a process-wide setting with no C call (by code object:
+# the Python-held torch.backends flags, opt_einsum and mha fastpath, named like setters; print options, the default
+# device): how to name each, or None.
 _SETTERS: dict[Any, str | None] = caches.register({}, "regions.purity torch setters")
-# torch's Python that sets a process-wide setting with no C call: the Python-held torch.backends flags (opt_einsum,
-# mha fastpath: a function named like a setter in torch/backends), print options, the default device.
-_PYTHON_SETTERS: dict[Any, str | None] = caches.register({}, "regions.purity torch Python setters")
 
 
 def _setter_name(fn: Any) -> str | None:
@@ -162,9 +162,9 @@ def _setter_name(fn: Any) -> str | None:
 
 def python_setter(code: types.CodeType) -> str | None:
     """How to name torch Python code about to run that sets a process-wide setting (see above), or None."""
-    what = _PYTHON_SETTERS.get(code, False)
+    what = _SETTERS.get(code, False)
     if what is False:
-        what = _PYTHON_SETTERS[code] = _python_setter_name(code)
+        what = _SETTERS[code] = _python_setter_name(code)
     return what
 
 
