@@ -22,6 +22,7 @@ from .errors import CaptureError
 from .export import export_program
 from .piecewise import explain_break
 from .sharded_capture import Boundaries, sharded_modules
+from .structure import flatten_inputs
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -139,10 +140,14 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
     """
     check_callable(fn, "capture")
     check_call(fn, args, kwargs, "capture")
+    leaves = flatten_inputs(args, kwargs)[0]  # (before the program runs: it may change its input containers)
     if sharded_modules(fn):  # FSDP2: each sharded module's hooks are nodes around its forward
         boundaries = Boundaries(fn)
-        return capture_program(fn, args, kwargs, body=lambda *a, **k: boundaries.run(fn, a, k), sharded=True)
-    return capture_program(fn, args, kwargs)
+        cap = capture_program(fn, args, kwargs, body=lambda *a, **k: boundaries.run(fn, a, k), sharded=True)
+    else:
+        cap = capture_program(fn, args, kwargs)
+    cap.note_constants(leaves)
+    return cap
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> str:

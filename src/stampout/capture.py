@@ -11,6 +11,7 @@ import torch.fx as fx
 from .errors import StampoutError, message
 from .frames import user_location
 from .regions.events import RegionEvent, RegionStats
+from .regions.fingerprint import leaf_key, show_leaf_key
 from .runner import as_call_modules
 from .shapes import has_symbols
 from .sources import MISSING, CallContext, Source
@@ -47,6 +48,9 @@ class Capture:
     # effects.Value): what the program stored on its input objects (a KV cache), stored on each call's objects
     unreplayable: str = ""  # (capture only) a change to the input objects that calls cannot repeat
     reuse_entries: list = field(default_factory=list)  # the region reuse entries this capture made (guard_code)
+    # (capture only) the fingerprint's leaf_key of each input leaf that was no tensor (a constant, None, a module,
+    # an object): baked into the graph, so a call must pass the same (see `note_constants`)
+    input_keys: tuple[tuple[int, tuple], ...] = ()
     _runner: fx.GraphModule | None = None
 
     @property
@@ -132,13 +136,29 @@ class Capture:
                     user_location(), "capture again for these inputs (or use stampout.compile, which recaptures)",
                 ))
 
+    def note_constants(self, leaves: list[Any]) -> None:
+        """Keep the key of each input leaf that is no tensor (the capture's inputs, flattened before it ran)."""
+        self.input_keys = tuple((i, leaf_key(leaf)) for i, leaf in enumerate(leaves)
+                                if not isinstance(leaf, torch.Tensor))
+
+    def _check_constants(self, leaves: list[Any], labels: list[str]) -> None:
+        for i, key in self.input_keys:
+            got = leaf_key(leaves[i])
+            if got != key:
+                raise StampoutError(message(
+                    f"input {labels[i]} differs from the captured one: expected {show_leaf_key(key)}, got "
+                    f"{show_leaf_key(got)} (the capture baked it into the graph)", user_location(),
+                    "capture again for this value, or use stampout.compile, which captures once per value"))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._runner is None:
             self._runner = as_call_modules(self.gm)
         values = self.placeholders_for(args, kwargs)
+        leaves, _, labels = flatten_inputs(args, kwargs)
+        if self.input_keys:
+            self._check_constants(leaves, labels)
         self.check_inputs(values)
         outputs = self._runner(*values)
-        leaves = flatten_inputs(args, kwargs)[0]
         n = len(outputs) - (len(self.effects.extra) if self.effects is not None else 0)
         if self.stores or self.unreplayable:
             self._store(list(outputs[n:]), leaves, (args, kwargs))

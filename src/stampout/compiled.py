@@ -42,7 +42,7 @@ from .sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from .sharded_twins import twin_entry
 from .sources import Arg, Attr, CallContext, Source
 from .structure import argument_names, build, flatten_inputs
-from .torch_internals import DisableTorchFunction, patch_parameter_writes
+from .torch_internals import DisableTorchFunction, caller_modes, dispatch_modes, function_modes, patch_parameter_writes
 from .tracking import EPOCH, WriteWatch, install_registration_hooks
 
 log = logging.getLogger("stampout.guards")
@@ -124,7 +124,8 @@ class CompiledFunction:
         return report.explain_compiled(self, self._entries)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.disable or self._lazy:
+        if (self.disable or self._lazy
+                or (function_modes() or dispatch_modes()) and caller_modes() and current() is None):
             return self.fn(*args, **kwargs)
         if self._sharded:  # FSDP's hooks run eagerly around the compiled forward (sharded.py)
             forward = forward_of(self.fn)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import builtins
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -62,6 +63,32 @@ NEEDS_VALUE: dict[Callable, str] = {
     _T.__complex__: "complex(tensor)",
     _T.numpy: "tensor.numpy()",
 }
+
+# Tensor facts that are neither metadata nor value (`p.grad is None`, `x._version`, `x.is_leaf`, `x._base`, an
+# address, shared or pinned memory), read by user code: no guard sees them change between calls, so a trace that
+# reads one is not reused and a compiled program runs eagerly. (`requires_grad` is guarded: not here.) Where the
+# fake tensor a capture runs on cannot answer, `capture` refuses: "fake" (fakes have no memory), "region" (a
+# region's trace runs on fresh leaf fakes of its inputs: not views, no grad_fn), "" (a fake answers as eager).
+UNGUARDED_READS: Mapping[Callable, tuple[str, str]] = MappingProxyType({
+    _T.grad.__get__: (".grad", ""),
+    _T._grad.__get__: ("._grad", ""),
+    _T._version.__get__: ("._version", ""),
+    _T.is_leaf.__get__: (".is_leaf", "region"),
+    _T.grad_fn.__get__: (".grad_fn", "region"),
+    _T._grad_fn.__get__: ("._grad_fn", "region"),
+    _T.output_nr.__get__: (".output_nr", "region"),
+    _T.retains_grad.__get__: (".retains_grad", "region"),
+    _T._base.__get__: ("._base", "region"),
+    _T._is_view: ("._is_view()", "region"),
+    _T.data_ptr: (".data_ptr()", "fake"),
+    _T._cdata.__get__: ("._cdata", "fake"),
+    _T.untyped_storage: (".untyped_storage()", "fake"),
+    _T.storage: (".storage()", "fake"),
+    _T._typed_storage: ("._typed_storage()", "fake"),
+    _T.is_shared: (".is_shared()", "fake"),
+    _T.is_pinned: (".is_pinned()", "fake"),
+    _T.share_memory_: (".share_memory_()", "fake"),
+})
 
 # Words in the names of ops whose result is not a function of their inputs.
 _RANDOM = ("rand", "normal", "bernoulli", "dropout", "multinomial", "poisson", "uniform", "exponential",

@@ -33,7 +33,7 @@ from .errors import AutogradCallError, CaptureError, message
 from .fakes import FakeRuns
 from .frames import outside_stampout, python_hooks_off, user_location
 from .meta import NOT_HANDLED, MetaRunner
-from .op_facts import NEEDS_VALUE, VIEW_PROPERTIES, draws_random
+from .op_facts import NEEDS_VALUE, UNGUARDED_READS, VIEW_PROPERTIES, draws_random
 from .recording import _HOOK_REGISTRATIONS, Recording
 from .region_hooks import RegionHooks
 from .regions import slots
@@ -62,11 +62,9 @@ from .torch_internals import (
 log = logging.getLogger(__name__)
 
 _T = torch.Tensor
-# Reading these makes a trace depend on which inputs require grad.
-# Tensor state that is neither metadata nor value, read by user code (`p.grad is None`, `x._version`): no guard
-# sees it change between calls, so a trace that reads it is not reused and a compiled program runs eagerly.
-_STATE_GETTERS = {_T.grad.__get__: "grad", _T._version.__get__: "_version"}
-_AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.is_leaf.__get__, _T.grad_fn.__get__, _T.requires_grad_}
+# Reading these makes a trace depend on which inputs require grad. (Tensor facts no guard sees: UNGUARDED_READS.)
+_AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.requires_grad_}
+_HANDLE_TORCH_FUNCTION = torch.overrides.handle_torch_function.__code__
 _ENTER_AUTOCAST = enter_autocast
 _EXIT_AUTOCAST = exit_autocast
 _SET_GRAD = set_grad_enabled
@@ -210,11 +208,11 @@ class Tracer(FakeRuns, Recording):
             return self._record_hook(func, args, kwargs)
         if self.rng_state is not None and draws_random(func) and kwargs.get("generator") is None:
             self._check_rng_untouched(func)
+        if func in UNGUARDED_READS and self.regions is not None:
+            self._note_state_read(func, *UNGUARDED_READS[func])
         tensors_in = has_tensor(args) or has_tensor(kwargs)
         if self.symbols is not None and (any_symbolic(args) or any_symbolic(kwargs) or self._dynamic_in(args, kwargs)):
             return self._on_symbolic_call(func, args, kwargs, tensors_in)
-        if func in _STATE_GETTERS and self.regions is not None:
-            self._note_state_read(_STATE_GETTERS[func])
         if (tensors_in and is_property_get(func) and not isinstance(args[0], FakeTensor)
                 and func.__self__.__name__ not in VIEW_PROPERTIES):
             value = func(args[0])  # `param.shape`, `buffer.dtype`: read the real tensor, record nothing
@@ -233,12 +231,19 @@ class Tracer(FakeRuns, Recording):
         self.record(func, args, kwargs, out)
         return out
 
-    def _note_state_read(self, name: str) -> None:
+    def _note_state_read(self, func: Callable, name: str, unanswered: str) -> None:
         frame = outside_stampout(3)
+        while frame is not None and frame.f_code in (_HANDLE_TORCH_FUNCTION, getattr(func, "__code__", None)):
+            frame = frame.f_back  # (`Tensor.is_shared` is Python that hands the call to the modes: its caller)
         if frame is not None and is_user_file(frame.f_code.co_filename):  # (torch's own Python: its business)
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
             self.regions.note_unguarded_read(
-                f"reads the tensor state .{name}, which no guard sees change between calls "
-                f"(at {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name})")
+                f"reads the tensor state {name}, which no guard sees change between calls (at {where})")
+            if unanswered == "fake" or unanswered == "region" and len(self.builders) > 1:  # (compile: eager above)
+                raise CaptureError(message(
+                    f"the program reads the tensor state {name}, which a captured graph cannot depend on (traced "
+                    "tensors have no memory; a region's inputs are traced as fresh tensors)", where, "use "
+                    "stampout.compile, which runs such a program eagerly, or take the decision outside the capture"))
 
     def _check_rng_untouched(self, func: Callable) -> None:
         """A random op draws from torch's generator at run time, where the program's Python left it during

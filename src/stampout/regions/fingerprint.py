@@ -134,7 +134,8 @@ def requires_grad_pattern(leaves: list[Any]) -> tuple[bool, ...]:
     return tuple(leaf.requires_grad for leaf in leaves if isinstance(leaf, torch.Tensor))
 
 
-def _show(key: tuple) -> str:
+def show_leaf_key(key: tuple) -> str:
+    """A leaf_key as a message shows it: a tensor's metadata, a constant with its type, a class."""
     key = as_leaf_key(key)
     kind, value = key.kind, key.value
     if kind is LeafKind.TENSOR:  # a TensorMeta, or a TensorKind: sizes left out (a symbolic capture checks them)
@@ -163,7 +164,7 @@ def describe_difference(expected: Fingerprint, actual: Fingerprint, labels: list
     if differing:
         label, a, b = differing[0]
         more = f" (and {len(differing) - 1} more inputs differ)" if len(differing) > 1 else ""
-        return f"{label}: expected {_show(a)}, got {_show(b)}{more}"
+        return f"{label}: expected {show_leaf_key(a)}, got {show_leaf_key(b)}{more}"
     if expected.aliases != actual.aliases:
         return f"which arguments are the same object differs: expected {expected.aliases}, got {actual.aliases}"
     for name, a, b in zip(StateKey._fields[:-1], expected.state, actual.state):

@@ -17,7 +17,7 @@ from ..torch_internals import DisableTorchFunction
 from .code import code_facts, is_user_code
 from .events import Ineligible
 from .frame import RegionFrame
-from .purity import impure_call, location, torch_state_call, user_caller, watched_file
+from .purity import impure_call, location, python_setter, torch_state_call, user_caller, watched_file
 
 _NN_MODULES = os.path.dirname(torch.nn.modules.__file__) + os.sep  # nn.GELU.forward reads F.gelu: guarded too
 
@@ -129,6 +129,13 @@ class CallHooks:
             with DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:
                     f.on_library_code(code, g)
+        elif event == "call" and self.frames:
+            what = python_setter(code)
+            caller = caller_outside_torch(frame) if what is not None else None
+            if caller is not None:  # (recorded, not raised: torch's Python is about to set its state)
+                reason = f"calls {what}, which is not known to be pure (at {location(caller)})"
+                for f in self.frames:
+                    f.ineligible.append(Ineligible(reason, location(caller)))
         return local
 
     def note_autograd_read(self) -> None:

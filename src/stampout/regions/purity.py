@@ -63,10 +63,27 @@ _MODULE_VERDICTS: dict[Any, bool] = caches.register({}, "regions.purity function
 _METHOD_VERDICTS: dict[tuple[type, str], bool] = caches.register({}, "regions.purity method verdicts")
 
 
+# torch's process-wide settings (threads, matmul precision, deterministic algorithms, the default dtype, anomaly
+# mode, flush-denormal, the cudnn/cublas/mkldnn/sdp flags that torch.backends.* set): a setter's effect outlives the
+# call, and a graph neither keeps nor repeats it. A torch C function is a setter by its name (`set_*`, `_set_*`),
+# unless it sets what a graph keeps (grad mode, autocast: the tracer records them) or is torch's plumbing for one
+# tensor or one dispatch (conj/neg bits, modes, tracing, functionalization, a thread's name).
+_SETTER = re.compile(r"_?(un)?set_")
+_KEPT_OR_PLUMBING = ("grad_enabled", "autocast", "conj", "neg", "torch_function", "dispatch", "tls", "tracing",
+                     "functionalization", "tensor_metadata", "view_replay", "skip_next", "value_trace", "only_lift",
+                     "thread_name", "worker_", "generator_metaclass")
+
+
+def global_setter(module: str, name: str) -> bool:
+    """Whether the torch C function `module.name` sets one of torch's process-wide settings (see above)."""
+    return (module.split(".")[0] == "torch" and _SETTER.match(name) is not None
+            and not any(word in name for word in _KEPT_OR_PLUMBING))
+
+
 def _pure_module(module: str, name: str) -> bool:
     root = module.split(".")[0]
     if root == "torch":
-        return True
+        return not global_setter(module, name)
     if root == "numpy":
         return not module.startswith("numpy.random")
     if module == "builtins":
@@ -130,6 +147,44 @@ _TORCH_STATE = {
 }
 
 
+# torch's C setters (by callable) and its Python that sets a process-wide setting with no C call (by code object:
+# the Python-held torch.backends flags, opt_einsum and mha fastpath, named like setters; print options, the default
+# device): how to name each, or None.
+_SETTERS: dict[Any, str | None] = caches.register({}, "regions.purity torch setters")
+
+
+def _setter_name(fn: Any) -> str | None:
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__name__", "")
+    if not isinstance(module, str):
+        module = getattr(getattr(fn, "__self__", None), "__name__", "")
+    return f"{module}.{name} (a process-wide torch setting)" if global_setter(module, name) else None
+
+
+def python_setter(code: types.CodeType) -> str | None:
+    """How to name torch Python code about to run that sets a process-wide setting (see above), or None."""
+    what = _SETTERS.get(code, False)
+    if what is False:
+        what = _SETTERS[code] = _python_setter_name(code)
+    return what
+
+
+@functools.cache
+def _named_python_setters() -> tuple[str, dict[types.CodeType, str]]:
+    import torch
+
+    return os.path.dirname(torch.backends.__file__) + os.sep, {
+        torch.set_printoptions.__code__: "torch.set_printoptions",
+        torch.set_default_device.__code__: "torch.set_default_device"}
+
+
+def _python_setter_name(code: types.CodeType) -> str | None:
+    backends, named = _named_python_setters()
+    what = named.get(code)
+    if what is None and code.co_filename.startswith(backends) and _SETTER.match(code.co_name):
+        what = f"torch.backends' {code.co_name} (a process-wide torch setting)"
+    return what
+
+
 # Saved-tensor hooks of torch's own that change only where a saved tensor lives until backward, never its value
 # (activation checkpointing drops and recomputes it, save_on_cpu moves it): a graph without them computes the same.
 _VALUE_KEEPING_HOOKS = ("torch.utils.checkpoint", "torch.autograd.graph")
@@ -147,6 +202,10 @@ def torch_state_call(fn: Any, frame: types.FrameType | None = None) -> str | Non
         return "a torch.Generator method (torch.manual_seed?)"
     try:
         what = _TORCH_STATE.get(fn)
+        if what is None:
+            what = _SETTERS.get(fn, False)
+            if what is False:
+                what = _SETTERS[fn] = _setter_name(fn)
     except TypeError:  # (unhashable)
         return None
     if what is not None and fn is push_saved_tensors_default_hooks and frame is not None:

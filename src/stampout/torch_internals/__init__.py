@@ -158,6 +158,10 @@ _USED_HERE = (  # (and in the modules tests/size_baseline.json still lists)
     "torch._C._dynamo.guards.RootGuardManager",
     "torch._C._dynamo.guards.TensorGuards",
     "torch._C._get_cudnn_benchmark",
+    "torch._C._get_function_stack_at",
+    "torch._C._len_torch_dispatch_stack",
+    "torch._C._len_torch_function_stack",
+    "torch.utils._device.DeviceContext",
     "torch._C._get_cudnn_deterministic",
     "torch._C._get_cudnn_enabled",
     "torch._C._get_flash_sdp_enabled",
@@ -215,7 +219,16 @@ def missing_private_names() -> list[str]:
 
 
 # The package's public names, from the submodules that own them (after the registry above: they import it).
-from .checks import FLAG_NAMES, TensorGuards, dict_sentinel, global_flags, tensor_guards  # noqa: E402, F401
+from .checks import (  # noqa: E402, F401
+    FLAG_NAMES,
+    TensorGuards,
+    caller_modes,
+    dict_sentinel,
+    dispatch_modes,
+    function_modes,
+    global_flags,
+    tensor_guards,
+)
 from .fakes import FakeMaker  # noqa: E402, F401
 from .fsdp import fsdp_cast_dtypes, fsdp_lazy_init, patch_fsdp_parameter_swaps  # noqa: E402, F401
 from .graphs import INVOKE_SUBGRAPH, append_node, invoke_subgraph, is_region_call, without_module_hooks  # noqa: E402, F401

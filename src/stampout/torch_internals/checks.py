@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils._device import DeviceContext
 
 from .registry import _load
 
@@ -38,6 +39,23 @@ def global_flags() -> tuple:
     """torch's process-wide switches that Python code may branch on (`torch.backends.mkldnn.enabled`,
     deterministic algorithms, matmul precision, ...): part of every fingerprint."""
     return tuple(get() for get in _FLAG_GETTERS)
+
+
+# How many TorchFunctionModes / TorchDispatchModes are active: a compiled call asks both (two C calls) and, where
+# one is not 0, `caller_modes`.
+function_modes = torch._C._len_torch_function_stack
+dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_mode_at = torch._C._get_function_stack_at
+
+
+def caller_modes() -> bool:
+    """Whether a TorchFunctionMode or TorchDispatchMode is active (one a caller holds around a compiled call sees
+    every call eagerly, and a compiled graph would bypass it), other than `torch.set_default_device`'s
+    DeviceContext."""
+    for i in range(function_modes()):
+        if type(_function_mode_at(i)) is not DeviceContext:
+            return True
+    return dispatch_modes() > 0
 
 
 def tensor_guards(tensors: list[torch.Tensor]) -> Any:
