@@ -31,12 +31,13 @@ from .capture_world import (
 from .capturing_context import capturing
 from .compile_args import lazy_function
 from .context import listeners, swallowed
-from .effects import Plan, Registries, Value, put_back, undo
+from .effects import Plan, Registries, Value, undo
 from .errors import CaptureError, message, swallowed_error
 from .frames import user_location
 from .held_inputs import (
     Held,
     check_no_hidden_tensors,
+    copy_back_given_containers,
     held_map,
     hold_input_containers,
     in_input_container,
@@ -394,11 +395,6 @@ class ProgramCapture:
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
                        mutated_in_place(self.tracer, self.leaves, cap))
         if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
-            for h in self.held:
-                source = self.held[h]
-                if type(h) in (list, dict) and in_input_container(source):
-                    original = source.resolve(ctx, {})
-                    if original is not h and type(original) is type(h):
-                        put_back(original, list(h) if type(h) is list else dict(h))
+            copy_back_given_containers(self.held, ctx)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         restore_world(self.handler, None, self.objects())

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .effects import Plan, Value
+from .effects import Plan, Value, put_back
 from .errors import CaptureError, message
 from .frames import user_location
 from .guards import is_constant
@@ -98,6 +98,17 @@ def input_stores(held: Held, before: dict[int, dict], tracer: Tracer, plan: Plan
                 made = f"stores a {type(value).__name__} made during the call on {source.name()}"
                 unreplayable = unreplayable or made
     return stores, unreplayable
+
+
+def copy_back_given_containers(held: Held, ctx: Any) -> None:
+    """The lists and dicts the call was given (the program ran on copies of them), as the program left its
+    copies: a capture whose change to them cannot be repeated still leaves them as one eager call does."""
+    for obj in held:
+        source = held[obj]
+        if type(obj) in (list, dict) and in_input_container(source):
+            original = source.resolve(ctx, {})
+            if original is not obj and type(original) is type(obj):
+                put_back(original, list(obj) if type(obj) is list else dict(obj))
 
 
 def input_objects(leaves: list[Any]) -> dict[int, int]:
