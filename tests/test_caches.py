@@ -27,6 +27,8 @@ NOT_CACHES = {
     "stampout.classpatch._PATCHES": "classes patched in place while a capture or a compiled function watches them",
     "stampout.classpatch.WRITE_IDS": "instances whose writes live compiled functions watch",
     "stampout.tracking.WRITE_IDS": "(classpatch.WRITE_IDS)",
+    "stampout.torch_internals.registry.PERMANENT_PATCHES": "the permanent patches this process installed, each once",
+    "stampout.torch_internals.PERMANENT_PATCHES": "(registry.PERMANENT_PATCHES)",
 }
 
 

@@ -177,6 +177,9 @@ def _named_python_setters() -> tuple[str, dict[types.CodeType, str]]:
         torch.set_default_device.__code__: "torch.set_default_device"}
 
 
+caches.register(_named_python_setters, "regions.purity torch's Python setters")
+
+
 def _python_setter_name(code: types.CodeType) -> str | None:
     backends, named = _named_python_setters()
     what = named.get(code)
