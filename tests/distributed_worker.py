@@ -438,12 +438,9 @@ def public_view(compiled) -> dict:
 
 
 def compiled_functions(fn) -> list:
-    out, stack = [], [fn]
-    while stack:
-        f = stack.pop(0)
-        out.append(f)
-        stack.extend(f.pieces[p] for p in sorted(f.pieces))
-    return out
+    from stampout.compile_stats import compiled_family  # (the compiled function and its pieces, root first)
+
+    return compiled_family(fn)
 
 
 def sharded_captures(fn) -> list:

@@ -124,6 +124,12 @@ def test_impure_call_in_a_region_is_traced_per_call(name: str) -> None:
         tree_assert_close(cap(_x()), ref(_x()), **TOL)  # the capture's draws are eager's first call's
 
 
+def _only_pieces_without_the_draw_compiled(fn) -> bool:
+    """The module whose code draws ran eagerly: the last graph that ran (a compiled module reports its pieces')
+    is none, or that of a child Linear, compiled piecewise."""
+    return fn.last_capture is None or isinstance(fn.last_capture.fn, nn.Linear)
+
+
 @pytest.mark.parametrize("name", sorted(DRAWS))
 def test_impure_call_makes_compile_run_eagerly_with_a_warning(name: str, caplog) -> None:
     model = _dice_stack(name)
@@ -132,7 +138,7 @@ def test_impure_call_makes_compile_run_eagerly_with_a_warning(name: str, caplog)
     _seed(2)
     with caplog.at_level(logging.WARNING, logger="stampout"):
         outs = [fn(_x()) for _ in range(8)]
-    assert fn.last_capture is None  # every call ran eagerly
+    assert _only_pieces_without_the_draw_compiled(fn)  # every call ran the drawing code eagerly
     assert "runs eagerly" in caplog.text, caplog.text
     if "not known to be pure" in caplog.text:
         assert f"{__file__}:" in caplog.text, caplog.text
@@ -610,7 +616,7 @@ def test_compile_capture_consumes_nothing_of_held_state(kind: str) -> None:
     fn = stampout.compile(model, backend="eager")
     for _ in range(3):
         tree_assert_close(fn(_x()), ref(_x()), **TOL)
-    assert fn.last_capture is None
+    assert _only_pieces_without_the_draw_compiled(fn)
 
 
 def test_compile_does_not_consume_an_iterator_argument() -> None:
