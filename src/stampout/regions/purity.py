@@ -71,12 +71,13 @@ _METHOD_VERDICTS: dict[tuple[type, str], bool] = caches.register({}, "regions.pu
 _SETTER = re.compile(r"_?(un)?set_")
 _KEPT_OR_PLUMBING = ("grad_enabled", "autocast", "conj", "neg", "torch_function", "dispatch", "tls", "tracing",
                      "functionalization", "tensor_metadata", "view_replay", "skip_next", "value_trace", "only_lift",
-                     "thread_name", "worker_", "generator_metaclass")
+                     "thread_name", "worker_", "generator_metaclass", "eval_frame", "in_mode_without", "warn_")
 
 
 def global_setter(module: str, name: str) -> bool:
     """Whether the torch C function `module.name` sets one of torch's process-wide settings (see above)."""
     return (module.split(".")[0] == "torch" and _SETTER.match(name) is not None
+            and not module.startswith("torch._C._dynamo")  # (Dynamo's frame hooks, set and put back around calls)
             and not any(word in name for word in _KEPT_OR_PLUMBING))
 
 
