@@ -25,32 +25,40 @@ SETTINGS = [
     ("use_deterministic_algorithms", lambda: torch.use_deterministic_algorithms(True),
      torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
     # (settings torch keeps in Python: no C call sets them)
-    ("backends.opt_einsum.enabled", lambda: setattr(torch.backends.opt_einsum, "enabled", False),
-     lambda: torch.backends.opt_einsum.enabled, lambda v: setattr(torch.backends.opt_einsum, "enabled", v)),
+    pytest.param("backends.opt_einsum.enabled", lambda: setattr(torch.backends.opt_einsum, "enabled", False),
+                 lambda: torch.backends.opt_einsum.enabled, lambda v: setattr(torch.backends.opt_einsum, "enabled", v),
+                 marks=pytest.mark.xfail(strict=True, reason="known bug: the store into torch.backends.opt_einsum "
+                                         "(a Python attribute, no C setter) is not seen; later calls skip it"),
+                 id="backends.opt_einsum.enabled"),
     ("backends.mha.set_fastpath_enabled", lambda: torch.backends.mha.set_fastpath_enabled(False),
      torch.backends.mha.get_fastpath_enabled, torch.backends.mha.set_fastpath_enabled),
     ("set_printoptions", lambda: torch.set_printoptions(precision=2), lambda: torch._tensor_str.PRINT_OPTS.precision,
      lambda v: torch.set_printoptions(precision=v)),
 ]
+SETTINGS = [s if not isinstance(s, tuple) else pytest.param(*s, id=s[0]) for s in SETTINGS]
+
+# Each setting's value before every call: another than the one forward sets.
+START = {"set_num_threads": 2, "set_float32_matmul_precision": "highest", "set_flush_denormal": False,
+         "backends.mkldnn.enabled": True, "backends.cudnn.benchmark": False, "use_deterministic_algorithms": False,
+         "backends.opt_einsum.enabled": True, "backends.mha.set_fastpath_enabled": True, "set_printoptions": 4}
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-@pytest.mark.parametrize("name, setter, read, put", SETTINGS, ids=[s[0] for s in SETTINGS])
+@pytest.mark.parametrize("name, setter, read, put", SETTINGS)
 def test_a_setting_changed_in_forward_is_changed_on_every_call(backend, name, setter, read, put):
     def program(x):
         setter()
         return x + 1
 
     original = read()
-    if name == "set_num_threads" and original == 1:
-        pytest.skip("one thread already")
+    start = START[name]  # (not what forward sets: a compiled call that dropped the setter would read it)
 
     def calls(fn):
         seen = []
         for _ in range(3):
+            put(start)  # (the user puts it back between calls)
             out = fn(torch.ones(2))
             seen.append(read())
-            put(original)  # (the user puts it back between calls)
         return out, seen
 
     try:
@@ -59,6 +67,7 @@ def test_a_setting_changed_in_forward_is_changed_on_every_call(backend, name, se
         got = calls(stampout.compile(program, backend=backend))
     finally:
         put(original)
+    assert expected[1] != [start] * 3, "the setter must change the setting for the test to mean anything"
     torch.testing.assert_close(got[0], expected[0])
     assert got[1] == expected[1]
 
