@@ -35,7 +35,7 @@ SETTINGS = [
     ("set_printoptions", lambda: torch.set_printoptions(precision=2), lambda: torch._tensor_str.PRINT_OPTS.precision,
      lambda v: torch.set_printoptions(precision=v)),
 ]
-SETTINGS = [s if not isinstance(s, tuple) else pytest.param(*s, id=s[0]) for s in SETTINGS]
+SETTINGS = [pytest.param(*s, id=s[0]) if type(s) is tuple else s for s in SETTINGS]
 
 # Each setting's value before every call: another than the one forward sets.
 START = {"set_num_threads": 2, "set_float32_matmul_precision": "highest", "set_flush_denormal": False,
