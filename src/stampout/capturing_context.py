@@ -18,7 +18,14 @@ from .frames import caller_outside_torch, user_location
 from .op_errors import quiet_fake_kernels
 from .regions.call import RegionCalls
 from .regions.marker import torch_marked_call
-from .torch_internals import get_current_function_mode_stack, is_torch_function_mode_enabled, set_grad_enabled
+from .torch_internals import (
+    get_current_function_mode_stack,
+    is_torch_function_mode_enabled,
+    pop_saved_tensors_default_hooks,
+    push_saved_tensors_default_hooks,
+    set_grad_enabled,
+    top_saved_tensors_default_hooks,
+)
 from .tracer import CaptureMode, Tracer
 from .tracking import Watch
 
@@ -90,6 +97,24 @@ def _symbolic_text() -> Iterator[None]:
                     setattr(cls, name, method)
 
 
+@contextlib.contextmanager
+def _saved_tensor_hooks_set_aside() -> Iterator[None]:
+    """This thread's saved-tensor hooks (a caller's `checkpoint` around a compiled child, `save_on_cpu`) set
+    aside while the program runs on fakes, put back after: they are for the tensors autograd saves when the
+    graph runs, and a checkpoint that counted the fakes' would find its recomputation saving fewer."""
+    aside = []
+    while (hooks := top_saved_tensors_default_hooks(True)) is not None:
+        aside.append(hooks)
+        pop_saved_tensors_default_hooks()
+    try:
+        yield
+    finally:
+        while top_saved_tensors_default_hooks(True) is not None:  # (the program's own, left set by an error)
+            pop_saved_tensors_default_hooks()
+        for pack, unpack in reversed(aside):
+            push_saved_tensors_default_hooks(pack, unpack)
+
+
 def _capturing_here() -> bool:
     """Whether this thread is running a capture's program (what `torch.compiler.is_compiling()` answers)."""
     return current() is not None and is_torch_function_mode_enabled()
@@ -110,8 +135,8 @@ def capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[Ca
         try:
             hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
                                                   _capturing_here)
-            with hooks, _symbolic_text(), quiet_fake_kernels(lambda: current() is not None), entered(ctx), \
-                    tracer.fake_mode, tracer.mode:
+            with hooks, _symbolic_text(), _saved_tensor_hooks_set_aside(), \
+                    quiet_fake_kernels(lambda: current() is not None), entered(ctx), tracer.fake_mode, tracer.mode:
                 handler.start()
                 try:
                     yield ctx

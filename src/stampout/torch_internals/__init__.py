@@ -126,6 +126,7 @@ NAMES = {
     "maybe_current_level": "torch._C._functorch.maybe_current_level",
     "normalize_path_separator": "torch._inductor.cpp_builder.normalize_path_separator",
     "peek_interpreter_stack": "torch._C._functorch.peek_interpreter_stack",
+    "pop_saved_tensors_default_hooks": "torch._C._autograd._pop_saved_tensors_default_hooks",
     "push_saved_tensors_default_hooks": "torch._C._autograd._push_saved_tensors_default_hooks",
     "pytree": "torch.utils._pytree",
     "replace_autocast_with_hop_pass": "torch._export.passes.replace_autocast_with_hop_pass.replace_autocast_with_hop_pass",  # noqa: E501
