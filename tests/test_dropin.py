@@ -54,6 +54,8 @@ def test_compiled_module_is_the_model():
     tree_assert_close(fast(x), reference(x))
     tree_assert_close(model.norm.running_mean, reference.norm.running_mean)  # the world as eager leaves it
     assert fast.stats.captures == 1 and fast.last_capture is not None
+    assert {"guard_code", "explain", "stats", "last_capture"} <= set(dir(fast))  # (tab completion finds them)
+    assert "def check(" in fast.guard_code()
 
 
 def test_load_state_dict_goes_into_the_original():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch.fx as fx
 from .errors import StampoutError, message
 from .frames import user_location
 from .regions.events import RegionEvent, RegionStats
-from .regions.fingerprint import leaf_key, show_leaf_key
+from .regions.fingerprint import LeafKind, as_leaf_key, leaf_key, show_leaf_key
 from .runner import as_call_modules
 from .shapes import has_symbols
 from .sources import MISSING, CallContext, Source
@@ -51,6 +52,7 @@ class Capture:
     # (capture only) the fingerprint's leaf_key of each input leaf that was no tensor (a constant, None, a module,
     # an object): baked into the graph, so a call must pass the same (see `note_constants`)
     input_keys: tuple[tuple[int, tuple], ...] = ()
+    input_objects: tuple[tuple[int, Any], ...] = ()  # (capture only) input objects the graph holds as constants
     _runner: fx.GraphModule | None = None
 
     @property
@@ -137,9 +139,14 @@ class Capture:
                 ))
 
     def note_constants(self, leaves: list[Any]) -> None:
-        """Keep the key of each input leaf that is no tensor (the capture's inputs, flattened before it ran)."""
+        """Keep the key of each input leaf that is no tensor (the capture's inputs, flattened before it ran), and
+        which input objects the graph holds as constants (a `torch.Generator` its random ops draw from)."""
         self.input_keys = tuple((i, leaf_key(leaf)) for i, leaf in enumerate(leaves)
                                 if not isinstance(leaf, torch.Tensor))
+        held = {id(operator.attrgetter(n.target)(m)) for m in self.gm.modules() if isinstance(m, fx.GraphModule)
+                for n in m.graph.find_nodes(op="get_attr")}
+        self.input_objects = tuple((i, leaves[i]) for i, key in self.input_keys
+                                   if as_leaf_key(key).kind is LeafKind.OBJECT and id(leaves[i]) in held)
 
     def _check_constants(self, leaves: list[Any], labels: list[str]) -> None:
         for i, key in self.input_keys:
@@ -149,6 +156,12 @@ class Capture:
                     f"input {labels[i]} differs from the captured one: expected {show_leaf_key(key)}, got "
                     f"{show_leaf_key(got)} (the capture baked it into the graph)", user_location(),
                     "capture again for this value, or use stampout.compile, which captures once per value"))
+        for i, obj in self.input_objects:
+            if leaves[i] is not obj:
+                raise StampoutError(message(
+                    f"input {labels[i]} is another {type(obj).__qualname__} than the captured one (the graph "
+                    f"holds the captured object itself: {obj!r:.80})", user_location(),
+                    "pass the object the capture was given, capture again for this one, or use stampout.compile"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._runner is None:

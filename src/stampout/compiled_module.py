@@ -128,7 +128,7 @@ class CompiledModule(nn.Module):
         return CompiledModule(compiled.fn, compiled)
 
     def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)))
+        return sorted(set(super().__dir__()) | set(dir(self._orig_mod)) | _COMPILED_NAMES)
 
     def __repr__(self) -> str:
         inner = "\n".join("  " + line for line in repr(self._orig_mod).splitlines())
