@@ -203,6 +203,8 @@ def test_options_are_inductor_config_patches():
     (lambda: stampout.compile(torch.sin, dynamic="sometimes"), "dynamic must be None, True or False"),
     (lambda: stampout.capture(nn.Linear(2, 2)), r"do not fit Linear.forward\(input: torch.Tensor\) -> "
      r"torch.Tensor: missing a required argument: 'input'"),
+    (lambda: stampout.explain(stampout.compile(nn.Linear(2, 2), backend="eager")),  # (a compiled module: its model's)
+     r"do not fit Linear.forward\(input: torch.Tensor\)"),
     (lambda: stampout.export(nn.Linear(2, 2), torch.ones(2), torch.ones(2)), "too many positional arguments"),
     (lambda: stampout.export(None, torch.ones(1)), "stampout.export needs a function"),
     (lambda: stampout.region(max_reuse_entries=0), "max_reuse_entries must be a positive int, got 0"),

@@ -25,6 +25,7 @@ def check_call(fn: Any, args: tuple, kwargs: dict, what: str) -> None:
 
     import torch
 
+    fn = getattr(fn, "_orig_mod", fn)  # (a CompiledModule: the module it wraps)
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
     try:
         signature = inspect.signature(target)
