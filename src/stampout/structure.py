@@ -36,28 +36,50 @@ def argument_names(fn: Any) -> tuple[str, ...]:
     return names[1:] if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn) else names
 
 
+_PLAIN_LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, str, type(None)})
+
+
 def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tuple[list[Any], tuple, list[str]]:
     """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels.
 
-    Labels name positional arguments after `names` where given (`self`, `hidden_states[0]`), else `args[i]`."""
+    Labels name positional arguments after `names` where given (`self`, `hidden_states[0]`), else `args[i]`.
+    (Run on every compiled call: plain leaves, the common case, take no call of `walk`.)"""
     leaves: list[Any] = []
     labels: list[str] = []
+    plain = _PLAIN_LEAVES
 
     def walk(value: Any, label: str) -> Any:
         t = type(value)
+        if t in plain:
+            leaves.append(value)
+            labels.append(label)
+            return None
         if t is tuple or t is list or _is_namedtuple(value):
-            return (t, tuple(walk(v, f"{label}[{i}]") for i, v in enumerate(value)))
+            return (t, tuple([walk(v, f"{label}[{i}]") for i, v in enumerate(value)]))
         if isinstance(value, dict):  # OrderedDict and Hugging Face ModelOutput too: their items are inputs
-            return (t, tuple((k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()))
+            return (t, tuple([(k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()]))
         leaves.append(value)
         labels.append(label)
         return None
 
-    spec = (
-        tuple(walk(a, names[i] if i < len(names) else f"args[{i}]") for i, a in enumerate(args)),
-        tuple((k, walk(v, k)) for k, v in kwargs.items()),
-    )
-    return leaves, spec, labels
+    positional = []
+    for i, a in enumerate(args):
+        label = names[i] if i < len(names) else f"args[{i}]"
+        if type(a) in plain:
+            leaves.append(a)
+            labels.append(label)
+            positional.append(None)
+        else:
+            positional.append(walk(a, label))
+    keywords = []
+    for k, v in kwargs.items():
+        if type(v) in plain:
+            leaves.append(v)
+            labels.append(k)
+            keywords.append((k, None))
+        else:
+            keywords.append((k, walk(v, k)))
+    return leaves, (tuple(positional), tuple(keywords)), labels
 
 
 # Note: the one walker over an op's arguments and results: tuples, lists and dicts (subclasses too), in
