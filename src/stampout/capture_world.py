@@ -46,6 +46,18 @@ def refuse_subclass(leaf: torch.Tensor, label: str, guard_program: bool) -> None
                                "runs such calls eagerly"))
 
 
+def refuse_cached(cache: str, program: RegionFrame | None) -> None:
+    """The program kept a traced value in a functools cache (see Note: functools caches in world_snapshot.py)."""
+    why = (f"keeps a traced value in the functools cache of {cache}: eager computes it once and hits the cache "
+           "afterwards, a graph would compute it again on every call")
+    if program is not None:
+        program.mark_ineligible(why)  # (compile: this call runs eagerly and fills the cache; later captures hit it)
+        return
+    raise CaptureError(message(f"stampout.capture cannot trace this program: it {why}", user_location(),
+                               "compute the cached value before the capture (call the function once), or use "
+                               "stampout.compile, which runs such a call eagerly"))
+
+
 def mutated_in_place(tracer: Tracer, leaves: list[Any], cap: Capture) -> list[torch.Tensor]:
     """The real tensors of the program's own state (buffers, parameters, globals) it changed in place, by their
     fakes' versions. Not the inputs' tensors (a KV cache's): the objects the caller passed are left as one eager

@@ -22,6 +22,7 @@ from .capture_world import (
     lifted_source,
     mutated_in_place,
     plant_ints,
+    refuse_cached,
     refuse_subclass,
     restore_world,
     symbolic_names,
@@ -301,6 +302,10 @@ class ProgramCapture:
             caught = swallowed(ctx)
             if caught is not None:  # it caught an error stampout raised and went on: what it traced is not eager's
                 raise swallowed_error(caught)
+            handler.snapshot.clear_caches(nodes=self.tracer.root.nodes)
+            cached = handler.snapshot.traced_caches
+            if cached:
+                refuse_cached(cached[0], self.program if guard_program else None)
             if inspect.isgenerator(out) or inspect.iscoroutine(out) or inspect.isasyncgen(out):
                 refuse_lazy(out, guard_program)
             program = self.program

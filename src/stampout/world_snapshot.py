@@ -17,6 +17,7 @@ import torch
 
 from . import config
 from .classpatch import PATCHED_NAMES
+from .functools_caches import remove_traced_results
 from .regions.code import code_facts, is_user_class, is_user_code, is_user_module
 from .shapes import concrete
 from .torch_internals import FakeTensor
@@ -44,6 +45,7 @@ class Snapshot:
     containers: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id -> (dict | list, shallow copy)
     caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
     classes: dict[int, tuple[type, dict]] = field(default_factory=dict)  # id -> (user class, its attributes)
+    traced_caches: list[str] = field(default_factory=list)  # functools caches a trace stored a traced value in
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
     def note_program(self, fns: list[Any], depth: int = 3) -> None:
@@ -190,13 +192,22 @@ class Snapshot:
     def cache_misses(self) -> dict[int, int]:
         return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
 
-    def clear_caches(self, since: dict[int, int]) -> None:
-        """Clear the caches that stored results since `since` was taken (a region trace's fakes must not be
-        handed to the next call of the function, which runs in another graph)."""
+    def clear_caches(self, since: dict[int, int] | None = None, nodes: dict[int, Any] | None = None) -> list[str]:
+        """Take the traced values out of the caches that stored results since `since` (else since noted): a
+        fake must not be handed to the next call of the function, which runs in another graph. Real results stay
+        (eager keeps them: a later change of what they were computed from is not seen, as in eager). Returns the
+        caches that held a value drawn at random by the graph whose `nodes` (id -> (fake, node)) are given, also
+        kept in `traced_caches` (see Note: functools caches)."""
+        found = []
         for key, (wrapper, noted) in self.caches.items():
-            if wrapper.cache_info().misses != since.get(key, noted):
-                wrapper.cache_clear()
-                self.caches[key] = (wrapper, -1)  # (repair reports it as cleared)
+            if wrapper.cache_info().misses == (noted if since is None else since.get(key, noted)):
+                continue
+            self.caches[key] = (wrapper, -1)  # (changed: repair looks again)
+            if remove_traced_results(wrapper, nodes) and nodes is not None:
+                code = getattr(getattr(wrapper, "__wrapped__", None), "__code__", None)
+                found.append(_name(wrapper) + (f" ({code.co_filename}:{code.co_firstlineno})" if code else ""))
+        self.traced_caches.extend(found)
+        return found
 
     def contents(self) -> list[Any]:
         """The memo containers as they are now (what a trace may have stored in them); of a module's globals,
@@ -228,14 +239,11 @@ class Snapshot:
         return found
 
     def repair(self) -> Repairs:
-        """Undo what put a fake where user state keeps it: caches that stored results computed during the
-        capture are cleared (a cache is transparent); a dict item or list holding a fake is put back as it was
+        """Undo what put a fake where user state keeps it: traced results are taken out of the caches (see Note:
+        functools caches); a dict item or list holding a fake is put back as it was
         (a symbolic size alone becomes its value for the capture's inputs, as eager would have stored it)."""
         repairs = Repairs()
-        for wrapper, misses in self.caches.values():
-            if wrapper.cache_info().misses != misses:
-                wrapper.cache_clear()
-                repairs.caches.append(_name(wrapper))
+        repairs.caches.extend(self.clear_caches())
         known = self.containers
         for container, before in known.values():
             items = container.items() if type(container) is dict else enumerate(container)

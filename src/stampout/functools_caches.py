@@ -1,0 +1,64 @@
+"""What a capture does with the `functools.cache` / `lru_cache` results the program stored while it ran."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from . import config
+from .op_facts import draws_random
+from .torch_internals import DisableTorchFunction, FakeTensor, HigherOrderOperator
+from .world import holds_fake
+
+
+# Note: functools caches
+# A cache the program fills during a capture is state eager keeps: a real result stays (the next call is a hit, as
+# in eager, whatever the state it was computed from holds by then). A traced result (a tensor the graph computes)
+# cannot stay: it is taken out, and each call's graph computes it again, which gives eager's values unless it drew
+# random numbers (`torch.randn` memoized: eager draws once, then hits). Then the capture is refused, and `compile`
+# runs that call eagerly, which fills the cache with the real result its later captures hit. An unbounded cache
+# (`functools.cache`) loses only its traced entries; a bounded one cannot give up one entry, and is cleared.
+def _results(wrapper: Any) -> list[Any]:
+    """What a functools cache holds (its dict of results, or its links' keys and results; gc sees them)."""
+    own = (getattr(wrapper, "__dict__", None), getattr(wrapper, "__wrapped__", None))
+    return [r for r in gc.get_referents(wrapper) if not any(r is o for o in own) and not isinstance(r, type)]
+
+
+def remove_traced_results(wrapper: Any, nodes: dict[int, Any] | None) -> bool:
+    """Take the results holding a fake out of a functools cache; whether one of them was drawn at random in the
+    graph of `nodes` (a fake not found there counts as drawn)."""
+    with DisableTorchFunction():
+        held = _results(wrapper)
+        fakes = [t for r in held for t in _fakes_in(r)]
+        if not fakes:
+            return False
+        table = next((r for r in held if type(r) is dict), None)
+        if wrapper.cache_parameters().get("maxsize", 0) is None and table is not None:
+            for key in [k for k, v in list(table.items()) if holds_fake(v) or holds_fake(k)]:
+                del table[key]
+        else:
+            wrapper.cache_clear()
+    return nodes is not None and any(id(t) not in nodes or drawn_at_random(nodes[id(t)][1]) for t in fakes)
+
+
+def _fakes_in(value: Any, depth: int = 0) -> list[Any]:
+    if isinstance(value, FakeTensor):
+        return [value]
+    if depth < config.scan_depth and type(value) in (list, tuple, dict):
+        items = value.values() if type(value) is dict else value
+        return [t for v in list(items)[:config.scan_items] for t in _fakes_in(v, depth + 1)]
+    return []
+
+
+def drawn_at_random(node: Any) -> bool:
+    """Whether an FX node's value depends on a random draw (an op that draws, or a call of a subgraph)."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "call_function" and (draws_random(n.target) or isinstance(n.target, HigherOrderOperator)):
+            return True
+        todo.extend(n.all_input_nodes)
+    return False
