@@ -114,7 +114,8 @@ def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwarg
     # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
     with torch.no_grad():
         saved = [(t, t.clone()) for t in mutated]
-        outputs = as_call_modules(cap.gm)(*inputs)
+    outputs = as_call_modules(cap.gm)(*inputs)  # (in the program's grad mode: a stored loss keeps its grad_fn)
+    with torch.no_grad():
         stored = {v.untyped_storage().data_ptr() for v in outputs[len(outputs) - len(left):]
                   if isinstance(v, torch.Tensor)}
         for t, value in saved:

@@ -1,0 +1,44 @@
+"""What `stampout.capture` stores where the program kept a traced value is what one eager call stores (SPEC §3:
+where eager would have stored a real value, the real value is stored or the capture refuses)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+
+
+class AuxLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.aux = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        self.aux = h.pow(2).mean()  # (a loss the training loop adds: it must keep its graph)
+        return h
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_a_loss_stored_on_the_module_keeps_its_autograd_graph(grad):
+    torch.manual_seed(0)
+    model, x = AuxLoss(), torch.randn(2, 4)
+    with torch.set_grad_enabled(grad):
+        model(x)
+        expected = model.aux
+        model.aux = None
+        stampout.capture(model, x)
+    got = model.aux
+    assert type(got) is torch.Tensor
+    torch.testing.assert_close(got, expected)
+    assert got.requires_grad == expected.requires_grad == grad
+    if grad:
+        got.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        expected.backward()
+        for g, p in zip(grads, model.parameters()):
+            torch.testing.assert_close(g, p.grad)
