@@ -238,6 +238,7 @@ class ProgramCapture:
         modules = modules_of(fn)
         registries = Registries(modules)
         handler.snapshot.note_program([frame_function(fn), *methods_of(modules)])
+        handler.snapshot.note_settings()
         for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
             handler.snapshot.note(klass, 1)
         try:
@@ -260,6 +261,9 @@ class ProgramCapture:
             concrete_stores(program, held)
         unplant(self.planted)
         if guard_program:  # what no replayed effect would store again: compiled calls cannot repeat it
+            settings = handler.snapshot.settings_changed()
+            if settings:  # (set again by the eager call: no graph does)
+                program.mark_ineligible(f"sets {settings[0]} (a process-wide torch setting a graph does not set)")
             classes = handler.snapshot.classes_changed()
             if classes:
                 handler.snapshot.put_back_classes()

@@ -9,6 +9,7 @@ cache that does) and says what it repaired; a region trace that changed them is 
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,7 @@ class Snapshot:
     caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
     classes: dict[int, tuple[type, dict]] = field(default_factory=dict)  # id -> (user class, its attributes)
     traced_caches: list[str] = field(default_factory=list)  # functools caches a trace stored a traced value in
+    settings: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # torch.backends.* namespaces, as noted
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
     def note_program(self, fns: list[Any], depth: int = 3) -> None:
@@ -68,6 +70,23 @@ class Snapshot:
             self._note_store_targets(facts.attribute_stores, g, cells)
             if depth:
                 self.note_program(called, depth - 1)
+
+    def note_settings(self) -> None:
+        """Before the program runs: the namespaces of torch's settings modules (`torch.backends.opt_einsum.enabled`
+        is a plain attribute of a module object, set with no C call: see regions/purity.py for the others)."""
+        for name, module in list(sys.modules.items()):
+            fields = getattr(module, "__dict__", None) if name.startswith("torch.backends.") else None
+            if type(fields) is dict and name not in self.settings:
+                self.settings[name] = (fields, dict(fields))
+
+    def settings_changed(self, state: dict[Any, Any] | None = None) -> list[str]:
+        """`module.name` of each torch setting rebound, added or deleted since `state` (else since noted)."""
+        changed = []
+        for module, (fields, noted) in self.settings.items():
+            then = noted if state is None else state.get(("setting", module), noted)
+            changed += [f"{module}.{k}" for k in dict.fromkeys([*then, *fields])
+                        if then.get(k, _GONE) is not fields.get(k, _GONE)]
+        return changed
 
     def saw(self, code: types.CodeType, g: dict) -> bool:
         return (id(code), id(g)) in self._seen
@@ -155,6 +174,7 @@ class Snapshot:
         it)."""
         state: dict[Any, Any] = {key: _identities(container) for key, (container, _) in self.containers.items()}
         state.update({("class", key): _class_state(klass) for key, (klass, _) in self.classes.items()})
+        state.update({("setting", name): dict(fields) for name, (fields, _) in self.settings.items()})
         return state
 
     def classes_changed(self, state: dict[Any, Any] | None = None) -> list[str]:
@@ -187,7 +207,8 @@ class Snapshot:
             if (_identities(before) if then is None else then) != _identities(container):
                 name = container.get("__name__") if type(container) is dict and "__builtins__" in container else None
                 changed.append(f"the globals of {name}" if name else f"a {type(container).__name__} memo")
-        return changed + [f"the class attribute {name}" for name in self.classes_changed(state)]
+        return (changed + [f"the class attribute {name}" for name in self.classes_changed(state)]
+                + [f"the torch setting {name}" for name in self.settings_changed(state)])
 
     def cache_misses(self) -> dict[int, int]:
         return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
