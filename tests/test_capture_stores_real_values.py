@@ -42,3 +42,29 @@ def test_a_loss_stored_on_the_module_keeps_its_autograd_graph(grad):
         expected.backward()
         for g, p in zip(grads, model.parameters()):
             torch.testing.assert_close(g, p.grad)
+
+
+@pytest.mark.parametrize("where", ["module", "global"])
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_forward_hook_filling_a_closure_dict_leaves_real_activations(how, where):
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4)
+    acts: dict = {}
+
+    def keep(mod, args, out):
+        if isinstance(mod, nn.Linear):
+            acts["lin"] = out
+
+    handle = (model[0].register_forward_hook(keep) if where == "module"
+              else nn.modules.module.register_module_forward_hook(keep))
+    try:
+        model(x)
+        expected = acts.pop("lin")
+        if how == "capture":
+            stampout.capture(model, x)
+        else:
+            stampout.compile(model, backend="eager")(x)
+    finally:
+        handle.remove()
+    assert type(acts["lin"]) is torch.Tensor
+    torch.testing.assert_close(acts["lin"], expected)

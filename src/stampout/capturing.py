@@ -48,7 +48,7 @@ from .held_inputs import (
     object_fields,
     rebuild_inputs,
 )
-from .leftovers import left_over_fakes, make_real, methods_of, modules_of
+from .leftovers import hooks_of, left_over_fakes, make_real, methods_of, modules_of
 from .lost_gradients import autograd_refusal
 from .names import TensorNames, identifier
 from .regions.cache import RegionCache
@@ -237,7 +237,7 @@ class ProgramCapture:
         self.tracer.rng_state = states.torch_cpu
         modules = modules_of(fn)
         registries = Registries(modules)
-        handler.snapshot.note_program([frame_function(fn), *methods_of(modules)])
+        handler.snapshot.note_program([frame_function(fn), *methods_of(modules), *hooks_of(modules)])
         handler.snapshot.note_settings()
         for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
             handler.snapshot.note(klass, 1)
