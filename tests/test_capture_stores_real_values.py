@@ -68,3 +68,44 @@ def test_a_forward_hook_filling_a_closure_dict_leaves_real_activations(how, wher
         handle.remove()
     assert type(acts["lin"]) is torch.Tensor
     torch.testing.assert_close(acts["lin"], expected)
+
+
+class LazyNoise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self._noise = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._noise is None:  # (drawn once, then reused: a graph would draw it on every call)
+            self._noise = torch.randn(4)
+        return self.lin(x) + self._noise
+
+
+def _lazy_noise_calls(fn, model, x):
+    torch.manual_seed(1)
+    model._noise = None
+    return [fn(x), fn(x), fn(x), torch.randn(3)]  # (the stream after: drawn from once)
+
+
+def test_compile_draws_a_lazily_memoized_random_tensor_once():
+    torch.manual_seed(0)
+    model, x = LazyNoise(), torch.randn(2, 4)
+    expected = _lazy_noise_calls(model, model, x)
+    for got, want in zip(_lazy_noise_calls(stampout.compile(model, backend="eager"), model, x), expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_capture_refuses_a_lazily_memoized_random_tensor_and_leaves_eagers_value():
+    torch.manual_seed(0)
+    model, x = LazyNoise(), torch.randn(2, 4)
+    torch.manual_seed(1)
+    model(x)
+    expected, after = model._noise, torch.randn(3)
+    model._noise = None
+    torch.manual_seed(1)
+    with pytest.raises(stampout.StampoutError, match=r"drawn at random in LazyNoise\._noise"):
+        stampout.capture(model, x)
+    assert type(model._noise) is torch.Tensor
+    torch.testing.assert_close(model._noise, expected)
+    torch.testing.assert_close(torch.randn(3), after)

@@ -17,6 +17,7 @@ from . import higher_order, torch_internals
 from .capture import Capture
 from .capture_world import (
     concrete_stores,
+    drawn_store,
     frame_function,
     held_dynamic,
     lifted_source,
@@ -132,6 +133,7 @@ class ProgramCapture:
         self.stores: list = []
         self.unreplayable = ""
         self.left: list = []
+        self.refusal: str | None = None  # (a capture refused once the objects are as eager leaves them)
 
     def run(self) -> Capture:
         """The hops, in order; the `Capture`."""
@@ -152,6 +154,8 @@ class ProgramCapture:
         if options.real:  # (export puts its objects back itself, after this)
             with DisableTorchFunction():
                 check_left_over(self.handler.snapshot, self.objects())
+        if self.refusal is not None:  # (refused with the objects as one eager call leaves them)
+            raise CaptureError(self.refusal)
         return cap
 
     def objects(self) -> list[Any]:
@@ -349,6 +353,7 @@ class ProgramCapture:
             holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
             self.left = left_over_fakes(holders, tracer, plan)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
+            self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):])
         nodes = [tracer.root.node_for(t) for t in [*self.slots, *self.plan.extra]]
         if not self.guard_program:
             warn_unnamed(tracer, self.program)
