@@ -14,9 +14,9 @@ from .capture import Capture
 from .context import listeners
 from .errors import CaptureError, message
 from .frames import user_location
-from .functools_caches import drawn_at_random
 from .held_inputs import Held
 from .names import identifier, root_module
+from .op_facts import drawn_at_random
 from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost

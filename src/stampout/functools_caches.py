@@ -5,11 +5,9 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from torch import fx
-
 from . import config
-from .op_facts import draws_random, op_name
-from .torch_internals import DisableTorchFunction, FakeTensor, HigherOrderOperator
+from .op_facts import drawn_at_random
+from .torch_internals import DisableTorchFunction, FakeTensor
 from .world import holds_fake
 
 
@@ -50,27 +48,3 @@ def _fakes_in(value: Any, depth: int = 0) -> list[Any]:
         items = value.values() if type(value) is dict else value
         return [t for v in list(items)[:config.scan_items] for t in _fakes_in(v, depth + 1)]
     return []
-
-
-def drawn_at_random(node: Any, submodules: dict[str, Any] | None = None) -> bool:
-    """Whether an FX node's value depends on a random draw: an op that draws among its inputs, or a call of a
-    subgraph (found by name in `submodules`; one not found counts as drawing) with such an op in it."""
-    todo, seen = [node], set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op in ("call_function", "call_method") and _draws(n.target):
-            return True
-        if n.op == "call_function" and isinstance(n.target, HigherOrderOperator):
-            graphs = [getattr((submodules or {}).get(a.target), "graph", None) for a in n.args
-                      if isinstance(a, fx.Node) and a.op == "get_attr"]
-            if not graphs or any(g is None or any(drawn_at_random(m, submodules) for m in g.nodes) for g in graphs):
-                return True
-        todo.extend(n.all_input_nodes)
-    return False
-
-
-def _draws(target: Any) -> bool:
-    return draws_random(target) and "normalize" not in op_name(target)  # (F.normalize: "normal" in its name)
