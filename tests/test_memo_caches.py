@@ -215,3 +215,22 @@ def test_capture_refuses_a_cached_random_tensor():
     with pytest.raises(stampout.StampoutError, match="functools cache of cached_noise"):
         stampout.capture(model, x)
     assert cached_noise.cache_info().currsize == 0  # (no traced value left in it)
+
+
+@pytest.mark.parametrize("scale", [unbounded_scale, bounded_scale], ids=["cache", "lru_cache"])
+def test_a_cleared_functools_cache_is_seen_by_later_calls(scale):
+    # (a hit's result is in the graph: clearing the cache between calls makes eager compute it again)
+    torch.manual_seed(0)
+    model, x = CachedScale(scale), torch.randn(2, 4)
+    scale.cache_clear()
+    SCALE["value"] = 2.0
+    try:
+        model(x)  # (filled before the capture: the capture hits it)
+        fn = stampout.compile(model, backend="eager")
+        for value, clear in ((5.0, False), (5.0, False), (5.0, True), (7.0, False), (7.0, True)):
+            SCALE["value"] = value
+            if clear:
+                scale.cache_clear()
+            torch.testing.assert_close(fn(x), model(x))
+    finally:
+        SCALE["value"] = 2.0

@@ -4,6 +4,7 @@ it stores on the caller's objects. Entering the capture context (and torch's pat
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from .context import listeners, swallowed
 from .effects import Plan, Registries, Value, undo
 from .errors import CaptureError, message, swallowed_error
 from .frames import user_location
+from .functools_caches import CacheReads
+from .guards import Kind
 from .held_inputs import (
     Held,
     check_no_hidden_tensors,
@@ -56,7 +59,7 @@ from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
 from .shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
-from .sources import CallContext, Source
+from .sources import Absolute, CallContext, Source
 from .structure import aliases_of, flatten_inputs, positional_names, to_template
 from .torch_internals import (
     DisableTorchFunction,
@@ -245,6 +248,10 @@ class ProgramCapture:
         handler.snapshot.note_settings()
         for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
             handler.snapshot.note(klass, 1)
+        for m in modules:  # and on the modules (`self.table = functools.cache(fn)`)
+            for value in list(vars(m).values()):
+                if isinstance(value, functools._lru_cache_wrapper):
+                    handler.snapshot.note(value, 1)
         try:
             self._traced(registries)
         except BaseException:
@@ -314,6 +321,10 @@ class ProgramCapture:
             cached = handler.snapshot.traced_caches
             if cached:
                 refuse_cached(cached[0], self.program if guard_program else None)
+            read = handler.snapshot.caches_read() if guard_program else None
+            if read:  # (a hit's result is in the graph: a cleared cache captures again)
+                self.program.guard(Absolute(CacheReads(read), "functools caches read"), Kind.NAMESPACE, None,
+                                   "functools caches")
             if inspect.isgenerator(out) or inspect.iscoroutine(out) or inspect.isasyncgen(out):
                 refuse_lazy(out, guard_program)
             program = self.program

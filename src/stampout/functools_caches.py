@@ -48,3 +48,53 @@ def _fakes_in(value: Any, depth: int = 0) -> list[Any]:
         items = value.values() if type(value) is dict else value
         return [t for v in list(items)[:config.scan_items] for t in _fakes_in(v, depth + 1)]
     return []
+
+
+class CacheReads:
+    """The functools caches a compiled program got values from, as the capture left them: a hit's result is baked
+    into the graph, so `cache_clear()` (or any other change of what a cache holds: a miss, an eviction) between
+    calls captures again. Checked like a NamespaceReads (Kind.NAMESPACE): `unchanged()` per call."""
+
+    __slots__ = ("_caches", "sentinel")
+
+    def __init__(self, caches: list[Any]) -> None:
+        self._caches = [(w, _state(w), _contents(w)) for w in caches]  # (the contents kept alive: compared by `is`)
+        self.sentinel = None
+
+    def unchanged(self) -> bool:
+        return self._first_change() is None
+
+    def _first_change(self) -> Any:
+        for wrapper, state, contents in self._caches:
+            if _state(wrapper) != state:
+                return wrapper
+            now = _contents(wrapper)
+            if len(now) != len(contents) or any(a is not b for a, b in zip(now, contents)):
+                return wrapper
+        return None
+
+    def describe(self) -> str:
+        changed = self._first_change()
+        return "every cache as read" if changed is None else f"the cache of {_name(changed)} changed"
+
+
+def _state(wrapper: Any) -> tuple[int, int]:
+    info = wrapper.cache_info()
+    return info.misses, info.currsize
+
+
+def _contents(wrapper: Any) -> list[Any]:
+    """The results a cache holds (a cleared and refilled cache has as many misses, not the same objects); a large
+    cache by its counts alone."""
+    if wrapper.cache_info().currsize > _COMPARED_RESULTS:
+        return []
+    held = _results(wrapper)
+    table = next((r for r in held if type(r) is dict), None)
+    return list(table.values()) if table is not None else held
+
+
+_COMPARED_RESULTS = 64
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)

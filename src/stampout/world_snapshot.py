@@ -47,6 +47,7 @@ class Snapshot:
     caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
     classes: dict[int, tuple[type, dict]] = field(default_factory=dict)  # id -> (user class, its attributes)
     traced_caches: list[str] = field(default_factory=list)  # functools caches a trace stored a traced value in
+    hits: dict[int, int] = field(default_factory=dict)  # id -> hits of the cache when noted
     settings: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # torch.backends.* namespaces, as noted
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
@@ -128,7 +129,9 @@ class Snapshot:
         if depth > config.scan_depth or id(value) in self.containers or id(value) in self.caches:
             return
         if isinstance(value, functools._lru_cache_wrapper):
-            self.caches[id(value)] = (value, value.cache_info().misses)
+            info = value.cache_info()
+            self.caches[id(value)] = (value, info.misses)
+            self.hits[id(value)] = info.hits
             return
         t = type(value)
         if t is dict or t is list:
@@ -209,6 +212,12 @@ class Snapshot:
                 changed.append(f"the globals of {name}" if name else f"a {type(container).__name__} memo")
         return (changed + [f"the class attribute {name}" for name in self.classes_changed(state)]
                 + [f"the torch setting {name}" for name in self.settings_changed(state)])
+
+    def caches_read(self) -> list[Any]:
+        """The functools caches the program hit or filled since they were noted (what it got from them is a
+        value its guards must keep: see CacheReads)."""
+        return [w for key, (w, _) in self.caches.items() if w.cache_info().hits != self.hits.get(key)
+                or w.cache_info().misses != self.caches[key][1]]
 
     def cache_misses(self) -> dict[int, int]:
         return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
