@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import config
+from . import caches, config
 from .classpatch import PATCHED_NAMES
 from .functools_caches import remove_traced_results
 from .regions.code import code_facts, is_user_class, is_user_code, is_user_module
@@ -75,8 +75,8 @@ class Snapshot:
     def note_settings(self) -> None:
         """Before the program runs: the namespaces of torch's settings modules (`torch.backends.opt_einsum.enabled`
         is a plain attribute of a module object, set with no C call: see regions/purity.py for the others)."""
-        for name, module in list(sys.modules.items()):
-            fields = getattr(module, "__dict__", None) if name.startswith("torch.backends.") else None
+        for name in _settings_modules(len(sys.modules)):
+            fields = getattr(sys.modules.get(name), "__dict__", None)
             if type(fields) is dict and name not in self.settings:
                 self.settings[name] = (fields, dict(fields))
 
@@ -296,6 +296,15 @@ class Snapshot:
                 container[:] = before
                 repairs.places.append("the items of a list")
         return repairs
+
+
+@functools.lru_cache(maxsize=1)
+def _settings_modules(count: int) -> tuple[str, ...]:
+    """The names of torch's settings modules among the `count` imported (looked for again when one more is)."""
+    return tuple(name for name in list(sys.modules) if name.startswith("torch.backends."))
+
+
+caches.register(_settings_modules, "world_snapshot torch settings modules")
 
 
 def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
