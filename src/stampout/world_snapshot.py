@@ -9,14 +9,13 @@ cache that does) and says what it repaired; a region trace that changed them is 
 from __future__ import annotations
 
 import functools
-import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import caches, config
+from . import config
 from .classpatch import PATCHED_NAMES
 from .functools_caches import remove_traced_results
 from .regions.code import code_facts, is_user_class, is_user_code, is_user_module
@@ -75,16 +74,19 @@ class Snapshot:
     def note_settings(self) -> None:
         """Before the program runs: the namespaces of torch's settings modules (`torch.backends.opt_einsum.enabled`
         is a plain attribute of a module object, set with no C call: see regions/purity.py for the others)."""
-        for name in _settings_modules(len(sys.modules)):
-            fields = getattr(sys.modules.get(name), "__dict__", None)
-            if type(fields) is dict and name not in self.settings:
-                self.settings[name] = (fields, dict(fields))
+        for module in list(vars(torch.backends).values()):  # (its submodules, as imported)
+            fields = (getattr(module, "__dict__", None)
+                      if isinstance(module, types.ModuleType) and module is not torch.backends else None)
+            if type(fields) is dict and module.__name__ not in self.settings:
+                self.settings[module.__name__] = (fields, dict(fields))
 
     def settings_changed(self, state: dict[Any, Any] | None = None) -> list[str]:
         """`module.name` of each torch setting rebound, added or deleted since `state` (else since noted)."""
         changed = []
         for module, (fields, noted) in self.settings.items():
             then = noted if state is None else state.get(("setting", module), noted)
+            if len(then) == len(fields) and all(fields.get(k, _GONE) is v for k, v in then.items()):
+                continue
             changed += [f"{module}.{k}" for k in dict.fromkeys([*then, *fields])
                         if then.get(k, _GONE) is not fields.get(k, _GONE)]
         return changed
@@ -296,15 +298,6 @@ class Snapshot:
                 container[:] = before
                 repairs.places.append("the items of a list")
         return repairs
-
-
-@functools.lru_cache(maxsize=1)
-def _settings_modules(count: int) -> tuple[str, ...]:
-    """The names of torch's settings modules among the `count` imported (looked for again when one more is)."""
-    return tuple(name for name in list(sys.modules) if name.startswith("torch.backends."))
-
-
-caches.register(_settings_modules, "world_snapshot torch settings modules")
 
 
 def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
