@@ -4,6 +4,7 @@ global keyed by module, a module with its own `__getattr__`. Each is read for re
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import types
 import weakref
@@ -122,3 +123,114 @@ def test_a_module_with_its_own_getattr_is_read_and_guarded():
         torch.testing.assert_close(fn(x), model(x))
     finally:
         SETTINGS_VALUES["gain"] = 2.0
+
+
+SCALE = {"value": 2.0}
+
+
+@functools.cache
+def unbounded_scale() -> float:
+    return SCALE["value"]
+
+
+@functools.lru_cache(maxsize=8)
+def bounded_scale() -> float:
+    return SCALE["value"]
+
+
+class CachedScale(nn.Module):
+    def __init__(self, scale) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale()
+
+
+@pytest.mark.parametrize("scale", [unbounded_scale, bounded_scale], ids=["cache", "lru_cache"])
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_functools_cache_filled_by_the_capture_keeps_its_real_result(how, scale):
+    # Eager computes the cached value once and keeps it, whatever the state it came from holds later.
+    torch.manual_seed(0)
+    model, x = CachedScale(scale), torch.randn(2, 4)
+
+    def calls(fn):
+        scale.cache_clear()
+        SCALE["value"] = 2.0
+        outs = [fn(x)]
+        SCALE["value"] = 5.0
+        outs += [fn(x), model(x)]
+        return outs
+
+    try:
+        expected = calls(model)
+        if how == "capture":
+            scale.cache_clear()
+            SCALE["value"] = 2.0
+            cap = stampout.capture(model, x)
+            SCALE["value"] = 5.0
+            got = [cap(x), cap(x), model(x)]
+        else:
+            got = calls(stampout.compile(model, backend="eager"))
+    finally:
+        SCALE["value"] = 2.0
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+@functools.cache
+def cached_noise() -> torch.Tensor:
+    return torch.randn(4)
+
+
+class CachedNoise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + cached_noise()
+
+
+def test_a_cached_random_tensor_is_drawn_once_as_in_eager():
+    def calls(fn):
+        torch.manual_seed(1)
+        cached_noise.cache_clear()
+        x = torch.randn(2, 4)
+        return [fn(x), fn(x), fn(x), torch.randn(3)]  # (the stream after: drawn from once)
+
+    torch.manual_seed(0)
+    model = CachedNoise()
+    expected = calls(model)
+    for g, e in zip(calls(stampout.compile(model, backend="eager")), expected):
+        torch.testing.assert_close(g, e)
+    assert type(cached_noise()) is torch.Tensor
+
+
+def test_capture_refuses_a_cached_random_tensor():
+    torch.manual_seed(0)
+    model, x = CachedNoise(), torch.randn(2, 4)
+    cached_noise.cache_clear()
+    with pytest.raises(stampout.StampoutError, match="functools cache of cached_noise"):
+        stampout.capture(model, x)
+    assert cached_noise.cache_info().currsize == 0  # (no traced value left in it)
+
+
+@pytest.mark.parametrize("scale", [unbounded_scale, bounded_scale], ids=["cache", "lru_cache"])
+def test_a_cleared_functools_cache_is_seen_by_later_calls(scale):
+    # (a hit's result is in the graph: clearing the cache between calls makes eager compute it again)
+    torch.manual_seed(0)
+    model, x = CachedScale(scale), torch.randn(2, 4)
+    scale.cache_clear()
+    SCALE["value"] = 2.0
+    try:
+        model(x)  # (filled before the capture: the capture hits it)
+        fn = stampout.compile(model, backend="eager")
+        for value, clear in ((5.0, False), (5.0, False), (5.0, True), (7.0, False), (7.0, True)):
+            SCALE["value"] = value
+            if clear:
+                scale.cache_clear()
+            torch.testing.assert_close(fn(x), model(x))
+    finally:
+        SCALE["value"] = 2.0

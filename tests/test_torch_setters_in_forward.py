@@ -25,11 +25,8 @@ SETTINGS = [
     ("use_deterministic_algorithms", lambda: torch.use_deterministic_algorithms(True),
      torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms),
     # (settings torch keeps in Python: no C call sets them)
-    pytest.param("backends.opt_einsum.enabled", lambda: setattr(torch.backends.opt_einsum, "enabled", False),
-                 lambda: torch.backends.opt_einsum.enabled, lambda v: setattr(torch.backends.opt_einsum, "enabled", v),
-                 marks=pytest.mark.xfail(strict=True, reason="known bug: the store into torch.backends.opt_einsum "
-                                         "(a Python attribute, no C setter) is not seen; later calls skip it"),
-                 id="backends.opt_einsum.enabled"),
+    ("backends.opt_einsum.enabled", lambda: setattr(torch.backends.opt_einsum, "enabled", False),
+     lambda: torch.backends.opt_einsum.enabled, lambda v: setattr(torch.backends.opt_einsum, "enabled", v)),
     ("backends.mha.set_fastpath_enabled", lambda: torch.backends.mha.set_fastpath_enabled(False),
      torch.backends.mha.get_fastpath_enabled, torch.backends.mha.set_fastpath_enabled),
     ("set_printoptions", lambda: torch.set_printoptions(precision=2), lambda: torch._tensor_str.PRINT_OPTS.precision,
@@ -118,3 +115,26 @@ def test_a_region_that_sets_threads_is_not_reused():
     cap = stampout.capture(program, torch.ones(2))
     assert cap.stats.reuses == 0
     torch.testing.assert_close(cap(torch.ones(2)), program(torch.ones(2)))
+
+
+def test_a_region_that_sets_a_python_held_torch_setting_is_not_reused():
+    stampout.reset()
+    original = torch.backends.opt_einsum.enabled
+
+    @stampout.region
+    def block(x):
+        setattr(torch.backends.opt_einsum, "enabled", False)  # noqa: B010 (no STORE_ATTR: seen by its effect)
+        return x * 2
+
+    def program(x):
+        torch.backends.opt_einsum.enabled = True
+        y = block(x)
+        torch.backends.opt_einsum.enabled = True
+        return block(y)
+
+    try:
+        cap = stampout.capture(program, torch.ones(2))
+        assert cap.stats.reuses == 0 and cap.stats.traces + cap.stats.dedups == 2  # (each call traced)
+        torch.testing.assert_close(cap(torch.ones(2)), program(torch.ones(2)))
+    finally:
+        torch.backends.opt_einsum.enabled = original

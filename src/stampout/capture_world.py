@@ -16,6 +16,7 @@ from .errors import CaptureError, message
 from .frames import user_location
 from .held_inputs import Held
 from .names import identifier, root_module
+from .op_facts import drawn_at_random
 from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
 from .regions.marker import innermost
@@ -44,6 +45,35 @@ def refuse_subclass(leaf: torch.Tensor, label: str, guard_program: bool) -> None
     raise CaptureError(message(f"stampout.capture cannot trace this program: {why}", user_location(),
                                "pass a plain tensor (x.as_subclass(torch.Tensor)), or use stampout.compile, which "
                                "runs such calls eagerly"))
+
+
+def refuse_cached(cache: str, program: RegionFrame | None) -> None:
+    """The program kept a traced value in a functools cache (see Note: functools caches in world_snapshot.py)."""
+    why = (f"keeps a traced value in the functools cache of {cache}: eager computes it once and hits the cache "
+           "afterwards, a graph would compute it again on every call")
+    if program is not None:
+        program.mark_ineligible(why)  # (compile: this call runs eagerly and fills the cache; later captures hit it)
+        return
+    raise CaptureError(message(f"stampout.capture cannot trace this program: it {why}", user_location(),
+                               "compute the cached value before the capture (call the function once), or use "
+                               "stampout.compile, which runs such a call eagerly"))
+
+
+def drawn_store(tracer: Tracer, left: list[tuple[Any, Any, str]], values: list[Any]) -> str | None:
+    """Why the capture is refused, if a value the program stores in state that outlives the call
+    (`self._noise = torch.randn(...)` behind an `is None` test) is drawn at random: the graph computes it on every
+    call of the Capture, drawing it again, where eager draws it once and reuses it (`compile` captures again once
+    it is stored)."""
+    for (holder, key, _), value in zip(left, values):
+        node = tracer.root.nodes.get(id(value))
+        if node is not None and drawn_at_random(node[1], tracer.root.submodules):
+            name = f"{type(holder).__name__}.{key}" if not isinstance(holder, (dict, list)) else f"the item {key!r}"
+            return message(
+                f"stampout.capture cannot trace this program: it stores a tensor drawn at random in {name}, which "
+                "each call of the Capture would draw again (eager draws it once, then reuses what it stored)",
+                _read_at(node[1]), "draw it before the capture (in __init__, or one eager call), or use "
+                "stampout.compile, which reads it once stored")
+    return None
 
 
 def mutated_in_place(tracer: Tracer, leaves: list[Any], cap: Capture) -> list[torch.Tensor]:

@@ -4,6 +4,7 @@ it stores on the caller's objects. Entering the capture context (and torch's pat
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable
@@ -17,11 +18,13 @@ from . import higher_order, torch_internals
 from .capture import Capture
 from .capture_world import (
     concrete_stores,
+    drawn_store,
     frame_function,
     held_dynamic,
     lifted_source,
     mutated_in_place,
     plant_ints,
+    refuse_cached,
     refuse_subclass,
     restore_world,
     symbolic_names,
@@ -34,6 +37,8 @@ from .context import listeners, swallowed
 from .effects import Plan, Registries, Value, undo
 from .errors import CaptureError, message, swallowed_error
 from .frames import user_location
+from .functools_caches import CacheReads
+from .guards import Kind
 from .held_inputs import (
     Held,
     check_no_hidden_tensors,
@@ -47,14 +52,14 @@ from .held_inputs import (
     object_fields,
     rebuild_inputs,
 )
-from .leftovers import left_over_fakes, make_real, methods_of, modules_of
+from .leftovers import hooks_of, left_over_fakes, make_real, methods_of, modules_of
 from .lost_gradients import autograd_refusal
 from .names import TensorNames, identifier
 from .regions.cache import RegionCache
 from .regions.call import RegionCalls
 from .regions.frame import ProgramIneligible, RegionFrame
 from .shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
-from .sources import CallContext, Source
+from .sources import Absolute, CallContext, Source
 from .structure import aliases_of, flatten_inputs, positional_names, to_template
 from .torch_internals import (
     DisableTorchFunction,
@@ -131,6 +136,7 @@ class ProgramCapture:
         self.stores: list = []
         self.unreplayable = ""
         self.left: list = []
+        self.refusal: str | None = None  # (a capture refused once the objects are as eager leaves them)
 
     def run(self) -> Capture:
         """The hops, in order; the `Capture`."""
@@ -151,6 +157,8 @@ class ProgramCapture:
         if options.real:  # (export puts its objects back itself, after this)
             with DisableTorchFunction():
                 check_left_over(self.handler.snapshot, self.objects())
+        if self.refusal is not None:  # (refused with the objects as one eager call leaves them)
+            raise CaptureError(self.refusal)
         return cap
 
     def objects(self) -> list[Any]:
@@ -236,9 +244,14 @@ class ProgramCapture:
         self.tracer.rng_state = states.torch_cpu
         modules = modules_of(fn)
         registries = Registries(modules)
-        handler.snapshot.note_program([frame_function(fn), *methods_of(modules)])
+        handler.snapshot.note_program([frame_function(fn), *methods_of(modules), *hooks_of(modules)])
+        handler.snapshot.note_settings()
         for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
             handler.snapshot.note(klass, 1)
+        for m in modules:  # and on the modules (`self.table = functools.cache(fn)`)
+            for value in list(vars(m).values()):
+                if isinstance(value, functools._lru_cache_wrapper):
+                    handler.snapshot.note(value, 1)
         try:
             self._traced(registries)
         except BaseException:
@@ -259,6 +272,9 @@ class ProgramCapture:
             concrete_stores(program, held)
         unplant(self.planted)
         if guard_program:  # what no replayed effect would store again: compiled calls cannot repeat it
+            settings = handler.snapshot.settings_changed()
+            if settings:  # (set again by the eager call: no graph does)
+                program.mark_ineligible(f"sets {settings[0]} (a process-wide torch setting a graph does not set)")
             classes = handler.snapshot.classes_changed()
             if classes:
                 handler.snapshot.put_back_classes()
@@ -301,6 +317,14 @@ class ProgramCapture:
             caught = swallowed(ctx)
             if caught is not None:  # it caught an error stampout raised and went on: what it traced is not eager's
                 raise swallowed_error(caught)
+            handler.snapshot.clear_caches(nodes=self.tracer.root.nodes)
+            cached = handler.snapshot.traced_caches
+            if cached:
+                refuse_cached(cached[0], self.program if guard_program else None)
+            read = handler.snapshot.caches_read() if guard_program else None
+            if read:  # (a hit's result is in the graph: a cleared cache captures again)
+                self.program.guard(Absolute(CacheReads(read), "functools caches read"), Kind.NAMESPACE, None,
+                                   "functools caches")
             if inspect.isgenerator(out) or inspect.iscoroutine(out) or inspect.isasyncgen(out):
                 refuse_lazy(out, guard_program)
             program = self.program
@@ -340,6 +364,7 @@ class ProgramCapture:
             holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
             self.left = left_over_fakes(holders, tracer, plan)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
+            self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):])
         nodes = [tracer.root.node_for(t) for t in [*self.slots, *self.plan.extra]]
         if not self.guard_program:
             warn_unnamed(tracer, self.program)

@@ -120,6 +120,8 @@ def wrappers(cls: type) -> dict[str, Any]:
                 instead = ctx.read(self, name, value)
                 if instead is not None:  # a per-layer index the trace follows (regions/slots.py)
                     return instead
+            elif name == "__getstate__" and getattr(type(self), name, None) is _DEFAULT_GETSTATE:
+                read_state(ctx.read, self)
         return value
 
     def __getattr__(self, name):
@@ -180,6 +182,25 @@ def _bumping(register: Callable) -> Callable:
     wrapper.__name__ = register.__name__
     wrapper.__doc__ = register.__doc__
     return wrapper
+
+
+# Note: the state C code reads whole
+# `copy.copy`, `copy.deepcopy` and pickling call `object.__reduce_ex__`, which hands the instance's `__dict__` to
+# C through `object.__getstate__` without reading one attribute: each field would be copied unseen (a copy of a
+# config whose field changed later). Its lookup of `__getstate__` comes through the patched `__getattribute__`:
+# there every field is reported read. (A class's own `__getstate__` is Python reading attributes: seen as is.)
+_DEFAULT_GETSTATE = object.__getstate__
+
+
+def read_state(read: Callable, obj: Any) -> None:
+    """Report each field of `obj`'s `__dict__` read (see Note: the state C code reads whole)."""
+    try:
+        fields = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return
+    for name, value in list(fields.items()) if type(fields) is dict else ():
+        if not quiet(name):
+            read(obj, name, value)
 
 
 def patchable(cls: type) -> bool:

@@ -16,7 +16,7 @@ from .names import root_module
 from .runner import as_call_modules
 from .shapes import any_symbolic, concrete
 from .structure import flatten_inputs
-from .torch_internals import FakeTensor
+from .torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
 from .tracer import Tracer
 from .world import plain_object
 
@@ -32,6 +32,17 @@ def methods_of(modules: list[Any]) -> list[Any]:
             seen.add(klass)
             out.extend(v for v in vars(klass).values() if isinstance(v, types.FunctionType))
     return out
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def hooks_of(modules: list[Any]) -> list[Any]:
+    """The forward hooks and pre-hooks the program's modules run (theirs and the global ones), as functions: the
+    memo containers they close over are user state as much as the forwards' (`acts[name] = out`)."""
+    dicts = [global_forward_pre_hooks, global_forward_hooks]
+    dicts += [getattr(m, "__dict__", {}).get(name) for m in modules for name in _HOOK_DICTS]
+    return [getattr(h, "__func__", h) for d in dicts if d for h in list(d.values())]
 
 
 def modules_of(fn: Callable) -> list[Any]:
@@ -114,7 +125,8 @@ def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwarg
     # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
     with torch.no_grad():
         saved = [(t, t.clone()) for t in mutated]
-        outputs = as_call_modules(cap.gm)(*inputs)
+    outputs = as_call_modules(cap.gm)(*inputs)  # (in the program's grad mode: a stored loss keeps its grad_fn)
+    with torch.no_grad():
         stored = {v.untyped_storage().data_ptr() for v in outputs[len(outputs) - len(left):]
                   if isinstance(v, torch.Tensor)}
         for t, value in saved:

@@ -11,7 +11,9 @@ write to `torch.__dict__` costs one re-check.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+import os
+import types
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -94,3 +96,28 @@ class NamespaceReads:
     def describe(self) -> str:
         change = self.first_change()
         return "every name as read" if change is None else f"{change} rebound"
+
+
+# The process environment is a namespace too: `os.getenv`, `os.environ.get`, `k in os.environ` all end in
+# `os._Environ.__getitem__` (standard-library Python reading its dict of encoded names), iterating it in
+# `__iter__`. The names read are guarded by identity like module attributes: `os.environ[k] = v` stores a new
+# encoded value (and `putenv` alone, which os.environ does not see, is not seen by eager's reads either).
+ENVIRON_READS: Mapping[types.CodeType, str] = types.MappingProxyType({
+    type(os.environ).__getitem__.__code__: "item", type(os.environ).__iter__.__code__: "whole",
+    type(os.environ).__len__.__code__: "whole"})
+
+
+def note_environ_read(reads: NamespaceReads, frame: types.FrameType, how: str) -> None:
+    """`frame` runs an `os._Environ` method of ENVIRON_READS: what it is about to read, noted in `reads`."""
+    env = frame.f_locals.get("self")
+    data = getattr(env, "_data", None)
+    if type(data) is not dict:
+        return
+    if how == "whole":
+        reads.note_whole(data, "os.environ")
+        return
+    try:
+        key = env.encodekey(frame.f_locals.get("key"))
+    except (TypeError, ValueError, AttributeError):  # (it raises the same for the program, reading nothing)
+        return
+    reads.note(data, "os.environ", key, data.get(key, _MISSING))

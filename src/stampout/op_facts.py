@@ -17,9 +17,10 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+from torch import fx
 
 from . import caches
-from .torch_internals import FunctionSchema, OpOverload, OpOverloadPacket, pytree
+from .torch_internals import FunctionSchema, HigherOrderOperator, OpOverload, OpOverloadPacket, pytree
 
 _T = torch.Tensor
 
@@ -231,3 +232,27 @@ def _asked_inplace(target: Any, args: tuple, kwargs: dict) -> bool:
         return False
     position = inplace_position(target)
     return position is not None and position < len(args) and args[position] is True
+
+
+def drawn_at_random(node: Any, submodules: dict[str, Any] | None = None) -> bool:
+    """Whether an FX node's value depends on a random draw: an op that draws among its inputs, or a call of a
+    subgraph (found by name in `submodules`; one not found counts as drawing) with such an op in it."""
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op in ("call_function", "call_method") and _draws(n.target):
+            return True
+        if n.op == "call_function" and isinstance(n.target, HigherOrderOperator):
+            graphs = [getattr((submodules or {}).get(a.target), "graph", None) for a in n.args
+                      if isinstance(a, fx.Node) and a.op == "get_attr"]
+            if not graphs or any(g is None or any(drawn_at_random(m, submodules) for m in g.nodes) for g in graphs):
+                return True
+        todo.extend(n.all_input_nodes)
+    return False
+
+
+def _draws(target: Any) -> bool:
+    return draws_random(target) and "normalize" not in op_name(target)  # (F.normalize: "normal" in its name)

@@ -17,6 +17,7 @@ import torch
 
 from . import config
 from .classpatch import PATCHED_NAMES
+from .functools_caches import remove_traced_results
 from .regions.code import code_facts, is_user_class, is_user_code, is_user_module
 from .shapes import concrete
 from .torch_internals import FakeTensor
@@ -44,6 +45,9 @@ class Snapshot:
     containers: dict[int, tuple[Any, Any]] = field(default_factory=dict)  # id -> (dict | list, shallow copy)
     caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
     classes: dict[int, tuple[type, dict]] = field(default_factory=dict)  # id -> (user class, its attributes)
+    traced_caches: list[str] = field(default_factory=list)  # functools caches a trace stored a traced value in
+    hits: dict[int, int] = field(default_factory=dict)  # id -> hits of the cache when noted
+    settings: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # torch.backends.* namespaces, as noted
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
     def note_program(self, fns: list[Any], depth: int = 3) -> None:
@@ -66,6 +70,26 @@ class Snapshot:
             self._note_store_targets(facts.attribute_stores, g, cells)
             if depth:
                 self.note_program(called, depth - 1)
+
+    def note_settings(self) -> None:
+        """Before the program runs: the namespaces of torch's settings modules (`torch.backends.opt_einsum.enabled`
+        is a plain attribute of a module object, set with no C call: see regions/purity.py for the others)."""
+        for module in list(vars(torch.backends).values()):  # (its submodules, as imported)
+            fields = (getattr(module, "__dict__", None)
+                      if isinstance(module, types.ModuleType) and module is not torch.backends else None)
+            if type(fields) is dict and module.__name__ not in self.settings:
+                self.settings[module.__name__] = (fields, dict(fields))
+
+    def settings_changed(self, state: dict[Any, Any] | None = None) -> list[str]:
+        """`module.name` of each torch setting rebound, added or deleted since `state` (else since noted)."""
+        changed = []
+        for module, (fields, noted) in self.settings.items():
+            then = noted if state is None else state.get(("setting", module), noted)
+            if len(then) == len(fields) and all(fields.get(k, _GONE) is v for k, v in then.items()):
+                continue
+            changed += [f"{module}.{k}" for k in dict.fromkeys([*then, *fields])
+                        if then.get(k, _GONE) is not fields.get(k, _GONE)]
+        return changed
 
     def saw(self, code: types.CodeType, g: dict) -> bool:
         return (id(code), id(g)) in self._seen
@@ -107,7 +131,9 @@ class Snapshot:
         if depth > config.scan_depth or id(value) in self.containers or id(value) in self.caches:
             return
         if isinstance(value, functools._lru_cache_wrapper):
-            self.caches[id(value)] = (value, value.cache_info().misses)
+            info = value.cache_info()
+            self.caches[id(value)] = (value, info.misses)
+            self.hits[id(value)] = info.hits
             return
         t = type(value)
         if t is dict or t is list:
@@ -153,6 +179,7 @@ class Snapshot:
         it)."""
         state: dict[Any, Any] = {key: _identities(container) for key, (container, _) in self.containers.items()}
         state.update({("class", key): _class_state(klass) for key, (klass, _) in self.classes.items()})
+        state.update({("setting", name): dict(fields) for name, (fields, _) in self.settings.items()})
         return state
 
     def classes_changed(self, state: dict[Any, Any] | None = None) -> list[str]:
@@ -185,18 +212,34 @@ class Snapshot:
             if (_identities(before) if then is None else then) != _identities(container):
                 name = container.get("__name__") if type(container) is dict and "__builtins__" in container else None
                 changed.append(f"the globals of {name}" if name else f"a {type(container).__name__} memo")
-        return changed + [f"the class attribute {name}" for name in self.classes_changed(state)]
+        return (changed + [f"the class attribute {name}" for name in self.classes_changed(state)]
+                + [f"the torch setting {name}" for name in self.settings_changed(state)])
+
+    def caches_read(self) -> list[Any]:
+        """The functools caches the program hit or filled since they were noted (what it got from them is a
+        value its guards must keep: see CacheReads)."""
+        return [w for key, (w, _) in self.caches.items() if w.cache_info().hits != self.hits.get(key)
+                or w.cache_info().misses != self.caches[key][1]]
 
     def cache_misses(self) -> dict[int, int]:
         return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
 
-    def clear_caches(self, since: dict[int, int]) -> None:
-        """Clear the caches that stored results since `since` was taken (a region trace's fakes must not be
-        handed to the next call of the function, which runs in another graph)."""
+    def clear_caches(self, since: dict[int, int] | None = None, nodes: dict[int, Any] | None = None) -> list[str]:
+        """Take the traced values out of the caches that stored results since `since` (else since noted): a
+        fake must not be handed to the next call of the function, which runs in another graph. Real results stay
+        (eager keeps them: a later change of what they were computed from is not seen, as in eager). Returns the
+        caches that held a value drawn at random by the graph whose `nodes` (id -> (fake, node)) are given, also
+        kept in `traced_caches` (see Note: functools caches)."""
+        found = []
         for key, (wrapper, noted) in self.caches.items():
-            if wrapper.cache_info().misses != since.get(key, noted):
-                wrapper.cache_clear()
-                self.caches[key] = (wrapper, -1)  # (repair reports it as cleared)
+            if wrapper.cache_info().misses == (noted if since is None else since.get(key, noted)):
+                continue
+            self.caches[key] = (wrapper, -1)  # (changed: repair looks again)
+            if remove_traced_results(wrapper, nodes) and nodes is not None:
+                code = getattr(getattr(wrapper, "__wrapped__", None), "__code__", None)
+                found.append(_name(wrapper) + (f" ({code.co_filename}:{code.co_firstlineno})" if code else ""))
+        self.traced_caches.extend(found)
+        return found
 
     def contents(self) -> list[Any]:
         """The memo containers as they are now (what a trace may have stored in them); of a module's globals,
@@ -228,14 +271,11 @@ class Snapshot:
         return found
 
     def repair(self) -> Repairs:
-        """Undo what put a fake where user state keeps it: caches that stored results computed during the
-        capture are cleared (a cache is transparent); a dict item or list holding a fake is put back as it was
+        """Undo what put a fake where user state keeps it: traced results are taken out of the caches (see Note:
+        functools caches); a dict item or list holding a fake is put back as it was
         (a symbolic size alone becomes its value for the capture's inputs, as eager would have stored it)."""
         repairs = Repairs()
-        for wrapper, misses in self.caches.values():
-            if wrapper.cache_info().misses != misses:
-                wrapper.cache_clear()
-                repairs.caches.append(_name(wrapper))
+        repairs.caches.extend(self.clear_caches())
         known = self.containers
         for container, before in known.values():
             items = container.items() if type(container) is dict else enumerate(container)

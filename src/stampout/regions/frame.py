@@ -20,7 +20,7 @@ from ..frames import user_location
 from ..guards import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
 from ..namespaces import patched_tensor_methods
 from ..shapes import SIZES, size_key
-from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Item, Source, TypeOf
+from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
 from ..tracking import Watch, original_class
 from .cache import LiftedInput
@@ -226,12 +226,27 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.adopt(item, Item(source, key), where=where)
         if not isinstance(value, tuple):
             self._note_container(value, source, where)
+        self.adopt_subclass_state(value, source, where)
+
+    def adopt_subclass_state(self, value: list | tuple | dict, source: Source, where: str = "") -> None:
+        """What a container subclass holds besides its items: its own attributes (`pair.tag`, set on the instance,
+        read like any attribute) and its class's (a `__missing__` returning `self.default` or a class default,
+        run by C code with no read stampout could see). A user class's instance passed as an argument, opened into
+        its items (`Input`: no guard reads it), makes the trace ineligible when it has attributes of its own."""
+        if type(value) in (list, tuple, dict):
+            return
         fields = getattr(value, "__dict__", None)
-        if type(value) not in (list, tuple, dict) and type(fields) is dict and fields:  # a subclass's own attributes
-            attrs = Attr(source, "__dict__")  # (`pair.tag`: set on the instance, read like any attribute)
+        cls = original_class(value)
+        if isinstance(source, Input) and type(fields) is dict and fields and is_user_class_object(cls):
+            self.mark_ineligible(f"takes {source.name()}, a {cls.__qualname__} (a container of the user's) with "
+                                 f"attributes of its own ({', '.join(list(fields)[:3])}) that no guard can read")
+        elif type(fields) is dict and fields:
+            attrs = Attr(source, "__dict__")
             self.guard(attrs, Kind.KEYS, tuple(fields), where)
             for key, item in list(fields.items()):
                 self.adopt(item, Item(attrs, key), where=where)
+        if is_user_class_object(cls):
+            self._adopt_class(cls, where)
 
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)

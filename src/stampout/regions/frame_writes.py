@@ -92,6 +92,7 @@ class FrameWrites:
         replayed by compiled calls into each call's own containers)."""
         if type(value) in (list, dict, set) or isinstance(value, dict):  # (an OrderedDict, a defaultdict too)
             self._note_container(value, source, "")
+            self.adopt_subclass_state(value, source)
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 self.note_input_containers(item, Item(source, i))

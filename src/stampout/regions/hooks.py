@@ -13,6 +13,7 @@ import torch
 
 from ..context import listeners
 from ..frames import caller_outside_torch, set_profile, user_location
+from ..namespaces import ENVIRON_READS, note_environ_read
 from ..torch_internals import DisableTorchFunction
 from .code import code_facts, is_user_code
 from .events import Ineligible
@@ -129,6 +130,10 @@ class CallHooks:
             with DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:
                     f.on_library_code(code, g)
+        elif event == "call" and self.frames and code in ENVIRON_READS:  # (os.getenv, os.environ.get)
+            with DisableTorchFunction(), listeners(None, None):
+                for f in self.frames:
+                    note_environ_read(f.namespaces, frame, ENVIRON_READS[code])
         elif event == "call" and self.frames:
             what = python_setter(code)
             caller = caller_outside_torch(frame) if what is not None else None

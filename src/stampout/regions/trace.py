@@ -92,7 +92,7 @@ class Tracing:
             else:
                 outputs.append((Output.OUT, len(returned)))
                 returned.append(node)
-        self.snapshot.clear_caches(frame.cache_misses)  # (a cache is transparent: later calls compute again)
+        self.snapshot.clear_caches(frame.cache_misses, child.nodes)  # (its traced values: see Note: functools caches)
         changed = self.snapshot.changed_since(frame.world_state)
         if changed:  # a stamped call runs no Python: it would not change them
             frame.mark_ineligible(f"changes {changed[0]} (state outside its arguments that a stamped call would "
