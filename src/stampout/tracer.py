@@ -178,6 +178,12 @@ class Tracer(FakeRuns, Recording):
                 "the program calls torch.autograd.grad (a gradient inside the forward)", user_location(),
                 "stampout.compile runs such a module eagerly; call torch.autograd.grad outside the captured code",
             ))
+        if func is _T.retain_grad:  # (eager autograd fills that tensor's .grad; a compiled backward does not)
+            raise CaptureError(message(
+                "the program calls retain_grad() on a tensor (its .grad is filled only by eager autograd, not by a "
+                "captured graph's backward)", user_location(),
+                "stampout.compile runs such a module eagerly; capture the gradient with a hook outside the captured "
+                "code, or torch.autograd.grad on an output"))
         if func is _SET_GRAD:
             func(*args, **kwargs)
             self.builder.graph.call_function(_SET_GRAD, args)
