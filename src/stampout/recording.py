@@ -19,7 +19,12 @@ from .errors import CaptureError, message
 from .frames import user_frame, user_location
 from .names import identifier
 from .sources import Source
-from .torch_internals import DisableTorchFunction, FakeTensor
+from .torch_internals import (
+    DisableTorchFunction,
+    FakeTensor,
+    disabled_torch_function_impl,
+    is_traceable_wrapper_subclass,
+)
 from .world import holds_traced_tensor
 
 if TYPE_CHECKING:
@@ -30,6 +35,13 @@ _T = torch.Tensor
 # Autograd registrations on a tensor: graph nodes (see Tracer._record_hook).
 _HOOK_REGISTRATIONS = {_T.register_hook: "register_hook",
                        _T.register_post_accumulate_grad_hook: "register_post_accumulate_grad_hook"}
+
+
+def has_own_torch_function(t: torch.Tensor) -> bool:
+    """Whether `t`'s class handles torch calls in Python (`__torch_function__`; torch.Tensor's own re-wraps results
+    in the subclass): not a Parameter's (disabled) nor a traceable wrapper subclass's (DTensor: traced by torch)."""
+    handler = getattr(type(t), "__torch_function__", None)
+    return handler is not disabled_torch_function_impl and not is_traceable_wrapper_subclass(t)
 
 
 def _function_apply(cls: type) -> Callable:
@@ -70,6 +82,13 @@ class Recording:
                 user_location(), "report this as a stampout bug, with the model",
             ))
         found = self.names.find(t)
+        if type(t) is not torch.Tensor and has_own_torch_function(t):
+            raise CaptureError(message(
+                f"the program uses {found[1].name() if found and found[1] is not None else 'a tensor'} of shape "
+                f"{tuple(t.shape)}, a {type(t).__qualname__}: a torch.Tensor subclass whose __torch_function__ "
+                "stampout's graph would bypass (its overrides and the class of its results)", user_location(),
+                "stampout.compile runs such a module eagerly; hold a plain tensor (t.as_subclass(torch.Tensor)) "
+                "to capture it"))
         name = found[0] if found is not None else f"lifted_tensor_{len(self.lifted)}"
         if self.regions is not None:
             self.regions.note_root_lift(t)
