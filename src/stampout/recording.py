@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import operator
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,9 +16,12 @@ import torch
 import torch.fx as fx
 
 from .builder import Builder, has_tensor, map_tensors, node_target
+from .caught_kernel_errors import check_not_caught
+from .context import current
 from .errors import CaptureError, message
 from .frames import user_frame, user_location
 from .names import identifier
+from .op_facts import may_fail_on_values
 from .sources import Source
 from .torch_internals import (
     DisableTorchFunction,
@@ -142,6 +146,8 @@ class Recording:
         return out
 
     def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:
+        if may_fail_on_values(func) and (ctx := current()) is not None:  # (see caught_kernel_errors.py)
+            check_not_caught(sys._getframe(1), ctx.root, f"the torch call {getattr(func, '__name__', func)}")
         builder = self.builder
         op, target = node_target(func)
         node_args = builder.literal(map_tensors(args, builder.node_for, True))
