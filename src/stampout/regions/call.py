@@ -19,6 +19,7 @@ from ..torch_internals import DisableTorchFunction
 from ..tracer import Tracer
 from ..tracking import Watch
 from ..world_snapshot import Snapshot
+from .branches import BranchFrames
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
 from .events import Ineligible, Outcome, RegionEvent, RegionStats
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
@@ -31,7 +32,7 @@ from .trace import Tracing
 log = logging.getLogger("stampout.regions")
 
 
-class RegionCalls(CallHooks, Tracing, Stamping):
+class RegionCalls(CallHooks, Tracing, Stamping, BranchFrames):
     """Handles every region call of one capture: looks it up, then stamps it out (stamp.py) or traces it
     (trace.py), with the hooks that show traced code to the open frames (hooks.py)."""
 
