@@ -6,6 +6,8 @@ the program captured whole."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -139,3 +141,24 @@ def test_a_try_around_the_compiled_call_is_not_the_programs():
         except torch.linalg.LinAlgError:
             caught = True
     assert caught and not fn.breaks and fn.stats.captures == 1
+
+
+class Suppressed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, a):
+        factor = torch.zeros(3, 3)
+        with torch.no_grad():  # (a manager that suppresses nothing: captured)
+            shift = self.lin.bias.sum()
+        with contextlib.suppress(torch.linalg.LinAlgError):
+            factor = torch.linalg.cholesky(a)
+        return self.lin(a) + factor + shift
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_contextlib_suppress_around_a_kernel_error(backend):
+    fn, _, _ = _differential(Suppressed, [PD, NOT_PD, PD * 3, NOT_PD], backend)
+    assert [b.module_type for b in fn.breaks] == ["Suppressed"]

@@ -9,13 +9,15 @@ module that holds the `try` included, so its Python and its side effects happen 
 Which handlers cover a frame's current instruction comes from its code's exception table (CPython 3.11), innermost
 first: an `except` clause whose classes (names and attributes, resolved in the frame) can catch RuntimeError,
 IndexError or ValueError (or a subclass: LinAlgError) catches; so does a bare `except` and any clause whose
-expression is not plain names. `finally` and `with` blocks do not catch (`contextlib.suppress` is not seen).
+expression is not plain names; so does a `with contextlib.suppress(...)` block. `finally` and other `with` blocks
+do not catch.
 Only frames of user code between the capture's own frame and the torch call are read.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dis
 import types
 from typing import Any
@@ -81,7 +83,10 @@ class CodeHandlers:
             line = next((x.positions.lineno for x in ins[i:] if x.positions and x.positions.lineno), 0)
             if first.opname == "POP_TOP":  # a bare `except:`
                 return [*out, (line, _ANY)]
-            if first.opname in ("WITH_EXCEPT_START", "RERAISE"):  # a `with` block; no clause matched
+            if first.opname == "WITH_EXCEPT_START":  # a `with` block: its manager may suppress the error
+                made = self._manager_made_by(ins[i - 1].offset)
+                return [*out, (line, ("with", made))] if made else out
+            if first.opname == "RERAISE":  # no clause matched
                 return out
             loads: list[tuple[str, Any]] = []
             j = i
@@ -102,6 +107,27 @@ class CodeHandlers:
                     return [*out, (line, _ANY)]
             return out
         return out
+
+
+    def _manager_made_by(self, handler: int) -> Clause | None:
+        """The loads of the callable whose call made the context manager of the `with` block handled at `handler`
+        (`contextlib.suppress` in `with contextlib.suppress(RuntimeError):`), or None where it is not plain."""
+        starts = [e.start for e in self.table if e.target == handler]
+        k = self.at.get(min(starts)) if starts else None
+        ins = self.instructions
+        if k is None or k < 3 or ins[k - 1].opname != "BEFORE_WITH" or ins[k - 2].opname != "CALL":
+            return None
+        for j in range(k - 4, -1, -1):  # back from PRECALL to the load that pushed the callable (after a NULL)
+            if ins[j].opname not in _LOADS:
+                return None
+            if ins[j].argrepr.startswith("NULL + "):
+                loads = [(ins[j].opname, ins[j].argval)]
+                m = j + 1
+                while m < k - 3 and ins[m].opname == "LOAD_ATTR":
+                    loads.append(("LOAD_ATTR", ins[m].argval))
+                    m += 1
+                return tuple(loads)
+        return None
 
 
 _CODES: dict[types.CodeType, CodeHandlers | None] = caches.register({}, "caught_kernel_errors codes")
@@ -132,6 +158,13 @@ def _resolve(frame: types.FrameType, loads: Clause) -> Any:
 def _catches(frame: types.FrameType, clause: Clause) -> bool:
     if clause is _ANY:
         return True
+    if clause[0] == "with":  # (only contextlib.suppress is known to swallow errors)
+        try:
+            with listeners(None, None):
+                made_by = _resolve(frame, clause[1])
+        except Exception:  # noqa: BLE001 - a manager we cannot name is taken not to suppress
+            return False
+        return isinstance(made_by, type) and issubclass(made_by, contextlib.suppress)
     try:
         with listeners(None, None):
             value = _resolve(frame, clause)
