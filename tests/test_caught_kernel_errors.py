@@ -162,3 +162,29 @@ class Suppressed(nn.Module):
 def test_contextlib_suppress_around_a_kernel_error(backend):
     fn, _, _ = _differential(Suppressed, [PD, NOT_PD, PD * 3, NOT_PD], backend)
     assert [b.module_type for b in fn.breaks] == ["Suppressed"]
+
+
+class StaticCacheWrite(nn.Module):
+    """transformers' StaticLayer.update: `except NotImplementedError` (a device without the kernel) cannot catch an
+    index check's RuntimeError or IndexError: captured whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("keys", torch.zeros(2, 6))
+
+    def forward(self, position, states):
+        try:
+            self.keys.index_copy_(1, position, states)
+        except NotImplementedError:
+            self.keys[:, position] = states
+        return self.keys * 2
+
+
+def test_except_not_implemented_around_index_copy_is_captured():
+    model, ref = StaticCacheWrite(), StaticCacheWrite()
+    fn = stampout.compile(model, backend="aot_eager")
+    for step in range(3):
+        position, states = torch.tensor([step]), torch.full((2, 1), float(step + 1))
+        torch.testing.assert_close(fn(position, states), ref(position, states))
+    torch.testing.assert_close(model.keys, ref.keys)
+    assert not fn.breaks and fn.stats.captures == 1

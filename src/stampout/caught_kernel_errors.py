@@ -7,11 +7,11 @@ region call, whose stamped trace runs no Python) is refused (`capture`; `compile
 module that holds the `try` included, so its Python and its side effects happen once, as in eager).
 
 Which handlers cover a frame's current instruction comes from its code's exception table (CPython 3.11), innermost
-first: an `except` clause whose classes (names and attributes, resolved in the frame) can catch RuntimeError,
-IndexError or ValueError (or a subclass: LinAlgError) catches; so does a bare `except` and any clause whose
-expression is not plain names; so does a `with contextlib.suppress(...)` block. `finally` and other `with` blocks
-do not catch.
-Only frames of user code between the capture's own frame and the torch call are read.
+first: an `except` clause whose classes (names and attributes, resolved in the frame) catch RuntimeError, IndexError,
+ValueError or LinAlgError (`except Exception`, `except LookupError`; not `except NotImplementedError`) catches; so
+do a bare `except`, any clause whose expression is not plain names, and a `with contextlib.suppress(...)` block.
+`finally` and other `with` blocks do not catch. Only frames of user code between the capture's own frame and the
+torch call are read.
 """
 
 from __future__ import annotations
@@ -22,12 +22,16 @@ import dis
 import types
 from typing import Any
 
+import torch
+
 from . import caches
 from .context import listeners
 from .errors import CaptureError, message
 from .regions.code import is_user_file
 
-KERNEL_ERRORS = (RuntimeError, IndexError, ValueError)  # what c10 errors become in Python (subclasses too)
+# What a kernel's value check raises in Python (TORCH_CHECK, _INDEX, _VALUE, _LINALG); not NotImplementedError (a
+# missing kernel) or TypeError: those are not about values, and fakes raise them too.
+KERNEL_ERRORS = (RuntimeError, IndexError, ValueError, torch.linalg.LinAlgError)
 _LOADS = {"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLASSDEREF", "LOAD_ATTR", "BUILD_TUPLE"}
 _ANY = ("any",)  # a clause that catches whatever it sees (bare `except`, an expression we do not evaluate)
 
@@ -173,7 +177,7 @@ def _catches(frame: types.FrameType, clause: Clause) -> bool:
     for klass in value if isinstance(value, tuple) else (value,):
         if not (isinstance(klass, type) and issubclass(klass, BaseException)):
             return True
-        if any(issubclass(klass, k) or issubclass(k, klass) for k in KERNEL_ERRORS):
+        if any(issubclass(raised, klass) for raised in KERNEL_ERRORS):
             return True
     return False
 
