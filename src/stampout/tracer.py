@@ -76,6 +76,17 @@ _FUNCTORCH_STATE = {
 }
 
 
+def _makes_leaf(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """`t.requires_grad_()` / `t.requires_grad = True` in the program: `t` becomes a leaf whose .grad eager fills."""
+    if func is _T.requires_grad_:
+        wanted = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+    elif is_property_set(func) and func.__self__.__name__ == "requires_grad":
+        wanted = args[1]
+    else:
+        return False
+    return bool(wanted) and isinstance(args[0], torch.Tensor)
+
+
 class CaptureMode(PreDispatchTorchFunctionMode):
     """Sends every torch-level call (autocast enter/exit included) to the tracer."""
 
@@ -178,10 +189,12 @@ class Tracer(FakeRuns, Recording):
                 "the program calls torch.autograd.grad (a gradient inside the forward)", user_location(),
                 "stampout.compile runs such a module eagerly; call torch.autograd.grad outside the captured code",
             ))
-        if func is _T.retain_grad:  # (eager autograd fills that tensor's .grad; a compiled backward does not)
-            raise CaptureError(message(
-                "the program calls retain_grad() on a tensor (its .grad is filled only by eager autograd, not by a "
-                "captured graph's backward)", user_location(),
+        if func is _T.retain_grad or _makes_leaf(func, args, kwargs):  # (eager autograd fills that tensor's .grad;
+            # a compiled backward does not; a leaf made in forward is often differentiated there: its module's
+            # children run eagerly too, see AutogradCallError)
+            raise (CaptureError if func is _T.retain_grad else AutogradCallError)(message(
+                f"the program calls {'retain_grad()' if func is _T.retain_grad else 'requires_grad_()'} on a tensor "
+                "(its .grad is filled only by eager autograd, not by a captured graph's backward)", user_location(),
                 "stampout.compile runs such a module eagerly; capture the gradient with a hook outside the captured "
                 "code, or torch.autograd.grad on an output"))
         if func is _SET_GRAD:
