@@ -87,6 +87,11 @@ def _makes_leaf(func: Callable, args: tuple, kwargs: dict) -> bool:
     return bool(wanted) and isinstance(args[0], torch.Tensor)
 
 
+def _from_user_code() -> bool:
+    frame = outside_stampout(2)
+    return frame is not None and is_user_file(frame.f_code.co_filename)
+
+
 class CaptureMode(PreDispatchTorchFunctionMode):
     """Sends every torch-level call (autocast enter/exit included) to the tracer."""
 
@@ -189,9 +194,9 @@ class Tracer(FakeRuns, Recording):
                 "the program calls torch.autograd.grad (a gradient inside the forward)", user_location(),
                 "stampout.compile runs such a module eagerly; call torch.autograd.grad outside the captured code",
             ))
-        if func is _T.retain_grad or _makes_leaf(func, args, kwargs):  # (eager autograd fills that tensor's .grad;
-            # a compiled backward does not; a leaf made in forward is often differentiated there: its module's
-            # children run eagerly too, see AutogradCallError)
+        if (func is _T.retain_grad or _makes_leaf(func, args, kwargs)) and _from_user_code():  # (eager autograd fills
+            # that tensor's .grad, a compiled backward does not; a leaf made in forward is often differentiated
+            # there: its module's children run eagerly too, see AutogradCallError. torch's own calls, FSDP's, pass)
             raise (CaptureError if func is _T.retain_grad else AutogradCallError)(message(
                 f"the program calls {'retain_grad()' if func is _T.retain_grad else 'requires_grad_()'} on a tensor "
                 "(its .grad is filled only by eager autograd, not by a captured graph's backward)", user_location(),
