@@ -38,11 +38,9 @@ class KeepsActivation(nn.Module):
 HOW = ["retain_grad", "requires_grad_", "setter"]
 
 
-@pytest.mark.parametrize("how", HOW)
-@pytest.mark.parametrize("backend", ["eager", "aot_eager", pytest.param("inductor", marks=pytest.mark.inductor)])
+@pytest.mark.parametrize(("backend", "how"), [(b, h) for b in ("eager", "aot_eager") for h in HOW] + [
+    pytest.param("inductor", "retain_grad", marks=pytest.mark.inductor)])
 def test_compiled_module_keeps_the_grad(backend, how):
-    if backend == "inductor" and how != "retain_grad":
-        pytest.skip("one inductor case is enough")
     model, ref = KeepsActivation(how), KeepsActivation(how)
     fn = stampout.compile(model, backend=backend)
     for i in range(3):
