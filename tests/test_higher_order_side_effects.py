@@ -47,6 +47,28 @@ class LoopLogs(nn.Module):
         return while_loop(lambda i, a: i < 3, body, (torch.tensor(0), x))[1]
 
 
+class Counting(nn.Linear):
+    def forward(self, x):
+        self.seen = getattr(self, "seen", 0) + 1
+        return super().forward(x)
+
+
+class ModuleBranches(nn.Module):
+    """Modules as the branches: what the counting one stores on itself is a side effect too."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = Counting(4, 4), nn.Linear(4, 4)
+
+    @property
+    def seen(self):
+        return getattr(self.a, "seen", 0)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, self.a, self.b, (x,))
+
+
 def _outcome(fn, x, model):
     LOG.clear()
     try:
@@ -57,10 +79,11 @@ def _outcome(fn, x, model):
     return error, list(LOG), getattr(model, "seen", None)
 
 
-CASES = [lambda: Logs("append"), lambda: Logs("store"), LoopLogs]
+CASES = [lambda: Logs("append"), lambda: Logs("store"), LoopLogs, ModuleBranches]
+IDS = ["cond-append", "cond-store", "while_loop-append", "cond-modules"]
 
 
-@pytest.mark.parametrize("make", CASES, ids=["cond-append", "cond-store", "while_loop-append"])
+@pytest.mark.parametrize("make", CASES, ids=IDS)
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_compile_behaves_as_eager(make, backend):
     model, ref = make(), make()
@@ -72,7 +95,7 @@ def test_compile_behaves_as_eager(make, backend):
         assert _outcome(fn, x, model) == expected
 
 
-@pytest.mark.parametrize("make", CASES, ids=["cond-append", "cond-store", "while_loop-append"])
+@pytest.mark.parametrize("make", CASES, ids=IDS)
 def test_capture_refuses_and_leaves_the_world(make):
     model = make()
     LOG.clear()

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..context import listeners
 from ..effects import undo
 from ..errors import CaptureError, message
@@ -30,6 +32,8 @@ class BranchFrames:
                                 self.watch)
             for user in users[1:]:
                 frame.adopt_function(user, Absolute(user, user.__qualname__))
+            if isinstance(fn, torch.nn.Module):  # (what its forward stores on it is seen)
+                frame.adopt(fn, Absolute(fn, type(fn).__name__))
             frame.world_state = self.snapshot.state()
         self.push(frame)
         try:
@@ -58,6 +62,8 @@ def _nothing() -> None:
 def _user_functions(fn: Any, depth: int = 3) -> list[Any]:
     """`fn` if it is the user's, else the user's functions torch's wrapper closes over (`while_loop` flattens the
     user's body's pytrees in a closure of its own): the frame reads their cells and globals, not torch's."""
+    if isinstance(fn, torch.nn.Module):  # (a module as a branch: its forward runs)
+        fn = fn.forward
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
