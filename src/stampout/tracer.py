@@ -77,14 +77,16 @@ _FUNCTORCH_STATE = {
 
 
 def _makes_leaf(func: Callable, args: tuple, kwargs: dict) -> bool:
-    """`t.requires_grad_()` / `t.requires_grad = True` in the program: `t` becomes a leaf whose .grad eager fills."""
+    """`t.requires_grad_()` / `t.requires_grad = True` on a tensor the program computed or was given: `t` becomes a
+    leaf whose .grad eager fills."""
     if func is _T.requires_grad_:
         wanted = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
     elif is_property_set(func) and func.__self__.__name__ == "requires_grad":
         wanted = args[1]
     else:
         return False
-    return bool(wanted) and isinstance(args[0], torch.Tensor)
+    return bool(wanted) and isinstance(args[0], FakeTensor)  # (a traced value or input; the module's real
+    # parameters and buffers are the graph's inputs, their requires_grad read per call)
 
 
 def _from_user_code() -> bool:
