@@ -132,6 +132,7 @@ def capturing(tracer: Tracer, handler: RegionCalls, watch: Watch) -> Iterator[Ca
     grad = torch.is_grad_enabled()
     with CAPTURE_LOCK:
         ctx = CaptureContext(handler, tracer)
+        ctx.root = sys._getframe(2)  # (this generator's, contextlib's __enter__, then the one that captures)
         try:
             hooks = torch_internals.capture_hooks(torch_marked_call, _our_mode_for_vmap, _autograd_function_apply,
                                                   _capturing_here)

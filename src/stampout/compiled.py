@@ -246,6 +246,9 @@ class CompiledFunction:
                             _name(self.fn), type(error).__name__, first_line(error))
                 self._static_only.add(structure)
                 return self._recapture(args, kwargs, key, ctx)
+            if not self.fullgraph and getattr(self.backend, "__module__", "").startswith(__package__ + ".backends"):
+                return self._run_eagerly(key, f"backend {self.backend.__module__} failed on its graph: "  # (eager
+                                         f"{type(error).__name__}: {first_line(error)}", None), ()  # is right)
             raise BackendError(message(
                 f"backend {getattr(self.backend, '__module__', self.backend)} failed on {_name(self.fn)}: "
                 f"{type(error).__name__}: {error}",

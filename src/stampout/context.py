@@ -21,7 +21,7 @@ class CaptureContext:
     """What one running capture shares with the code it runs: its region handler, attribute listeners, and how
     many per-layer indices (regions.slots) its region traces follow now."""
 
-    __slots__ = ("handler", "tracer", "read", "write", "slots_followed", "raised")
+    __slots__ = ("handler", "tracer", "read", "write", "slots_followed", "raised", "root")
 
     def __init__(self, handler: Any, tracer: Any) -> None:
         self.handler = handler  # regions.call.RegionCalls: every region call goes there
@@ -32,6 +32,7 @@ class CaptureContext:
         # Every StampoutError made on this thread during the capture (see `swallowed`): a program that catches one
         # (`try: if x.sum() > 0: ... except RuntimeError:`) took, while traced, a path eager would not take.
         self.raised: list[BaseException] = []
+        self.root: Any = None  # the frame that runs the program (the user's frames are those below it)
 
 
 class _State(threading.local):

@@ -127,7 +127,7 @@ def _unsupported(what: str) -> CaptureError:
     return CaptureError(message(what, user_location(), "rewrite it with torch.where or plain Python loops"))
 
 
-def _trace(tracer: Tracer, fn: Callable, inputs: list[Any], single: bool = False) -> BranchBuilder:
+def _trace(tracer: Tracer, fn: Callable, inputs: list[Any], op: str, single: bool = False) -> BranchBuilder:
     """Trace `fn(*inputs)` into a new subgraph of the current graph, returning a tuple of its output's leaves
     (`single`: its one output itself, as a while_loop's condition)."""
     branch = BranchBuilder(tracer, tracer.builder)
@@ -142,7 +142,7 @@ def _trace(tracer: Tracer, fn: Callable, inputs: list[Any], single: bool = False
     tracer.builders.append(branch)
     try:
         with tracer.mode:  # torch popped it to call the op: the function's torch calls are traced again
-            out = fn(*fakes)
+            out = fn(*fakes) if tracer.regions is None else tracer.regions.run_branch(fn, fakes, op)
     finally:
         tracer.builders.pop()
     leaves, branch.spec = pytree.tree_flatten(out)
@@ -172,7 +172,7 @@ def call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     for value in pytree.tree_leaves([a for i, a in enumerate(args) if i not in sig.fns]):
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool) and func is not _HOPS.cond:
             raise _unsupported(f"{func.__name__} with an int operand ({value}): pass it as a tensor")
-    branches = [_trace(tracer, args[i], inputs, func is _HOPS.while_loop and i == 0)
+    branches = [_trace(tracer, args[i], inputs, f"torch.{func.__name__}", func is _HOPS.while_loop and i == 0)
                 for i, inputs in zip(sig.fns, sig.inputs(args))]
     extras: dict[int, Any] = {}
     for branch in branches:

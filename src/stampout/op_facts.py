@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
@@ -124,6 +125,34 @@ def draws_random(func: Callable) -> bool:
         except TypeError:
             pass
         return draws
+
+
+# Words of the names of ops whose kernels check their inputs' values (indices in range, a matrix positive-definite,
+# probabilities valid, an assert): their errors are not seen on fakes. All of torch.linalg, and ops of namespaces
+# other than aten's and prims' (a custom kernel may check anything).
+_VALUE_CHECKS = frozenset((
+    "index", "gather", "scatter", "embedding", "take", "put", "hot", "nll", "entropy", "ctc", "bincount", "narrow",
+    "multinomial", "interleave", "bernoulli", "binomial", "poisson", "cholesky", "inverse", "inv", "solve", "lu",
+    "ldl", "eig", "eigh", "eigvals", "eigvalsh", "svd", "svdvals", "pinv", "lstsq", "lobpcg", "assert", "check",
+    "getitem", "setitem", "sparse", "unpool", "segment", "searchsorted", "bucketize", "histc", "histogram", "linalg",
+))
+_FAILS_ON_VALUES: dict[Any, bool] = caches.register({}, "op_facts functions whose kernels check values")
+
+
+def may_fail_on_values(func: Callable) -> bool:
+    """Whether a torch call may raise on its inputs' values alone (`cholesky`, `index_select`, `x[idx]`)."""
+    try:
+        return _FAILS_ON_VALUES[func]
+    except (KeyError, TypeError):
+        packet = getattr(func, "_overloadpacket", func)
+        fails = ((isinstance(packet, OpOverloadPacket) and packet._qualified_op_name.split("::")[0]
+                     not in ("aten", "prims"))
+                 or not _VALUE_CHECKS.isdisjoint(re.split(r"[^a-z]+", op_name(func).lower())))
+        try:
+            _FAILS_ON_VALUES[func] = fails
+        except TypeError:
+            pass
+        return fails
 
 
 _MUTABLE: dict[Any, tuple[FunctionSchema, ...]] = caches.register({}, "op_facts mutable schemas of packets")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import operator
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,11 +16,19 @@ import torch
 import torch.fx as fx
 
 from .builder import Builder, has_tensor, map_tensors, node_target
+from .caught_kernel_errors import check_not_caught
+from .context import current
 from .errors import CaptureError, message
 from .frames import user_frame, user_location
 from .names import identifier
+from .op_facts import may_fail_on_values
 from .sources import Source
-from .torch_internals import DisableTorchFunction, FakeTensor
+from .torch_internals import (
+    DisableTorchFunction,
+    FakeTensor,
+    disabled_torch_function_impl,
+    is_traceable_wrapper_subclass,
+)
 from .world import holds_traced_tensor
 
 if TYPE_CHECKING:
@@ -30,6 +39,13 @@ _T = torch.Tensor
 # Autograd registrations on a tensor: graph nodes (see Tracer._record_hook).
 _HOOK_REGISTRATIONS = {_T.register_hook: "register_hook",
                        _T.register_post_accumulate_grad_hook: "register_post_accumulate_grad_hook"}
+
+
+def has_own_torch_function(t: torch.Tensor) -> bool:
+    """Whether `t`'s class handles torch calls in Python (`__torch_function__`; torch.Tensor's own re-wraps results
+    in the subclass): not a Parameter's (disabled) nor a traceable wrapper subclass's (DTensor: traced by torch)."""
+    handler = getattr(type(t), "__torch_function__", None)
+    return handler is not disabled_torch_function_impl and not is_traceable_wrapper_subclass(t)
 
 
 def _function_apply(cls: type) -> Callable:
@@ -70,6 +86,13 @@ class Recording:
                 user_location(), "report this as a stampout bug, with the model",
             ))
         found = self.names.find(t)
+        if type(t) is not torch.Tensor and has_own_torch_function(t):
+            raise CaptureError(message(
+                f"the program uses {found[1].name() if found and found[1] is not None else 'a tensor'} of shape "
+                f"{tuple(t.shape)}, a {type(t).__qualname__}: a torch.Tensor subclass whose __torch_function__ "
+                "stampout's graph would bypass (its overrides and the class of its results)", user_location(),
+                "stampout.compile runs such a module eagerly; hold a plain tensor (t.as_subclass(torch.Tensor)) "
+                "to capture it"))
         name = found[0] if found is not None else f"lifted_tensor_{len(self.lifted)}"
         if self.regions is not None:
             self.regions.note_root_lift(t)
@@ -123,6 +146,8 @@ class Recording:
         return out
 
     def record(self, func: Callable, args: tuple, kwargs: dict, out: Any) -> fx.Node:
+        if may_fail_on_values(func) and (ctx := current()) is not None:  # (see caught_kernel_errors.py)
+            check_not_caught(sys._getframe(1), ctx.root, f"the torch call {getattr(func, '__name__', func)}")
         builder = self.builder
         op, target = node_target(func)
         node_args = builder.literal(map_tensors(args, builder.node_for, True))

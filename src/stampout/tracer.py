@@ -76,6 +76,24 @@ _FUNCTORCH_STATE = {
 }
 
 
+def _makes_leaf(func: Callable, args: tuple, kwargs: dict) -> bool:
+    """`t.requires_grad_()` / `t.requires_grad = True` on a tensor the program computed or was given: `t` becomes a
+    leaf whose .grad eager fills."""
+    if func is _T.requires_grad_:
+        wanted = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+    elif is_property_set(func) and func.__self__.__name__ == "requires_grad":
+        wanted = args[1]
+    else:
+        return False
+    return bool(wanted) and isinstance(args[0], FakeTensor)  # (a traced value or input; the module's real
+    # parameters and buffers are the graph's inputs, their requires_grad read per call)
+
+
+def _from_user_code() -> bool:
+    frame = outside_stampout(2)
+    return frame is not None and is_user_file(frame.f_code.co_filename)
+
+
 class CaptureMode(PreDispatchTorchFunctionMode):
     """Sends every torch-level call (autocast enter/exit included) to the tracer."""
 
@@ -178,6 +196,14 @@ class Tracer(FakeRuns, Recording):
                 "the program calls torch.autograd.grad (a gradient inside the forward)", user_location(),
                 "stampout.compile runs such a module eagerly; call torch.autograd.grad outside the captured code",
             ))
+        if (func is _T.retain_grad or _makes_leaf(func, args, kwargs)) and _from_user_code():  # (eager autograd fills
+            # that tensor's .grad, a compiled backward does not; a leaf made in forward is often differentiated
+            # there: its module's children run eagerly too, see AutogradCallError. torch's own calls, FSDP's, pass)
+            raise (CaptureError if func is _T.retain_grad else AutogradCallError)(message(
+                f"the program calls {'retain_grad()' if func is _T.retain_grad else 'requires_grad_()'} on a tensor "
+                "(its .grad is filled only by eager autograd, not by a captured graph's backward)", user_location(),
+                "stampout.compile runs such a module eagerly; capture the gradient with a hook outside the captured "
+                "code, or torch.autograd.grad on an output"))
         if func is _SET_GRAD:
             func(*args, **kwargs)
             self.builder.graph.call_function(_SET_GRAD, args)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from ..torch_internals import (
     FakeTensorMode,
@@ -102,6 +103,14 @@ def _graph_key(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[Any, tupl
     return subs[0], (gm.code, targets, tuple(map(id, subs)), tuple(meta), torch.is_grad_enabled())
 
 
+def _fake_mode(gm: fx.GraphModule) -> FakeTensorMode:
+    """AOTAutograd's fake mode: with a ShapeEnv (static sizes all the same) where a graph has a while_loop, whose
+    fake kernel needs one (Dynamo's fake mode always has one)."""
+    loops = any(node.op == "call_function" and node.target is torch.ops.higher_order.while_loop
+                for module in gm.modules() if isinstance(module, fx.GraphModule) for node in module.graph.nodes)
+    return FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True) if loops else FakeTensorMode()
+
+
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     without_module_hooks(gm)  # (AOTAutograd calls it and its subgraphs while it traces)
     why = subclass_operands(gm)
@@ -117,7 +126,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         known = _SAME_GRAPHS.get(key[0], {}).get(key[1])
         if known is not None:
             return known
-    context = TracingContext(FakeTensorMode())
+    context = TracingContext(_fake_mode(gm))
     with tracing(context):
         if whole is not None:  # (whole_region.py: a sharded block's piece)
             compiled = whole.wrap(aot_module_simplified(whole.subgraph, whole.inputs(example_inputs),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
 
-from ..context import listeners
+from ..caught_kernel_errors import check_not_caught
+from ..context import current, listeners
 from ..errors import RegionError, message
 from ..frames import python_hooks_off, user_location
 from ..guards import check_guards, first_failure
@@ -17,6 +19,7 @@ from ..torch_internals import DisableTorchFunction
 from ..tracer import Tracer
 from ..tracking import Watch
 from ..world_snapshot import Snapshot
+from .branches import BranchFrames
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
 from .events import Ineligible, Outcome, RegionEvent, RegionStats
 from .fingerprint import describe_difference, fingerprint, leaf_key, requires_grad_pattern
@@ -29,7 +32,7 @@ from .trace import Tracing
 log = logging.getLogger("stampout.regions")
 
 
-class RegionCalls(CallHooks, Tracing, Stamping):
+class RegionCalls(CallHooks, Tracing, Stamping, BranchFrames):
     """Handles every region call of one capture: looks it up, then stamps it out (stamp.py) or traces it
     (trace.py), with the hooks that show traced code to the open frames (hooks.py)."""
 
@@ -53,6 +56,9 @@ class RegionCalls(CallHooks, Tracing, Stamping):
         # (stampout's own Python runs without the trace and profile functions: a stamped call stays cheap;
         # they are back on while a traced region's code runs)
         with python_hooks_off():
+            ctx = current()
+            if ctx is not None:  # (a stamped call runs no torch call that would see the user's `try`)
+                check_not_caught(sys._getframe(1), ctx.root, f"the call of region {region.name}")
             self.tracer.builder.sync_inference(torch.is_inference_mode_enabled())  # (the call is an op too)
             return self._call(region, args, kwargs)
 

@@ -97,6 +97,7 @@ NAMES = {
     "compiling_state_context": "torch._export.utils._compiling_state_context",
     "cpu_vec_isa": "torch._inductor.cpu_vec_isa",
     "detect_fake_mode": "torch._guards.detect_fake_mode",
+    "disabled_torch_function_impl": "torch._C._disabled_torch_function_impl",
     "dynamo_counters": "torch._dynamo.utils.counters",
     "dynamo_reset": "torch._dynamo.reset",
     "enter_autocast": "torch.amp.autocast_mode._enter_autocast",
