@@ -19,9 +19,9 @@ AOTInductor (time of ``torch._inductor.aoti_compile_and_package(ep)``; the expor
   stampout             the program of stampout.export (stampout's fixes for torch 2.13 in place)
   torch flat           the flat program of torch.export
   torch nested         torch.export strict with nested_compile_region, torch 2.13 as it is
-  torch nested+fix     the same program with stampout.aoti.enable_aoti_regions() (no other stampout code)
-  flat+stampout.aoti   the flat program with stampout.aoti.enable_aoti_regions(): no regions to fix, so this is
-                       what stampout's toolchain change alone (ISA checks, see stampout/aoti.py) does to torch flat
+  torch nested+fix     the same program with stampout.export.aoti.enable_aoti_regions() (no other stampout code)
+  flat+stampout.aoti   the flat program with stampout.export.aoti.enable_aoti_regions(): no regions to fix, so this is
+                       what stampout's toolchain change alone (ISA checks, stampout/export/aoti.py) does to torch flat
 
 AOTInductor cells run ``--aoti-repeat`` rounds, each round every variant once in turn (so a busy spell on the
 shared machine hits all variants alike); the median of the rounds is reported, the minimum is in the JSON. Beside
@@ -119,7 +119,7 @@ def run_aoti(variant: str, layers: int, package_dir: str) -> dict[str, Any]:
     else:
         model, ids = _model(variant, layers)
     if variant in ("torch_nested_fix", "torch_flat_fix"):
-        from stampout.aoti import enable_aoti_regions
+        from stampout.export.aoti import enable_aoti_regions
 
         enable_aoti_regions()
     t0 = time.perf_counter()

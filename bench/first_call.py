@@ -117,19 +117,19 @@ def _first(out: Any) -> torch.Tensor:
 
 
 def _timed_captures() -> None:
-    """Time stampout's captures as `capture` records (compiled.py calls `capture_program` by this name)."""
-    import stampout.compiled
-    from stampout import timing
+    """Time stampout's captures as `capture` records (compile/function.py calls `capture_program` by this name)."""
+    from stampout.backends import timing
+    from stampout.compile import function as compiled
 
-    capture_program = getattr(stampout.compiled, "capture_program", None)
-    if capture_program is None:  # compiled.py renamed it: captures go untimed (their time shows as "other")
+    capture_program = getattr(compiled, "capture_program", None)
+    if capture_program is None:  # compile/function.py renamed it: captures go untimed (their time shows as "other")
         return
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         with timing.record("capture"), timing.phase("capture"):
             return capture_program(*args, **kwargs)
 
-    stampout.compiled.capture_program = timed
+    compiled.capture_program = timed
 
 
 def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int) -> dict[str, Any]:
@@ -140,7 +140,7 @@ def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int
     from torch._dynamo.utils import counters
 
     import stampout
-    from stampout import timing
+    from stampout.backends import timing
 
     _timed_captures()
     training = mode == "training"

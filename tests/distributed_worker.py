@@ -191,8 +191,8 @@ def fsdp_twins() -> dict:
 def steady_step(fn) -> dict:
     """One more training step of a compiled model after its first ones: whether the write epoch moved and how
     many entries ran their full guard check (FSDP's parameter swaps are checked per call: fsdp_slots.py)."""
-    from stampout import compiled_entries
-    from stampout.tracking import EPOCH
+    from stampout.compile import entries as compiled_entries
+    from stampout.watch.tracking import EPOCH
 
     refresh, calls = compiled_entries.Entry.refresh, []
 
@@ -438,7 +438,7 @@ def public_view(compiled) -> dict:
 
 
 def compiled_functions(fn) -> list:
-    from stampout.compile_stats import compiled_family  # (the compiled function and its pieces, root first)
+    from stampout.compile.stats import compiled_family  # (the compiled function and its pieces, root first)
 
     return compiled_family(fn)
 

@@ -10,8 +10,8 @@ import torch.fx as fx
 from torch import nn
 
 import stampout
-from stampout.names import TensorNames
 from stampout.torch_internals import append_node
+from stampout.trace.names import TensorNames
 
 
 def _build(make) -> fx.Graph:

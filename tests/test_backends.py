@@ -265,7 +265,7 @@ def test_glue_copies_an_operand_into_the_compiled_layout(train):
     """Subgraphs differing only in operand strides are compiled once; the odd call's operand is copied into
     the compiled layout. Checked with eager 'compiled' regions against eager values and gradients."""
     from stampout.backends import split
-    from stampout.runner import as_call_modules
+    from stampout.backends.runner import as_call_modules
 
     torch.manual_seed(0)
     model = TransposedInput()
@@ -309,8 +309,7 @@ def test_lazy_isa_list_checks_candidates_only_as_far_as_it_is_read():
 
 
 def test_isa_verdicts_are_remembered_in_the_cache_dir(tmp_path, monkeypatch):
-    from stampout import store
-    from stampout.backends import toolchain
+    from stampout.backends import store, toolchain
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     runs = []
@@ -330,7 +329,7 @@ def test_isa_verdicts_are_remembered_in_the_cache_dir(tmp_path, monkeypatch):
 
 
 def test_timing_phases_are_exclusive_and_add_up():
-    from stampout import timing
+    from stampout.backends import timing
 
     with timing.record("work") as rec:
         with timing.phase("outer"):

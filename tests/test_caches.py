@@ -17,16 +17,16 @@ from stampout import caches
 # Module-level containers that grow while stampout runs but are not caches (clearing them would break what
 # holds them), with why.
 NOT_CACHES = {
-    "stampout.compiled._LIVE": "the live compiled functions (a WeakSet reset() walks to reset each)",
-    "stampout.tracking._WRITE_WATCHERS": "objects whose class live compiled functions swapped, to watch writes",
-    "stampout.tracking._SHIMS": "shim classes; objects still swapped to one compare by it",
-    "stampout.tracking._REGISTRATION_HOOKS": "torch's global registration hooks, installed once",
+    "stampout.compile.function._LIVE": "the live compiled functions (a WeakSet reset() walks to reset each)",
+    "stampout.watch.tracking._WRITE_WATCHERS": "objects whose class live compiled functions swapped, to watch writes",
+    "stampout.watch.tracking._SHIMS": "shim classes; objects still swapped to one compare by it",
+    "stampout.watch.tracking._REGISTRATION_HOOKS": "torch's global registration hooks, installed once",
     "stampout.torch_internals.parameter_writes._PATCHED_PARAMETER": "the permanent patch of Parameter methods, "
                                                                     "installed once",
-    "stampout.timing.RECORDS": "the compile-time log benches read",
-    "stampout.classpatch._PATCHES": "classes patched in place while a capture or a compiled function watches them",
-    "stampout.classpatch.WRITE_IDS": "instances whose writes live compiled functions watch",
-    "stampout.tracking.WRITE_IDS": "(classpatch.WRITE_IDS)",
+    "stampout.backends.timing.RECORDS": "the compile-time log benches read",
+    "stampout.watch.classpatch._PATCHES": "classes patched in place while a capture or compiled function watches them",
+    "stampout.watch.classpatch.WRITE_IDS": "instances whose writes live compiled functions watch",
+    "stampout.watch.tracking.WRITE_IDS": "(classpatch.WRITE_IDS)",
     "stampout.torch_internals.registry.PERMANENT_PATCHES": "the permanent patches this process installed, each once",
     "stampout.torch_internals.PERMANENT_PATCHES": "(registry.PERMANENT_PATCHES)",
 }

@@ -324,7 +324,7 @@ def test_hugging_face_models_compile_once_and_stay_guarded(name):
 
 
 def test_unrelated_module_construction_does_not_invalidate_guards():
-    from stampout.tracking import EPOCH
+    from stampout.watch.tracking import EPOCH
 
     model, reference, fn = compiled_pair()
     x = torch.randn(3, 8)

@@ -13,7 +13,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import stampout
-from stampout import _logging, config, progress, world, world_snapshot
+from stampout import _logging, config
+from stampout.backends import progress
+from stampout.watch import world, world_snapshot
 
 SRC = pathlib.Path(stampout.__file__).parent
 

@@ -16,7 +16,7 @@ from helpers import tree_assert_close
 from torch import nn
 
 import stampout
-from stampout import timing
+from stampout.backends import timing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")}
@@ -257,7 +257,7 @@ def test_unknown_stampout_logs_names_are_refused():
 
 def test_public_names_survive_importing_submodules_first():
     # `stampout.capture` and `stampout.export` are submodules too; the package loads lazily (for --help)
-    result = _run("from stampout.capture import Capture\nimport stampout.export\nimport stampout\n"
+    result = _run("from stampout.capture.result import Capture\nimport stampout.export.program\nimport stampout\n"
                   "print(callable(stampout.capture), callable(stampout.export), stampout.Capture is Capture)")
     assert result.stdout.split() == ["True", "True", "True"], result.stderr
 
@@ -477,7 +477,8 @@ def test_progress_line_on_a_terminal_only():
     import io
     import time
 
-    from stampout import config, progress
+    from stampout import config
+    from stampout.backends import progress
 
     terminal = io.StringIO()
     with config.patch(progress_delay=0.0), progress.compiling("Net", stream=terminal, force=True) as line:

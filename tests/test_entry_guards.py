@@ -1,4 +1,4 @@
-"""Guards shared by every call of a reuse entry (entry_guards.py): checked once, re-checked after any write.
+"""Guards shared by every call of a reuse entry (guards/entry.py): checked once, re-checked after any write.
 
 Between two layer calls of ONE forward the outer program rebinds a global, patches a class, swaps a
 function's `__code__`/`__defaults__`; each must make the stamped call miss when what the trace read differs,
@@ -12,7 +12,7 @@ from helpers import assert_matches_eager
 from torch import nn
 
 import stampout
-from stampout.entry_guards import EntryCheck
+from stampout.guards.entry import EntryCheck
 
 SCALE = 2.0
 UNRELATED = 0

@@ -18,7 +18,7 @@ from torch.export import Dim
 from torch.export.graph_signature import InputKind
 
 import stampout
-from stampout.export import ExportError
+from stampout.export.program import ExportError
 from stampout.tools.models import LlamaConfig, LlamaLike
 
 INVOKE = torch.ops.higher_order.invoke_subgraph
@@ -452,7 +452,7 @@ def test_stamped_lowering_matches_torchs_rule(case):
 
 
 def test_later_region_calls_are_stamped_out(monkeypatch):
-    lowering = sys.modules["stampout.lowering"]
+    lowering = sys.modules["stampout.export.lowering"]
     stamped = []
     stamp_out = lowering._Lowering._stamp_out
     monkeypatch.setattr(lowering._Lowering, "_stamp_out", lambda self, *a: stamped.append(a[2]) or stamp_out(self, *a))

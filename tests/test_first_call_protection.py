@@ -9,11 +9,11 @@ import torch
 from test_divergent import Stack
 
 import stampout
-from stampout.protection import Protection
-from stampout.sources import MISSING, Arg, Attr, CallContext, Item
-from stampout.structure import flatten_inputs
+from stampout.compile.protection import Protection
+from stampout.guards.sources import MISSING, Arg, Attr, CallContext, Item
 from stampout.tools.demo import build_model
-from stampout.tracking import WriteWatch
+from stampout.trace.structure import flatten_inputs
+from stampout.watch.tracking import WriteWatch
 
 
 def walked_from_root(source, ctx, memo, watch) -> bool:

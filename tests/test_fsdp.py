@@ -12,7 +12,7 @@ import torch
 from distributed_ranks import on_ranks, ranks_fixture, skip_without_gloo
 
 import stampout
-from stampout.guards import describe_hooks, hooks_key
+from stampout.guards.guard import describe_hooks, hooks_key
 
 needs_gloo = skip_without_gloo()
 ranks = ranks_fixture("distributed_worker")

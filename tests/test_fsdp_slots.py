@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 import stampout
-from stampout import compiled_entries, fsdp_slots
-from stampout.tracking import EPOCH
+from stampout.compile import entries as compiled_entries
+from stampout.compile import fsdp_slots
+from stampout.watch.tracking import EPOCH
 
 
 def _fsdp_swap():

@@ -132,7 +132,7 @@ def test_compiled_explain_says_why_an_entry_runs_eagerly():
 def test_equal_predicate_sources_share_one_code_object_not_their_constants():
     """Two compiled functions of equal modules generate the same predicate source: it is compiled once (the entries
     of a stack's sharded blocks), while each predicate checks its own expected values."""
-    from stampout.guards import _code_of
+    from stampout.guards.guard import _code_of
 
     torch.manual_seed(0)
     first, second = Block(0.5), Block(0.5)

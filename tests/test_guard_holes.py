@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import stampout
-from stampout.structure import aliases_of
+from stampout.trace.structure import aliases_of
 
 BACKENDS = ["eager", "aot_eager"]
 

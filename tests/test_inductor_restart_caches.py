@@ -137,8 +137,7 @@ def _wrapper(kernels):
 def fresh_startup(monkeypatch, tmp_path):
     """startup.py as in a fresh process, its store in tmp_path; Inductor's functions replaced by the test's
     (`fresh_startup(write, precompile, build)`)."""
-    from stampout import store
-    from stampout.backends import startup
+    from stampout.backends import startup, store
 
     monkeypatch.setattr(store, "directory", lambda: str(tmp_path / "store"))
 
@@ -160,7 +159,7 @@ def test_headers_are_not_precompiled_only_inside_stampouts_compiles(tmp_path, fr
     files) and once chosen, it is Inductor's."""
     import threading
 
-    from stampout import progress
+    from stampout.backends import progress
 
     headers = []
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stampout
-from stampout.structure import aliases_of
+from stampout.trace.structure import aliases_of
 
 
 def _write_then_read(a, b):

@@ -27,7 +27,7 @@ def test_exported_inputs_are_named_as_torch_export_names_them():
 
 
 def test_identifier():
-    from stampout.names import identifier
+    from stampout.trace.names import identifier
 
     assert identifier("layers.0.weight") == "layers_0_weight"
     assert identifier("batch['input-ids']") == "batch_input_ids"

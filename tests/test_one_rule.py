@@ -12,9 +12,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 import stampout
-from stampout import op_facts
 from stampout.backends.split import may_alias_an_input, writes_an_input, writes_in_place
 from stampout.errors import CaptureError
+from stampout.trace import op_facts
 
 
 def _node(target, *args, op="call_function", **kwargs):

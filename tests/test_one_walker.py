@@ -9,7 +9,7 @@ from collections import OrderedDict
 
 import torch
 
-from stampout.structure import leaves_of, map_leaves, tensors_of
+from stampout.trace.structure import leaves_of, map_leaves, tensors_of
 
 Pair = collections.namedtuple("Pair", ["a", "b"])
 

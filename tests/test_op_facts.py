@@ -6,9 +6,10 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from stampout import caches, op_facts
+from stampout import caches
 from stampout.backends.split import writes_in_place
-from stampout.op_facts import inplace_position
+from stampout.trace import op_facts
+from stampout.trace.op_facts import inplace_position
 
 
 def _node(target, *args):

@@ -10,7 +10,7 @@ import torch.fx as fx
 from torch import nn
 
 import stampout
-from stampout.runner import as_call_modules
+from stampout.backends.runner import as_call_modules
 
 
 def stride_mismatches(cap, *args):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from stampout.guards import Guard, Kind
+from stampout.guards.guard import Guard, Kind
+from stampout.guards.sources import Arg
 from stampout.regions.fingerprint import (
     Fingerprint,
     LeafKey,
@@ -16,8 +17,7 @@ from stampout.regions.fingerprint import (
     state_key,
     without_sizes,
 )
-from stampout.sources import Arg
-from stampout.tensormeta import TensorKind, TensorMeta, kind_values, meta_values, tensor_kind, tensor_meta
+from stampout.trace.tensormeta import TensorKind, TensorMeta, kind_values, meta_values, tensor_kind, tensor_meta
 
 
 def test_fields_by_name_and_equal_to_the_plain_tuple_the_guard_builds():

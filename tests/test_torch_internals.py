@@ -53,7 +53,7 @@ def test_permanent_patches_are_recorded_and_only_on_listed_private_targets(monke
 
 
 def test_parameter_writes_are_a_recorded_patch():
-    from stampout import compiled  # noqa: F401 - importing it makes no patch; compiling does
+    from stampout.compile import function as compiled  # noqa: F401 - importing it makes no patch; compiling does
 
     torch_internals.patch_parameter_writes(lambda: None)  # (idempotent: the compiled functions' epoch, once)
     targets = {p.target for p in torch_internals.PERMANENT_PATCHES}

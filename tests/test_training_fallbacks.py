@@ -73,7 +73,7 @@ def test_batchnorm_regions_train_with_aot_eager(regions):
 
 def test_batchnorm_regions_are_inlined_only_for_training():
     from stampout.backends.inline import inline_writing_regions
-    from stampout.runner import as_call_modules
+    from stampout.backends.runner import as_call_modules
 
     model = Net().train()
     with stampout.auto_regions(model):

@@ -17,7 +17,7 @@ from torch import nn
 
 import stampout
 from stampout.regions.code import is_user_module
-from stampout.world_snapshot import Snapshot
+from stampout.watch.world_snapshot import Snapshot
 
 MADE = types.ModuleType("made_config")  # (no file, no spec: made by code)
 MADE.SCALE = 2.0

@@ -38,8 +38,8 @@ __all__ = [
 
 # Where each public name is defined (relative module).
 _HOMES = {
-    "Capture": "capture", "RegionEvent": "regions.events", "RegionStats": "regions.events",
-    "CompiledFunction": "compiled", "CompileStats": "compiled", "CompiledModule": "compiled_module",
+    "Capture": "capture.result", "RegionEvent": "regions.events", "RegionStats": "regions.events",
+    "CompiledFunction": "compile.function", "CompileStats": "compile.function", "CompiledModule": "compile.module",
     "BackendError": "errors", "CaptureError": "errors", "ExportError": "errors", "GuardError": "errors",
     "RegionError": "errors", "StampoutError": "errors",
     "auto_regions": "regions.auto", "region": "regions.marker",
@@ -48,8 +48,8 @@ _HOMES = {
 
 
 def _load() -> None:
-    """Bind every public name. All at once, after every import: the submodules `capture` and `export` share
-    names with the functions, and importing a submodule binds its name on the package."""
+    """Bind every public name. All at once, after every import: the subpackages `capture`, `compile`,
+    `export` share names with the functions, and importing a submodule binds its name on the package."""
     import importlib
 
     values = {name: getattr(importlib.import_module(f".{home}", __name__), name) for name, home in _HOMES.items()}
@@ -57,8 +57,11 @@ def _load() -> None:
 
 
 class _Package(types.ModuleType):
-    """The package's module type: importing the submodule `stampout.capture` (or `.export`) does not rebind
-    the public name, which stays the function (loaded by `__getattr__`); the submodule is in sys.modules."""
+    """The package's module type: importing the subpackage `stampout.capture` (or `.compile`,
+    `.export`) does not rebind the public name, which stays the function (loaded by `__getattr__`); the subpackage is in
+    sys.modules. So code names their modules by import (`from stampout.capture import program`), never as an
+    attribute chain (`import stampout.capture.program as p`, `stampout.capture.program.X`, a dotted string given to
+    pytest's `monkeypatch.setattr`): those reach the function."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _HOMES and isinstance(value, types.ModuleType):
@@ -82,9 +85,9 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .api import capture, compile, explain, export, reset  # noqa: F401
-    from .capture import Capture  # noqa: F401
-    from .compiled import CompiledFunction, CompileStats  # noqa: F401
-    from .compiled_module import CompiledModule  # noqa: F401
+    from .capture.result import Capture  # noqa: F401
+    from .compile.function import CompiledFunction, CompileStats  # noqa: F401
+    from .compile.module import CompiledModule  # noqa: F401
     from .errors import BackendError, CaptureError, ExportError, GuardError, RegionError, StampoutError  # noqa: F401
     from .regions.auto import auto_regions  # noqa: F401
     from .regions.events import RegionEvent, RegionStats  # noqa: F401

@@ -1,7 +1,7 @@
 """The public entry points, each defined here: compile(), export(), capture(), explain(), reset().
 
-What they stand on lies below (compiled.py and compiled_module.py for compile, export.py for export,
-capturing.py for capture); nothing below imports this module. `stampout/__init__.py` loads it on first use.
+What they stand on lies below (compile/function.py and compile/module.py for compile, export/program.py for export,
+capture/program.py for capture); nothing below imports this module. `stampout/__init__.py` loads it on first use.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from torch import nn
 
 from .backends import resolve
 from .backends.options import inductor_patches, with_patches
-from .capture import Capture
-from .capturing import capture_program
-from .compile_args import check_call, check_callable
-from .compiled import CompiledFunction
-from .compiled_module import CompiledModule
+from .capture.arguments import check_call, check_callable
+from .capture.program import capture_program
+from .capture.result import Capture
+from .capture.sharded_boundaries import Boundaries, sharded_modules
+from .compile.function import CompiledFunction
+from .compile.module import CompiledModule
+from .compile.piecewise import explain_break
 from .errors import CaptureError
-from .export import export_program
-from .piecewise import explain_break
-from .sharded_capture import Boundaries, sharded_modules
-from .structure import flatten_inputs
+from .export.program import export_program
+from .trace.structure import flatten_inputs
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -164,7 +164,7 @@ def reset() -> None:
     """Drop every cache stampout keeps: each compiled function's entries, and every memo cache registered in
     `stampout.caches` (compiled functions keep theirs until reset)."""
     from . import caches
-    from .compiled import reset_all
+    from .compile.function import reset_all
 
     reset_all()
     caches.clear_all()

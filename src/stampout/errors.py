@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .context import note_raised
+from .trace.context import note_raised
 
 
 class StampoutError(RuntimeError):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .compile_stats import describe_pieces
-from .guards import DEFERRED_LINE, compile_guards
+from .compile.stats import describe_pieces
+from .guards.guard import DEFERRED_LINE, compile_guards
 from .regions.events import Outcome
 
 

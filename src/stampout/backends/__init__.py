@@ -14,7 +14,7 @@ from typing import Any
 import torch.fx as fx
 
 from ..errors import BackendError, message
-from ..frames import user_location
+from ..trace.frames import user_location
 
 Backend = Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]
 
@@ -38,7 +38,7 @@ def resolve(backend: str | Backend) -> Backend:
 def _user_backend(backend: Backend) -> Backend:
     """A user's backend, as given; when what it returns is the GraphModule itself (`return gm`), its region
     calls run as plain module calls: invoke_subgraph's autograd needs a fake mode outside tracing."""
-    from ..runner import INVOKE_SUBGRAPH, as_call_modules
+    from .runner import INVOKE_SUBGRAPH, as_call_modules
 
     @functools.wraps(backend)
     def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

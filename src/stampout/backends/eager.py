@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..runner import as_call_modules
+from .runner import as_call_modules
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

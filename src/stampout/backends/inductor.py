@@ -39,10 +39,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .. import config, progress, timing, torch_internals
+from .. import config, torch_internals
 from ..errors import StampoutError
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
-from . import pipeline, split, startup, toolchain
+from . import pipeline, progress, split, startup, timing, toolchain
 from .grad_identity import separate_by_requires_grad
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 

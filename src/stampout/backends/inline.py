@@ -31,8 +31,8 @@ from typing import Any
 
 import torch.fx as fx
 
-from ..op_facts import custom_op_writes
 from ..torch_internals import INVOKE_SUBGRAPH, is_traceable_wrapper_subclass
+from ..trace.op_facts import custom_op_writes
 from .split import region_calls, trains, writes_an_input
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import BackendError, message
-from ..frames import user_location
+from ..trace.frames import user_location
 
 log = logging.getLogger("stampout.backends")
 

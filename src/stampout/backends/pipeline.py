@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import timing
+from . import timing
 
 
 class DeferredEntry:

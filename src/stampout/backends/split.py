@@ -25,10 +25,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .. import caches, config, progress
-from ..op_facts import may_alias, written
-from ..op_facts import writes_in_place as writes_in_place_op
-from ..shapes import has_symbols, size_key, sizes_key
+from .. import caches, config
 from ..torch_internals import (
     INVOKE_SUBGRAPH,
     FakeTensor,
@@ -38,6 +35,10 @@ from ..torch_internals import (
     set_grad_enabled,
     without_module_hooks,
 )
+from ..trace.op_facts import may_alias, written
+from ..trace.op_facts import writes_in_place as writes_in_place_op
+from ..trace.shapes import has_symbols, size_key, sizes_key
+from . import progress
 
 _SET_GRAD = set_grad_enabled
 _AUTOCAST = (enter_autocast, exit_autocast)

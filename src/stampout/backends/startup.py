@@ -46,8 +46,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .. import progress, store
 from ..torch_internals import patch_permanently
+from . import progress, store
 
 log = logging.getLogger("stampout.backends")
 

@@ -35,8 +35,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from .. import store, timing
 from ..torch_internals import patch_permanently
+from . import store, timing
 
 log = logging.getLogger("stampout.backends")
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from ..context import listeners
-from ..effects import undo
+from ..capture.effects import undo
 from ..errors import CaptureError, message
-from ..frames import user_location
-from ..sources import Absolute
+from ..guards.sources import Absolute
 from ..torch_internals import DisableTorchFunction
+from ..trace.context import listeners
+from ..trace.frames import user_location
 from .code import is_user_code
 from .frame import RegionFrame
 

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..guards import Guard, const_key, is_constant, tensor_meta
-from ..shapes import size_key
-from ..structure import Template
+from ..guards.guard import Guard, const_key, is_constant, tensor_meta
+from ..trace.shapes import size_key
+from ..trace.structure import Template
 from .fingerprint import Fingerprint, StateKey
 
 

@@ -8,17 +8,17 @@ from typing import Any
 
 import torch
 
-from ..caught_kernel_errors import check_not_caught
-from ..context import current, listeners
 from ..errors import RegionError, message
-from ..frames import python_hooks_off, user_location
-from ..guards import check_guards, first_failure
-from ..sources import CallContext
-from ..structure import aliases_of, flatten_inputs
+from ..guards.guard import check_guards, first_failure
+from ..guards.sources import CallContext
 from ..torch_internals import DisableTorchFunction
-from ..tracer import Tracer
-from ..tracking import Watch
-from ..world_snapshot import Snapshot
+from ..trace.caught_kernel_errors import check_not_caught
+from ..trace.context import current, listeners
+from ..trace.frames import python_hooks_off, user_location
+from ..trace.structure import aliases_of, flatten_inputs
+from ..trace.tracer import Tracer
+from ..watch.tracking import Watch
+from ..watch.world_snapshot import Snapshot
 from .branches import BranchFrames
 from .cache import ArgInput, RegionCache, ReuseEntry, SourceInput, SymbolInput
 from .events import Ineligible, Outcome, RegionEvent, RegionStats

@@ -13,12 +13,12 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import caches
-from ..guards import const_key, is_constant
-from ..shapes import show_size, size_key
-from ..structure import aliases_of
-from ..tensormeta import TensorKind, TensorMeta, tensor_meta
+from ..guards.guard import const_key, is_constant
 from ..torch_internals import FLAG_NAMES, global_flags
-from ..tracking import original_class
+from ..trace.shapes import show_size, size_key
+from ..trace.structure import aliases_of
+from ..trace.tensormeta import TensorKind, TensorMeta, tensor_meta
+from ..watch.tracking import original_class
 
 _new = tuple.__new__  # a record from a tuple without NamedTuple's keyword __new__ (every region call builds them)
 _NO_HOOKS = ((), (), (), ())  # (the global module hooks of state_key when none is registered)

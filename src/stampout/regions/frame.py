@@ -15,14 +15,14 @@ from typing import Any
 import torch
 
 from .. import config
-from ..classpatch import PATCHED_NAMES
-from ..frames import user_location
-from ..guards import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
-from ..namespaces import patched_tensor_methods
-from ..shapes import SIZES, size_key
-from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
+from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
+from ..guards.namespaces import patched_tensor_methods
+from ..guards.sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
-from ..tracking import Watch, original_class
+from ..trace.frames import user_location
+from ..trace.shapes import SIZES, size_key
+from ..watch.classpatch import PATCHED_NAMES
+from ..watch.tracking import Watch, original_class
 from .cache import LiftedInput
 from .code import is_user_file
 from .events import Ineligible

@@ -9,9 +9,9 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from ..guards import Kind
-from ..namespaces import TENSOR_DICT, NamespaceReads
-from ..sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
+from ..guards.guard import Kind
+from ..guards.namespaces import TENSOR_DICT, NamespaceReads
+from ..guards.sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
 from .code import code_facts, is_user_file, is_user_module
 from .objects import by_name, ours
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ..frames import user_location
-from ..guards import Kind, const_key, hooks_key
-from ..sources import MISSING, Attr, Source
+from ..guards.guard import Kind, const_key, hooks_key
+from ..guards.sources import MISSING, Attr, Source
+from ..trace.frames import user_location
 from .objects import accepted_types
 from .slots import SlotTracker
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..frames import user_location
-from ..guards import Kind, is_constant
-from ..sources import MISSING, Arg, Attr, Item, Source
+from ..guards.guard import Kind, is_constant
+from ..guards.sources import MISSING, Arg, Attr, Item, Source
 from ..torch_internals import FakeTensor
-from ..tracking import Watch
+from ..trace.frames import user_location
+from ..watch.tracking import Watch
 from .objects import contents, copy_value, fake_fields
 
 

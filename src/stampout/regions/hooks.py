@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ..context import listeners
-from ..frames import caller_outside_torch, set_profile, user_location
-from ..namespaces import ENVIRON_READS, note_environ_read
+from ..guards.namespaces import ENVIRON_READS, note_environ_read
 from ..torch_internals import DisableTorchFunction
+from ..trace.context import listeners
+from ..trace.frames import caller_outside_torch, set_profile, user_location
 from .code import code_facts, is_user_code
 from .events import Ineligible
 from .frame import RegionFrame

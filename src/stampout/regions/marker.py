@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from ..context import current
 from ..errors import RegionError, message
-from ..frames import user_location
-from ..structure import positional_names
+from ..trace.context import current
+from ..trace.frames import user_location
+from ..trace.structure import positional_names
 
 DEFAULT_MAX_REUSE_ENTRIES = 8
 

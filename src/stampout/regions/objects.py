@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from .. import caches
-from ..guards import const_key, is_auto_mark, is_constant
-from ..shapes import size_key, sizes_key
-from ..sources import MISSING
+from ..guards.guard import const_key, is_auto_mark, is_constant
+from ..guards.sources import MISSING
 from ..torch_internals import HigherOrderOperator, OpOverload, OpOverloadPacket
-from ..tracking import original_class, shim_class
+from ..trace.shapes import size_key, sizes_key
+from ..watch.tracking import original_class, shim_class
 from .code import is_user_class as is_user_class_object
 from .code import is_user_file
 

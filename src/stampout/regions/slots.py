@@ -26,11 +26,11 @@ from typing import Any
 import torch
 
 from .. import caches
-from ..classpatch import peek
-from ..context import current, listeners
-from ..guards import is_constant
-from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
-from ..structure import leaves_of
+from ..guards.guard import is_constant
+from ..guards.sources import MISSING, Item, SlotItem, Source, _item, mro_attr
+from ..trace.context import current, listeners
+from ..trace.structure import leaves_of
+from ..watch.classpatch import peek
 
 _LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"})
 _INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = caches.register(

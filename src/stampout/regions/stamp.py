@@ -9,11 +9,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..builder import Builder, map_tensors
-from ..runner import as_call_modules
-from ..sources import CallContext
-from ..structure import build
+from ..backends.runner import as_call_modules
+from ..guards.sources import CallContext
 from ..torch_internals import FakeTensor, append_node, invoke_subgraph
+from ..trace.builder import Builder, map_tensors
+from ..trace.structure import build
 from .cache import Output, ReuseEntry, Store
 from .events import Outcome
 from .marker import Region

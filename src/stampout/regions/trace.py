@@ -9,16 +9,16 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..builder import Builder
-from ..context import current, listeners, swallowed
-from ..entry_guards import compile_entry_guards
 from ..errors import RegionError, message
-from ..frames import user_location
-from ..guards import is_constant
-from ..names import identifier
-from ..sources import MISSING, Absolute, Input
-from ..structure import template_constants, tensors_within, to_template
+from ..guards.entry import compile_entry_guards
+from ..guards.guard import is_constant
+from ..guards.sources import MISSING, Absolute, Input
 from ..torch_internals import DisableTorchFunction, LazyGraphModule, without_module_hooks
+from ..trace.builder import Builder
+from ..trace.context import current, listeners, swallowed
+from ..trace.frames import user_location
+from ..trace.names import identifier
+from ..trace.structure import template_constants, tensors_within, to_template
 from .cache import ArgInput, Output, ReuseEntry, SourceInput, Store, SymbolInput
 from .events import Outcome
 from .frame import RegionFrame

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..op_facts import ALWAYS_VIEWS, SPLITS, VIEW_PROPERTIES, op_name
+from ..trace.op_facts import ALWAYS_VIEWS, SPLITS, VIEW_PROPERTIES, op_name
 from .cache import Output
 
 

@@ -1,0 +1,261 @@
+"""Python side effects of a compiled program: planned at capture, undone after it, replayed after each call.
+
+A capture runs the program's Python once, on fake tensors. What it stored on objects that outlive the call
+(attribute writes, items appended to or set in lists and dicts) is recorded by the program's frame. After
+the capture those stores are undone (no fake tensor is left on the caller's objects), and every compiled
+call replays them with that call's values: constants as recorded, tensors from extra graph outputs,
+existing objects from their sources. A store that cannot be replayed that way makes `compile` refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..guards.guard import is_constant
+from ..guards.sources import MISSING, Arg, Attr, CallContext, Source
+from ..torch_internals import DisableTorchFunction, FakeTensor
+from ..trace.shapes import any_symbolic
+from ..watch.classpatch import peek
+
+
+@dataclass(frozen=True)
+class Value:
+    """How a replayed value is obtained: a constant, extra graph output `index`, or a source."""
+
+    kind: str  # "const" | "out" | "out_constant" (no autograd) | "source" | "missing"
+    value: Any = None
+
+    def get(self, ctx: CallContext, outputs: list[Any]) -> Any:
+        if self.kind == "const":
+            return self.value
+        if self.kind == "out":
+            return outputs[self.value]
+        if self.kind == "out_constant":  # (AOTAutograd hands back every output as requiring grad)
+            out = outputs[self.value]
+            return out.detach() if out.requires_grad else out
+        if self.kind == "source":
+            return self.value.resolve(ctx, {})
+        if self.kind == "seq":  # a tuple or torch.Size holding sizes the graph computes
+            cls, items = self.value
+            return cls(item.get(ctx, outputs) for item in items)
+        if self.kind == "new":  # a list or dict the call made (`cache.setdefault("layer0", {})`): made anew
+            cls, items = self.value
+            if cls is dict:
+                return {k: v.get(ctx, outputs) for k, v in items}
+            return [v.get(ctx, outputs) for v in items]
+        return MISSING
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One store to replay: `setattr` (key: attribute), `extend` (values appended), `add` (members added to a
+    set), `setitem` (key), `delitem` (key), `replace` (a list's items, or a dict's: key holds its keys in order)."""
+
+    op: str
+    target: Source
+    key: Any
+    values: tuple[Value, ...]
+    where: str
+
+    def replay(self, ctx: CallContext, outputs: list[Any]) -> None:
+        target = self.target.resolve(ctx, {})
+        values = [v.get(ctx, outputs) for v in self.values]
+        if self.op == "setattr":
+            if values[0] is MISSING:
+                if hasattr(target, self.key):
+                    delattr(target, self.key)
+            else:
+                setattr(target, self.key, values[0])
+        elif self.op == "extend":
+            target.extend(values)
+        elif self.op == "add":  # members added to a set
+            target.update(values)
+        elif self.op == "delitem":
+            del target[self.key]
+        elif self.op == "replace":
+            if isinstance(target, dict):
+                target.clear()
+                target.update(zip(self.key, values))
+            else:
+                target[:] = values
+        else:
+            target[self.key] = values[0]
+
+
+class Plan:
+    """The effects of one capture, and the fake tensors whose real values must become extra outputs."""
+
+    def __init__(self, program: Any) -> None:
+        self.program = program
+        self.effects: list[Effect] = []
+        self.extra: list[torch.Tensor] = []
+        self.refused: str | None = None
+        self._making: set[int] = set()  # containers made by the call being planned (a cycle is refused)
+        if program is not None:
+            self._build()
+
+    def _value(self, value: Any, where: str) -> Value | None:
+        sources = self.program.sources
+        if value is MISSING:
+            return Value("missing")
+        if is_constant(value) and type(value) not in (list, dict, set):
+            return Value("const", value)
+        if isinstance(sources.get(id(value)), Arg):  # one of the call's own inputs: that very object
+            return Value("source", sources[id(value)])
+        if isinstance(value, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)):  # computed by the graph
+            self.extra.append(value)
+            constant = isinstance(value, FakeTensor) and not value.requires_grad
+            return Value("out_constant" if constant else "out", len(self.extra) - 1)
+        if type(value) in (tuple, torch.Size) and any_symbolic(value):
+            items = [self._value(v, where) for v in value]
+            return None if any(i is None for i in items) else Value("seq", (type(value), tuple(items)))
+        if id(value) in sources and id(value) not in self.program.made:  # (not one the call made and stored)
+            return Value("source", sources[id(value)])
+        if type(value) in (list, dict) and id(value) not in self._making:  # made by the call
+            self._making.add(id(value))
+            pairs = list(value.items()) if type(value) is dict else list(enumerate(value))
+            items = [(k, self._value(v, where)) for k, v in pairs]
+            self._making.discard(id(value))
+            if all(v is not None for _, v in items):
+                return Value("new", (type(value), tuple(items) if type(value) is dict else tuple(v for _, v in items)))
+            return None
+        self.refused = self.refused or f"stores a {type(value).__name__} made during the call (at {where})"
+        return None
+
+    def _build(self) -> None:
+        program = self.program
+        last: dict[tuple[int, str], tuple[Any, str, Any, str]] = {}
+        for obj, name, value, _, where in program.stores:
+            if id(obj) in program.sources:
+                last[(id(obj), name)] = (obj, name, value, where)
+        for obj, name, value, where in last.values():
+            v = self._value(value, where)
+            if v is not None:
+                self.effects.append(Effect("setattr", program.sources[id(obj)], name, (v,), where))
+        planned: set[int] = set()
+        for container, source, _, before in program.containers:
+            if id(container) not in planned:  # one list reached by two paths: its first note saw it as it was
+                planned.add(id(container))
+                self._container(container, source, before)
+
+    def _container(self, container: Any, source: Source, before: Any) -> None:
+        where = f"{source.name()} (changed in place)"
+        if isinstance(container, dict):
+            keys = list(container)
+            if keys[:len(before)] != list(before):  # items removed (`del d[k]`, `pop`) or reordered
+                values = [self._value(v, where) for v in container.values()]
+                if all(v is not None for v in values):
+                    self.effects.append(Effect("replace", source, tuple(keys), tuple(values), where))
+                return
+            for k, v in container.items():
+                if k not in before or before[k] is not v:
+                    value = self._value(v, where)
+                    if value is not None:
+                        self.effects.append(Effect("setitem", source, k, (value,), where))
+            return
+        if isinstance(container, set):
+            now = {id(v) for v in container}
+            added = [v for v in container if not any(v is b for b in before)]
+            if any(id(b) not in now for b in before):  # (a member removed: the call's own set may not hold it)
+                self.refused = self.refused or f"removes members of {where}"
+            elif added:
+                values = [self._value(v, where) for v in added]
+                if all(v is not None for v in values):
+                    self.effects.append(Effect("add", source, None, tuple(values), where))
+            return
+        if not isinstance(container, list):
+            if list(container) != list(before):
+                self.refused = self.refused or f"changes {where}"
+            return
+        if len(container) < len(before) or any(a is not b for a, b in zip(container, before)):
+            values = [self._value(v, where) for v in container]  # insert, pop, sort, item stores: the whole list
+            if all(v is not None for v in values):
+                self.effects.append(Effect("replace", source, None, tuple(values), where))
+            return
+        values = [self._value(v, where) for v in container[len(before):]]
+        if values and all(v is not None for v in values):
+            self.effects.append(Effect("extend", source, None, tuple(values), where))
+
+
+def put_back(container: Any, before: Any) -> None:
+    """A dict, list or set as it was (`before`: a copy of its items); a dict untouched is left alone (compared by
+    identity: values may be tensors, whose == compares elements)."""
+    if isinstance(container, dict):
+        if list(container) != list(before) or any(container[k] is not v for k, v in before.items()):
+            container.clear()
+            container.update(before)
+    elif isinstance(container, list):
+        container[:] = before
+    elif isinstance(container, set):
+        container.clear()
+        container.update(before)
+
+
+def undo(program: Any) -> None:
+    """Put back what the capture's Python changed on objects that outlive it (newest first), and the state
+    of opaque objects that can say theirs (a `random.Random` the program drew from)."""
+    for obj, state in reversed(program.states):
+        obj.setstate(state)
+    for container, _, _, before in reversed(program.containers):
+        put_back(container, before)
+    for obj, name, _, old, _ in reversed(program.stores):
+        if old is not MISSING:
+            setattr(obj, name, old)
+        elif peek(obj, name) is not MISSING:
+            delattr(obj, name)
+
+
+def replay(effects: list[Effect], ctx: CallContext, outputs: list[Any]) -> None:
+    with DisableTorchFunction():
+        for effect in effects:
+            effect.replay(ctx, outputs)
+
+
+
+_REGISTRY_NAMES = ("_parameters", "_buffers", "_modules")
+
+
+class Registries:
+    """The parameter, buffer and submodule dicts of a module tree before a capture. What the program registers
+    in them (`register_buffer` in forward, a lazily made submodule) goes behind the watched attributes: it is
+    planned as a store where the module has a source (replayed with the graph's real value), else it makes the
+    program ineligible; after the capture the dicts are put back."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.before = [(m, name, d, dict(d)) for m in modules for name in _REGISTRY_NAMES
+                       if type(d := m.__dict__.get(name)) is dict]
+
+    def changed(self) -> list[tuple[torch.nn.Module, str, dict, dict]]:
+        return [(m, name, d, old) for m, name, d, old in self.before
+                if list(d) != list(old) or any(d[k] is not v for k, v in old.items())]
+
+    def plan(self, program: Any) -> None:
+        """Note each changed dict on the program's frame (its effects are then planned and undone with the
+        containers it read). A module made during the call makes the program ineligible: it runs eagerly, which
+        makes the module as eager does (a later capture finds it in the tree)."""
+        made = self.made_modules()
+        if made:
+            program.mark_ineligible(f"registers {made[0]}, a module it makes during the call")
+            self.put_back()  # (the eager call makes it)
+            return
+        for m, name, d, old in self.changed():
+            source = program.sources.get(id(m))
+            if source is None:
+                program.mark_ineligible(f"changes {name} of a {type(m).__name__} it did not read")
+                continue
+            program.note_changed_container(d, Attr(source, name), old)
+            program.writes.append(f"{source.name()}.{name} (registered during the call)")
+
+    def made_modules(self) -> list[str]:
+        """`Owner.name` of each submodule registered during the call that was not in the tree before (its
+        parameters were initialized on fakes: a capture cannot give them eager's values)."""
+        known = {id(m) for m, *_ in self.before}
+        return [f"{type(m).__name__}.{k}" for m, name, d, old in self.changed() if name == "_modules"
+                for k, v in d.items() if old.get(k) is not v and v is not None and id(v) not in known]
+
+    def put_back(self) -> None:
+        for _, _, d, old in self.changed():
+            put_back(d, old)

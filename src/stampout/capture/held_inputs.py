@@ -1,0 +1,216 @@
+"""What a capture's inputs hold: the objects and containers reachable from the arguments (watched, guarded and
+replayed as the inputs' own state), the stores the program makes into them, and the inputs rebuilt around new
+leaves."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import CaptureError, message
+from ..guards.guard import is_constant
+from ..guards.sources import Arg, Attr, Input, Item, Source
+from ..regions.frame import RegionFrame
+from ..torch_internals import FakeTensor
+from ..trace.frames import user_location
+from ..trace.shapes import SIZES
+from ..trace.structure import positional_names, template_constants
+from ..trace.tracer import Tracer
+from .effects import Plan, Value, put_back
+
+
+def hold_input_containers(held: Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:
+    names = positional_names(signature_of)
+    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
+        names = names[1:]
+
+    def walk(value: Any, source: Source) -> None:
+        if type(value) in (list, dict, set) or isinstance(value, dict):  # (an OrderedDict, a defaultdict too)
+            dict.__setitem__(held, id(value), (value, source))
+        if type(value) in (list, tuple) or isinstance(value, dict):
+            for k, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+                walk(item, Item(source, k))
+
+    for i, value in enumerate(args):
+        walk(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
+    for key, value in kwargs.items():
+        walk(value, Input(key, key))
+
+
+def in_input_container(source: Source) -> bool:
+    while source.base() is not None:
+        source = source.base()
+    return isinstance(source, Input)
+
+
+def note_input_containers(program: RegionFrame, signature_of: Callable, fn: Callable, args: tuple,
+                           kwargs: dict) -> None:
+    """The lists and dicts the call was given (a KV cache dict the program fills): effects on them are planned
+    on the call's own containers, found by position (`Input`)."""
+    names = positional_names(signature_of)
+    if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn):
+        names = names[1:]
+    for i, value in enumerate(args):
+        program.note_input_containers(value, Input(i, names[i] if i < len(names) else f"args[{i}]"))
+    for key, value in kwargs.items():
+        program.note_input_containers(value, Input(key, key))
+
+
+def object_fields(obj: Any) -> dict:
+    """What `obj` holds, by key: a dict's items, a list's by index, a set's members by identity, an object's
+    attributes."""
+    if isinstance(obj, (set, frozenset)):
+        return {id(v): v for v in obj}
+    return dict(obj) if isinstance(obj, dict) else dict(enumerate(obj)) if isinstance(obj, list) else dict(vars(obj))
+
+
+def input_stores(held: Held, before: dict[int, dict], tracer: Tracer, plan: Plan) -> tuple[list, str]:
+    """What the program changed on its input objects (`cache.layers[0].keys = cat(...)`,
+    `layer.is_initialized = True`), as stores each call of the capture repeats on its own objects: (holder
+    source, key, "attr" | "item", Value). Tensors become extra outputs; a change that cannot be repeated (an
+    object made during the call, an item removed) is described in the second result."""
+    stores: list = []
+    unreplayable = ""
+    nodes = tracer.root.nodes
+    for obj in held:
+        old, new = before[id(obj)], object_fields(obj)
+        kind = "attr" if not isinstance(obj, (list, dict)) else "item"
+        source = held[obj]
+        if (any(k not in new for k in old) or (isinstance(obj, list) and len(new) != len(old))
+                or isinstance(obj, set) and new.keys() != old.keys()):
+            unreplayable = unreplayable or f"changes the items of {source.name()}"
+            continue
+        for key, value in new.items():
+            if key in old and old[key] is value:
+                continue
+            if type(value) is FakeTensor and id(value) in nodes or isinstance(value, (torch.SymInt, torch.SymFloat)):
+                plan.extra.append(value)  # (a symbolic size too: its value for each call comes from the graph)
+                stores.append((source, key, kind, Value("out", len(plan.extra) - 1)))
+            elif is_constant(value) and type(value) not in (list, dict, set):
+                stores.append((source, key, kind, Value("const", value)))
+            elif value in held:
+                stores.append((source, key, kind, Value("source", held[value])))
+            else:
+                made = f"stores a {type(value).__name__} made during the call on {source.name()}"
+                unreplayable = unreplayable or made
+    return stores, unreplayable
+
+
+def copy_back_given_containers(held: Held, ctx: Any) -> None:
+    """The lists and dicts the call was given (the program ran on copies of them), as the program left its
+    copies: a capture whose change to them cannot be repeated still leaves them as one eager call does."""
+    for obj in held:
+        source = held[obj]
+        if type(obj) in (list, dict) and in_input_container(source):
+            original = source.resolve(ctx, {})
+            if original is not obj and type(original) is type(obj):
+                put_back(original, list(obj) if type(obj) is list else dict(obj))
+
+
+def input_objects(leaves: list[Any]) -> dict[int, int]:
+    """id -> leaf index of the inputs that are objects (a KV cache): returned as the call's own object."""
+    return {id(leaf): i for i, leaf in enumerate(leaves)
+            if not isinstance(leaf, torch.Tensor) and not is_constant(leaf) and not callable(leaf)}
+
+
+class Held(dict):
+    """Objects reachable from a call's input objects (attributes, list and dict items), by identity, with their
+    sources relative to `[fn, *inputs]`."""
+
+    def __contains__(self, obj: object) -> bool:
+        return dict.__contains__(self, id(obj))
+
+    def get(self, obj: Any, default: Any = None) -> Any:
+        hit = dict.get(self, id(obj))
+        return default if hit is None else hit[1]
+
+    def __getitem__(self, obj: Any) -> Source:
+        return dict.__getitem__(self, id(obj))[1]
+
+    def __iter__(self):
+        return iter([obj for obj, _ in self.values()])
+
+
+def held_map(leaves: list[Any], labels: list[str], depth: int = 3) -> Held:
+    held = Held()
+
+    def walk(obj: Any, source: Source, level: int) -> None:
+        if id(obj) in held.keys() or level > depth:
+            return
+        if type(obj) is set:  # (its members have no key to reach them by: a change is seen, not repeated)
+            dict.__setitem__(held, id(obj), (obj, source))
+            return
+        if type(obj) in (list, dict):  # (even empty: the call may fill it)
+            dict.__setitem__(held, id(obj), (obj, source))
+            for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                walk(v, Item(source, k), level + 1)
+            return
+        if isinstance(obj, (torch.Tensor, torch.nn.Module, type, *SIZES)) or is_constant(obj) or callable(obj):
+            return
+        if isinstance(obj, (list, dict)):
+            dict.__setitem__(held, id(obj), (obj, source))
+            for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                walk(v, Item(source, k), level + 1)
+            return
+        fields = getattr(obj, "__dict__", None)
+        if type(fields) is not dict:
+            return
+        dict.__setitem__(held, id(obj), (obj, source))
+        for key, value in list(fields.items()):
+            walk(value, Attr(source, key), level + 1)
+
+    for i, (leaf, label) in enumerate(zip(leaves, labels)):
+        if id(leaf) in input_objects(leaves):
+            walk(leaf, Arg(i + 1, label), 0)
+    return held
+
+
+def held_by_inputs(leaves: list[Any], labels: list[str]) -> list[Any]:
+    """The objects and containers the call's input objects reach (what the program may change on them)."""
+    return list(held_map(leaves, labels))
+
+
+def check_no_hidden_tensors(template: Any) -> None:
+    """An output object that carries traced tensors where stampout cannot see them (a KV-cache object, say)
+    would hand fake tensors to the caller: refuse it."""
+    for value in template_constants(template):
+        fields = getattr(value, "__dict__", None)
+        if not isinstance(fields, dict):
+            continue
+        for name, field in fields.items():
+            items = field if isinstance(field, (list, tuple)) else [field]
+            inner = [getattr(i, "__dict__", {}).values() for i in items if not isinstance(i, torch.Tensor)]
+            if any(isinstance(t, FakeTensor) for t in [*items, *(v for d in inner for v in d)]):
+                raise CaptureError(message(
+                    f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
+                    "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
+                    user_location(),
+                    "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
+                    "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
+                ))
+
+
+def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple, dict]:
+    """`(args, kwargs)` with the flat leaves of `flatten_inputs` replaced by `leaves`."""
+    it = iter(leaves)
+
+    def walk(value: Any) -> Any:
+        t = type(value)
+        if t is tuple or t is list:
+            return t(walk(v) for v in value)
+        if isinstance(value, tuple) and hasattr(t, "_fields"):
+            return t(*(walk(v) for v in value))
+        if t is dict:
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, dict):  # a dict subclass (OrderedDict, ModelOutput): a copy with the new items
+            new = copy.copy(value)
+            for k, v in value.items():
+                new[k] = walk(v)
+            return new
+        return next(it)
+
+    return tuple(walk(a) for a in args), {k: walk(v) for k, v in kwargs.items()}

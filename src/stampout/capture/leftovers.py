@@ -1,0 +1,142 @@
+"""Fakes a capture leaves behind in user state: found on the modules, methods and objects the program reached,
+and replaced by the real values an eager call would have stored (or the capture refuses)."""
+
+from __future__ import annotations
+
+import types
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..backends.runner import as_call_modules
+from ..torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
+from ..trace.names import root_module
+from ..trace.shapes import any_symbolic, concrete
+from ..trace.structure import flatten_inputs
+from ..trace.tracer import Tracer
+from ..watch.world import plain_object
+from .effects import Plan
+from .result import Capture
+
+
+def methods_of(modules: list[Any]) -> list[Any]:
+    """The functions the classes of `modules` define (their forwards and helpers), each class once."""
+    seen: set[type] = set()
+    out = []
+    for m in modules:
+        for klass in type(m).__mro__:
+            if klass in seen:
+                continue
+            seen.add(klass)
+            out.extend(v for v in vars(klass).values() if isinstance(v, types.FunctionType))
+    return out
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+
+
+def hooks_of(modules: list[Any]) -> list[Any]:
+    """The forward hooks and pre-hooks the program's modules run (theirs and the global ones), as functions: the
+    memo containers they close over are user state as much as the forwards' (`acts[name] = out`)."""
+    dicts = [global_forward_pre_hooks, global_forward_hooks]
+    dicts += [getattr(m, "__dict__", {}).get(name) for m in modules for name in _HOOK_DICTS]
+    return [getattr(h, "__func__", h) for d in dicts if d for h in list(d.values())]
+
+
+def modules_of(fn: Callable) -> list[Any]:
+    root = root_module(fn)
+    return list(root.modules()) if root is not None else []
+
+
+def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, str]]:
+    """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`, `seen.add(t)`):
+    (holder, key, "attr" | "item" | "member"), each appended to `plan.extra` so the graph computes its real
+    value."""
+    found: list[tuple[Any, Any, str]] = []
+    seen: set[tuple[int, Any]] = set()
+    nodes = tracer.root.nodes
+
+    def note(obj: Any, key: Any, kind: str, value: Any) -> None:
+        if any_symbolic(value):  # a size of this capture's inputs (or a tuple of them): its value for them
+            if kind == "attr":
+                setattr(obj, key, concrete(value))
+            else:
+                obj[key] = concrete(value)
+            return
+        if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
+            seen.add((id(obj), key))
+            found.append((obj, key, kind))
+            plan.extra.append(value)
+
+    walked: set[int] = set()
+
+    def walk(holder: Any, depth: int) -> None:
+        if type(holder) is set:  # (a set the call was given: its members have no key but themselves)
+            for item in list(holder):
+                note(holder, item, "member", item)
+            return
+        if type(holder) in (list, dict):  # (a container the call was given)
+            for key, item in list(holder.items() if type(holder) is dict else enumerate(holder)):
+                note(holder, key, "item", item)
+            return
+        fields = getattr(holder, "__dict__", None)
+        if type(fields) is not dict or id(holder) in walked:
+            return
+        walked.add(id(holder))
+        for key, value in list(fields.items()):
+            t = type(value)
+            if t in _INERT or t is OrderedDict and not value.__dict__:  # (a module's flags and hook dicts:
+                continue  # nothing a note or a walk would find there)
+            if t is list:
+                for i, item in enumerate(value):
+                    note(value, i, "item", item)
+            elif t is set:
+                for item in list(value):
+                    note(value, item, "member", item)
+            elif t is dict or key in _REGISTRIES:
+                for k, item in list(value.items()):
+                    note(value, k, "item", item)
+            else:
+                note(holder, key, "attr", value)
+                if depth < 2 and plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
+                    walk(value, depth + 1)
+
+    for holder in holders:
+        walk(holder, 0)
+    return found
+
+
+_REGISTRIES = ("_parameters", "_buffers")
+
+
+_INERT = frozenset({bool, int, float, str, type(None), frozenset, torch.nn.Parameter, torch.Tensor})
+
+
+def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict,
+               mutated: list[torch.Tensor]) -> None:
+    """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
+    tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
+    does not touch real tensors (each call of the Capture updates them), except those the program stores: a
+    tensor it made (`self.length = torch.tensor(0)`, then `add_`) holds the value eager leaves in it."""
+    leaves = flatten_inputs(args, kwargs)[0]
+    inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
+    # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
+    with torch.no_grad():
+        saved = [(t, t.clone()) for t in mutated]
+    outputs = as_call_modules(cap.gm)(*inputs)  # (in the program's grad mode: a stored loss keeps its grad_fn)
+    with torch.no_grad():
+        stored = {v.untyped_storage().data_ptr() for v in outputs[len(outputs) - len(left):]
+                  if isinstance(v, torch.Tensor)}
+        for t, value in saved:
+            if t.untyped_storage().data_ptr() not in stored:
+                t.copy_(value)
+    for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
+        if kind == "attr":
+            setattr(obj, key, value)
+        elif kind == "member":  # (a set's fake member, the key, gives way to its real value)
+            obj.discard(key)
+            obj.add(value)
+        else:
+            obj[key] = value

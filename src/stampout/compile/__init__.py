@@ -1,0 +1,1 @@
+"""What `stampout.compile` returns: `CompiledFunction`, its entries, piecewise compile, per-call checks."""

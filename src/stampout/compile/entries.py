@@ -1,0 +1,352 @@
+"""A compiled function's entries: one capture with its compiled graph, the guards that admit a call to it (the
+generated predicate, refreshed when a watched object changes) and why a call was not admitted; and the entry
+that runs a program eagerly (with its compiled pieces, where it broke)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from ..capture.effects import Effect, Value
+from ..capture.result import Capture
+from ..errors import StampoutError
+from ..guards.guard import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
+from ..guards.sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
+from ..regions.fingerprint import describe_difference, without_sizes
+from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
+from ..trace.structure import aliases_of
+from ..watch.tracking import EPOCH, WriteWatch
+from .fsdp_slots import SwappedSlots
+from .per_call_aliases import PerCallAliases, fixed_bases, overlaps_fixed
+from .piecewise import Pieces
+from .protection import Anchors, Protection, anchored
+from .replay_code import compile_replay
+
+log = logging.getLogger("stampout.guards")
+
+
+class CallKey(NamedTuple):
+    """What a compiled call is looked up by: its inputs' fingerprint and which tensor inputs require grad."""
+
+    fingerprint: tuple
+    requires_grad: tuple[bool, ...]
+
+
+new_key = tuple.__new__  # a CallKey without NamedTuple's keyword __new__ (every call builds one)
+
+
+def _values_in_dict(guard: Guard) -> bool:
+    """A protected guard on a value a module holds in its `__dict__` (a constant, a config object; not a
+    parameter, a submodule, `training` or the absence of a per-instance `forward`): its module's dict is
+    version-checked on every call, so writes that bypass `__setattr__` are seen."""
+    source = guard.source
+    if guard.kind in (Kind.TENSOR, Kind.HOOKS, Kind.TYPE, Kind.NO_OVERRIDE):
+        return False
+    return not (isinstance(source, Attr) and source.attr == "training")
+
+
+def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
+    """Guards on class attributes read through instances, as guards on the classes themselves (each
+    instance's class is guarded separately): one check per class instead of one per instance."""
+    out: list[Guard] = []
+    seen: set[tuple] = set()
+    memo: dict[Source, Any] = {}
+
+    def on_class(source: Source) -> Source:
+        if isinstance(source, TypeOf):
+            cls = source.resolve(ctx, memo)
+            return Absolute(cls, cls.__qualname__)
+        parent = source.base()
+        if parent is None:
+            return source
+        new = on_class(parent)
+        return source if new is parent else source.with_parent(new)
+
+    for guard in guards:
+        source = on_class(guard.source)
+        if source is not guard.source:
+            if (source, guard.kind) in seen:
+                continue
+            seen.add((source, guard.kind))
+            guard = Guard(source, guard.kind, guard.expected, guard.where)
+        out.append(guard)
+    return out
+
+
+def relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list[Guard]:
+    """A tensor the capture held with symbolic sizes is guarded on its kind only; its shape guards check the
+    sizes (the exact-metadata guard its reads left would defeat the symbolic capture)."""
+    if cap.shapes is None:
+        return guards
+    dynamic = {id(cap.lifted[i][0]) for i in cap.shapes.lifted}
+    memo: dict[Source, Any] = {}
+    out = []
+    for guard in guards:
+        if guard.kind is Kind.SIZE:
+            continue  # an int captured as a symbol: it is an input of the graph, checked by the shape guards
+        if guard.kind is Kind.TENSOR:
+            value = guard.source.resolve(ctx, memo)
+            if id(value) in dynamic:
+                guard = Guard(guard.source, Kind.TENSOR_KIND, tensor_kind(value), guard.where)
+        out.append(guard)
+    return out
+
+
+def _anchored_effect(effect: Effect, anchors: Anchors) -> Effect:
+    """`effect` with its target and the sources of its values starting from anchors."""
+    values = tuple(Value(v.kind, anchors.rewrite(v.value)) if v.kind == "source" else v for v in effect.values)
+    return dataclasses.replace(effect, target=anchors.rewrite(effect.target), values=values)
+
+
+def _tensors(leaves: list[Any]) -> list[torch.Tensor]:
+    """The call's tensor inputs (after the function, `leaves[0]`)."""
+    return [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
+
+
+class EntryState:
+    """What a full guard check established, valid while EPOCH stays at `epoch`: the protected tensors (their
+    metadata checked in one C++ call) and the lifted inputs that only a watched write could move."""
+
+    __slots__ = ("epoch", "tensors", "names", "fixed", "bases", "tensor_guard", "unwritten", "anchors")
+
+    def __init__(self, epoch: int, tensors: list, names: list, fixed: tuple, tensor_guard: Any,
+                 unwritten: Callable[[], bool], anchors: tuple) -> None:
+        self.epoch = epoch
+        self.bases = fixed_bases(fixed)  # where the fixed lifted tensors' storages start (per_call_aliases.py)
+        self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
+        self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
+        self.tensors = tensors
+        self.names = names
+        self.fixed = fixed
+        self.tensor_guard = tensor_guard
+
+
+class Entry:
+    """One capture and its compiled callable, with the guards that say when it may run.
+
+    Guards whose value only a write to a watched object can change are checked after such a write (EPOCH
+    moved); all others run on every call in one generated function, which also returns the lifted tensors
+    that cannot be proven unchanged (globals, closures, tensors held by input objects or in containers):
+    those are read from their sources on every call, never reused from an earlier one. That function starts
+    from anchors (objects reached through watched modules, resolved after each write), not from the root."""
+
+    def __init__(self, cap: Capture, compiled: Callable, key: CallKey, ctx: CallContext, watch: WriteWatch):
+        self.capture = cap
+        self.compiled = compiled
+        self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
+        self.masked = frozenset(cap.shapes.leaves) if cap.shapes is not None else None
+        self.key = self.key_for(key, ctx.leaves[1:])
+        with DisableTorchFunction():
+            guards = self.guards = relax_symbolic(by_class(cap.program.guards, ctx), cap, ctx)
+        self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
+        always: list[Guard] = []
+        tensors: list[Guard] = []
+        self.protected_sources: list[tuple[Source, bool]] = []  # (source, guarded absent?)
+        memo: dict[Source, Any] = {}
+        protection = Protection(ctx, memo, watch)
+        protected: list[Source] = []
+        with DisableTorchFunction():
+            for guard in guards:
+                if not protection.guard(guard):
+                    always.append(guard)
+                    continue
+                protected.append(guard.source)
+                if guard.kind is Kind.TENSOR:
+                    tensors.append(guard)
+                elif _values_in_dict(guard):
+                    self.protected_sources.append((guard.source, guard.kind is Kind.ABSENT))
+            self.fixed_sources: list[Source | None] = []  # per lifted input; None: read per call
+            per_call: list[Source] = []
+            self.per_call_positions: list[int] = []
+            for position, (_, source) in enumerate(cap.lifted):
+                if protection.path(source):
+                    self.fixed_sources.append(source)
+                else:
+                    self.fixed_sources.append(None)
+                    self.per_call_positions.append(position)
+                    per_call.append(source)
+            self.anchors = Anchors(protection)
+            effects = cap.effects.effects if cap.effects is not None else []
+            self.effects = [(_anchored_effect(e, self.anchors), e) for e in effects]
+            self._replay = compile_replay([anchored for anchored, _ in self.effects])
+            always = anchored(always, self.anchors)
+            per_call = [self.anchors.rewrite(source) for source in per_call]
+        # (FSDP's parameter slots among what the cached state read: checked per call, see fsdp_slots.py)
+        self.swapped = SwappedSlots([*protected, *self.fixed_sources, *(p for g in self.anchors.groups for p in g)])
+        deferred: list[Guard] = []
+        self.always = compile_guards(always, per_call, deferred)
+        self.deferred = DeferredTensors(deferred)  # the per-call tensors' metadata: one C++ check
+        self.per_call_count = len(per_call)
+        # Which of the tensor inputs and the tensors read per call (held by input objects: `box.a`, `box.b`) are
+        # the same object or overlap, as at capture (the key holds the inputs' own aliasing only): a functionalized
+        # graph traced on distinct tensors is wrong on aliased ones. (None: no tensor is read per call.)
+        # Which tensor inputs overlap a parameter or buffer the graph reads (`model(model.lin.weight.detach())`), as
+        # at capture: checked per call against the fixed lifted tensors' storages (EntryState.bases).
+        fixed_at_capture = [None if s is None else cap.lifted[i][0] for i, s in enumerate(self.fixed_sources)]
+        self.fixed_overlaps = overlaps_fixed(_tensors(ctx.leaves), fixed_at_capture, fixed_bases(fixed_at_capture))
+        if self.per_call_positions:
+            read = [cap.lifted[i][0] for i in self.per_call_positions]
+            pinned = self.shapes is None and set(per_call) <= {g.source for g in deferred}
+            self.aliases: PerCallAliases | None = PerCallAliases(
+                aliases_of([v for v in (*ctx.leaves[1:], *read) if isinstance(v, torch.Tensor)]), pinned)
+        else:
+            self.aliases = None
+        self.tensor_sources = [g.source for g in tensors]
+        self.state: EntryState | None = None
+
+    def refresh(self, ctx: CallContext) -> EntryState | None:
+        """After a full check passed: the current protected tensors, a C++ check of their metadata, and the
+        anchors; None when the anchors no longer hold (the entry is dropped from lookups)."""
+        memo: dict[Source, Any] = {}
+        with DisableTorchFunction():
+            tensors = [s.resolve(ctx, memo) for s in self.tensor_sources]
+            fixed = [None if s is None else s.resolve(ctx, memo) for s in self.fixed_sources]
+            anchors = self.anchors.resolve(ctx, memo)
+        if anchors is None:
+            log.info("a write made objects the per-call check shares differ; this entry is dropped")
+            self.key = None  # never matches a call again: a recapture makes an entry for the new world
+            self.state = None
+            return None
+        # One entry per tensor object: tied weights (lm_head.weight is wte.weight) reach it by two paths,
+        # and TensorGuards rejects a tensor listed twice. Which paths lead to which object is guarded by
+        # the full check, after any write that could change it.
+        names = {id(t): s.name() for s, t in zip(reversed(self.tensor_sources), reversed(tensors))}
+        unique = list({id(t): t for t in [*tensors, *fixed] if isinstance(t, torch.Tensor)}.values())
+        # Parameters change metadata only through writes that bump EPOCH (torch_internals.patch_parameter_writes):
+        # the full check covers them. One stays in the per-call check, as the sentinel of the thread's dispatch
+        # state (inference mode, autocast, functorch transforms), which the C++ check compares for every tensor.
+        parameters = [t for t in unique if isinstance(t, torch.nn.Parameter)]
+        unique = [t for t in unique if not isinstance(t, torch.nn.Parameter)] + parameters[:1]
+        modules: dict[int, torch.nn.Module] = {}
+        with DisableTorchFunction():
+            for source, absent in self.protected_sources:
+                parent = source.base()
+                if isinstance(parent, Attr) and parent.attr == "__dict__":
+                    parent = parent.base()
+                obj = parent.resolve(ctx, memo) if parent is not None else MISSING
+                name = getattr(source, "attr", getattr(source, "item", None))
+                if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
+                    modules[id(obj)] = obj
+            modules.update((id(m), m) for m in self.anchors.holders(ctx, memo))
+            unwritten = self.swapped.and_held(dict_sentinel([m.__dict__ for m in modules.values()]), ctx, memo)
+        state = EntryState(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
+                           tensor_guards(unique), unwritten, anchors)
+        self.state = state
+        return state
+
+    def admits(self, ctx: CallContext) -> tuple | None:
+        """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
+        state = self.state
+        if state is None or state.epoch != EPOCH.value or not state.unwritten():
+            if self._full is None:
+                self._full = compile_guards(self.guards)
+            with DisableTorchFunction():
+                if not self._full(ctx.leaves, ctx.fn):
+                    return None
+            state = self.refresh(ctx)
+            if state is None:
+                return None
+        per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
+        if per_call is False:
+            return None
+        per_call = self.deferred.admit(per_call, self.per_call_count)
+        if per_call is None:
+            return None
+        if not state.tensor_guard.check(*state.tensors):
+            return None
+        if overlaps_fixed(_tensors(ctx.leaves), state.fixed, state.bases) != self.fixed_overlaps:
+            return None
+        if per_call:
+            if self.aliases is not None and not self.aliases.holds(ctx.leaves, per_call):
+                return None
+            lifted = list(state.fixed)
+            for position, value in zip(self.per_call_positions, per_call):
+                lifted[position] = value
+        else:
+            lifted = state.fixed
+        shapes = self.shapes
+        if shapes is not None and not shapes.check(shapes.values(ctx.leaves[1:], lifted)):
+            return None
+        return lifted
+
+    def replay(self, ctx: CallContext, outputs: list[Any]) -> None:
+        """The capture's stores, after a call this entry admitted. Their targets start from the anchors
+        (`cache.layers[<anchor>]`: no walk from the root per store) while EPOCH stays where the anchors were
+        resolved; after a store that moved it (a replayed write to a watched module), from the root."""
+        state = self.state
+        epoch = state.epoch if state is not None and state.epoch == EPOCH.value and state.unwritten() else None
+        anchored = AnchoredContext(ctx, state.anchors) if epoch is not None else None
+        with DisableTorchFunction():
+            done = 0
+            if epoch is not None and self._replay is not None:  # (generated: replay_code.py)
+                done = self._replay(ctx.leaves, ctx.fn, state.anchors, outputs, epoch)
+            for from_anchors, from_root in self.effects[done:]:
+                if EPOCH.value == epoch:
+                    from_anchors.replay(anchored, outputs)
+                else:
+                    from_root.replay(ctx, outputs)
+
+    def guard_code(self) -> str:
+        """The source of the predicates that admit a call: the full check (run after a write to a watched object
+        moved EPOCH) and the per-call one (then one C++ check of the protected tensors' metadata)."""
+        if self._full is None:
+            self._full = compile_guards(self.guards)
+        from ..report import annotated
+
+        return ("# the full check: after a write to a watched object\n" + annotated(self._full)
+                + "\n\n# every call (then one C++ check of the metadata of the tensors it read)\n"
+                + annotated(self.always))
+
+    def key_for(self, key: CallKey, leaves: list[Any]) -> CallKey:
+        """A call's key as this entry compares it: without the sizes its shape guards check."""
+        if self.masked is None:
+            return key
+        return CallKey(without_sizes(key.fingerprint, leaves, self.masked), key.requires_grad)
+
+    def why_not(self, ctx: CallContext, key: CallKey, labels: list[str]) -> str:
+        if self.key is None:
+            return "a write made objects its per-call check shared differ (the entry was dropped)"
+        shapes = self.shapes
+        if shapes is not None:
+            key = self.key_for(key, ctx.leaves[1:])
+            if key == self.key:
+                try:
+                    lifted = self.capture.placeholders_for_lifted(ctx)
+                except StampoutError as e:  # an int captured as a symbol is not an int now
+                    return str(e).splitlines()[0]
+                values = shapes.values(ctx.leaves[1:], lifted)
+                if not shapes.check(values):
+                    return f"the symbolic capture assumed {shapes.why_not(values)}"
+        if key != self.key:
+            if key.fingerprint != self.key.fingerprint:
+                return "inputs: " + describe_difference(self.key.fingerprint, key.fingerprint, labels)
+            return "which inputs require grad differs"
+        failure = first_failure(self.guards, ctx)
+        if failure is not None:
+            _, guard, actual = failure
+            return (f"{guard.kind.value} of {guard.source.name()}: expected {guard.expected_text()}, "
+                    f"got {actual} (read at {guard.where})")
+        state = self.state
+        if state is not None and not state.tensor_guard.check(*state.tensors):
+            return str(state.tensor_guard.check_verbose(*state.tensors, tensor_check_names=state.names))
+        if state is not None and overlaps_fixed(_tensors(ctx.leaves), state.fixed, state.bases) != self.fixed_overlaps:
+            return "which inputs share memory with a parameter or buffer the program reads differs from the capture"
+        return "no difference found"
+
+
+class EagerEntry:
+    """Calls with this key run the original function: its capture read something stampout cannot guard."""
+
+    def __init__(self, key: CallKey, reason: str, pieces: Pieces | None = None) -> None:
+        self.key = key
+        self.reason = reason
+        self.capture = None
+        self.masked = None
+        self.pieces = pieces  # its children compiled (piecewise.py), or None: all of it runs eagerly
+
+    def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        return fn(*args, **kwargs) if self.pieces is None else self.pieces.run(fn, args, kwargs)

@@ -1,0 +1,84 @@
+"""A compiled entry's attribute stores (a dynamic KV cache's `layer.keys = cat(...)`, two per layer per decode
+step) as one generated function, as the guards are: resolving each store's target through the generic
+`Source.resolve` (a memo dict per store, a hashed source per step) cost more than the guard check at 80 layers.
+
+Each store's target is evaluated afresh, in order, by the same step expressions the guards use (nothing is
+shared between stores: a store may change what a later target resolves to); the function stops after a store
+that moved EPOCH (a write to a watched module: the anchors the targets start from may have moved) and returns
+how many it made, so that the caller replays the rest from the root. Only `setattr` of a graph output or a
+constant is generated; an entry with any other store keeps the generic replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..capture.effects import Effect
+from ..guards.sources import RESOLVE_HELPERS, Absolute, Anchor, Arg, Attr, Closure, Global, Item, SlotItem, Source
+from ..watch.tracking import EPOCH
+
+_STEPS = (Attr, Item, SlotItem)
+_ROOTS = (Arg, Anchor, Closure, Global)
+
+
+def _detached(out: Any) -> Any:
+    return out.detach() if out.requires_grad else out  # (AOTAutograd hands back every output as requiring grad)
+
+
+class _Code:
+    def __init__(self) -> None:
+        self.namespace: dict[str, Any] = {**RESOLVE_HELPERS, "_detached": _detached, "_EPOCH": EPOCH}
+
+    def constant(self, value: Any) -> str:
+        name = f"c{len(self.namespace)}"
+        self.namespace[name] = value
+        return name
+
+    def expr(self, source: Source) -> str | None:
+        """A fresh expression for `source`, or None where a step has none a generated function can use."""
+        if isinstance(source, Absolute):
+            return self.constant(source.obj)
+        if isinstance(source, _ROOTS):
+            return source.expr("")
+        if not isinstance(source, _STEPS):
+            return None
+        base = self.expr(source.base())
+        if base is None:
+            return None
+        if isinstance(source, SlotItem):
+            index = self.expr(source.index)
+            return None if index is None else source.expr(base, index)
+        if isinstance(source, Item) and type(source.item) not in (int, str):
+            return f"_item({base}, {self.constant(source.item)})"
+        return source.expr(base)
+
+
+def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, int], int] | None:
+    """`replay(leaves, fn, anchors, outputs, epoch)` making `effects` in order, or None when one of them is not
+    a `setattr` of a graph output or a constant on a target the generated code can reach."""
+    if not effects:
+        return None
+    code = _Code()
+    lines = ["def replay(leaves, fn, anchors, outputs, epoch):"]
+    for i, effect in enumerate(effects):
+        if effect.op != "setattr" or len(effect.values) != 1 or not isinstance(effect.key, str):
+            return None
+        target = code.expr(effect.target)
+        value = effect.values[0]
+        if target is None or value.kind not in ("out", "out_constant", "const"):
+            return None
+        if value.kind == "out":
+            expr = f"outputs[{int(value.value)}]"
+        elif value.kind == "out_constant":
+            expr = f"_detached(outputs[{int(value.value)}])"
+        else:
+            expr = code.constant(value.value)
+        lines.append(f"    setattr({target}, {effect.key!r}, {expr})")
+        lines.append(f"    if _EPOCH.value != epoch: return {i + 1}")
+    lines.append(f"    return {len(effects)}")
+    source = "\n".join(lines)
+    exec(compile(source, "<stampout replay>", "exec"), code.namespace)
+    replay = code.namespace["replay"]
+    replay.source_code = source  # type: ignore[attr-defined]
+    return replay

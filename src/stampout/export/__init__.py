@@ -1,0 +1,1 @@
+"""What `stampout.export` does: a captured program lowered to an ExportedProgram that keeps regions."""

@@ -1,0 +1,123 @@
+"""Names a trace resolved in namespaces (module `__dict__`s, `torch.Tensor`'s class dict), guarded by identity.
+
+# Note: why one record per trace, checked by dict versions
+A program reads dozens of `torch.*` / `F.*` / `math.*` names; a guard per name would make every call pay for
+each. CPython bumps a dict's version tag on every write, so one C++ check (`dict_sentinel`) over the few
+namespace dicts says "nothing was rebound" in a fixed cost. Only when a dict moved are the names compared one
+by one (and the sentinel re-armed if they all still hold): `F.gelu = my_gelu` fails the guard, an unrelated
+write to `torch.__dict__` costs one re-check.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ..torch_internals import TensorBase, dict_sentinel
+
+_MISSING = object()
+
+
+def class_dict(cls: type) -> dict:
+    """The dict behind a class's `__dict__` mappingproxy (writes to the class go through it)."""
+    return gc.get_referents(cls.__dict__)[0]
+
+
+TENSOR_DICT = class_dict(torch.Tensor)  # `torch.Tensor.add = patched` writes here
+
+
+def patched_tensor_methods() -> list[str]:
+    """`torch.Tensor` methods replaced by user functions (`torch.Tensor.add = my_add`): torch dispatches its
+    own calls of such a method to the replacement, so a trace of them records the wrong function."""
+    from ..regions.code import is_user_file
+
+    base = TensorBase
+    return [name for name, value in TENSOR_DICT.items()
+            if hasattr(base, name) and callable(value) and is_user_file(getattr(getattr(value, "__code__", None),
+                                                                                "co_filename", "<torch"))]
+
+
+class NamespaceReads:
+    """(namespace dict, name) -> the object a trace found there; `unchanged()` is the per-call check."""
+
+    __slots__ = ("_reads", "_labels", "_whole", "sentinel")  # (sentinel: read by the generated guard code)
+
+    def __init__(self) -> None:
+        self._reads: dict[int, tuple[dict, dict[str, Any]]] = {}
+        self._labels: dict[int, str] = {}
+        self._whole: dict[int, tuple[dict, dict]] = {}  # namespaces guarded item by item (a class's methods)
+        self.sentinel: Callable[[], bool] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._reads or self._whole)
+
+    def note(self, namespace: dict, label: str, name: str, value: Any) -> None:
+        entry = self._reads.get(id(namespace))
+        if entry is None:
+            entry = self._reads[id(namespace)] = (namespace, {})
+            self._labels[id(namespace)] = label
+        entry[1].setdefault(name, value)
+        self.sentinel = None
+
+    def note_whole(self, namespace: dict, label: str) -> None:
+        """Every name of `namespace` as it is now (torch.Tensor's methods: a patched one changes the trace)."""
+        if id(namespace) not in self._whole:
+            self._whole[id(namespace)] = (namespace, dict(namespace))
+            self._labels[id(namespace)] = label
+            self.sentinel = None
+
+    def unchanged(self) -> bool:
+        sentinel = self.sentinel
+        if sentinel is not None and sentinel():
+            return True
+        if self.first_change() is not None:
+            return False
+        self.sentinel = dict_sentinel([d for d, _ in (*self._reads.values(), *self._whole.values())])
+        return True
+
+    def first_change(self) -> str | None:
+        """`label.name` of the first name that no longer holds the object the trace found; None if all hold."""
+        for key, (namespace, names) in self._reads.items():
+            for name, value in names.items():
+                if namespace.get(name, _MISSING) is not value:
+                    return f"{self._labels[key]}.{name}"
+        for key, (namespace, before) in self._whole.items():
+            if len(namespace) != len(before) or any(namespace.get(k, _MISSING) is not v for k, v in before.items()):
+                changed = next((k for k, v in before.items() if namespace.get(k, _MISSING) is not v),
+                               next((k for k in namespace if k not in before), "?"))
+                return f"{self._labels[key]}.{changed}"
+        return None
+
+    def describe(self) -> str:
+        change = self.first_change()
+        return "every name as read" if change is None else f"{change} rebound"
+
+
+# The process environment is a namespace too: `os.getenv`, `os.environ.get`, `k in os.environ` all end in
+# `os._Environ.__getitem__` (standard-library Python reading its dict of encoded names), iterating it in
+# `__iter__`. The names read are guarded by identity like module attributes: `os.environ[k] = v` stores a new
+# encoded value (and `putenv` alone, which os.environ does not see, is not seen by eager's reads either).
+ENVIRON_READS: Mapping[types.CodeType, str] = types.MappingProxyType({
+    type(os.environ).__getitem__.__code__: "item", type(os.environ).__iter__.__code__: "whole",
+    type(os.environ).__len__.__code__: "whole"})
+
+
+def note_environ_read(reads: NamespaceReads, frame: types.FrameType, how: str) -> None:
+    """`frame` runs an `os._Environ` method of ENVIRON_READS: what it is about to read, noted in `reads`."""
+    env = frame.f_locals.get("self")
+    data = getattr(env, "_data", None)
+    if type(data) is not dict:
+        return
+    if how == "whole":
+        reads.note_whole(data, "os.environ")
+        return
+    try:
+        key = env.encodekey(frame.f_locals.get("key"))
+    except (TypeError, ValueError, AttributeError):  # (it raises the same for the program, reading nothing)
+        return
+    reads.note(data, "os.environ", key, data.get(key, _MISSING))

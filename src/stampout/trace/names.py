@@ -1,0 +1,162 @@
+"""Names and sources of the tensors a program can reach: what lifted placeholders are called and where
+`cap(...)` finds their live values.
+
+Sources are relative to a call context whose leaves are `[fn, *flat inputs]`: the root module is
+`Arg(0)` (`self`), an input object is `Arg(i + 1)`, so each call resolves them against its own inputs."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import config
+from ..guards.sources import Absolute, Arg, Attr, Item, Source, module_path
+
+
+def identifier(text: str, fallback: str = "input") -> str:
+    """A valid Python identifier named after `text`, as torch.export names its placeholders: each run of other
+    characters becomes one "_" (`layers.0.weight` -> layers_0_weight, `batch['input-ids']` -> batch_input_ids);
+    a leading digit gets a "_"; `fallback` when nothing is left."""
+    name = text.replace(".", "_")
+    if name.isidentifier() and not name[0].isdigit():
+        return name
+    name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or fallback
+    return f"_{name}" if name[0].isdigit() else name
+
+
+_EMPTY = types.MappingProxyType({})
+# What nn.Module.__init__ puts in every module's __dict__ (none is a tensor); `training` included
+_MODULE_FIELDS = frozenset(torch.nn.Module().__dict__)
+
+
+def root_module(fn: Callable) -> torch.nn.Module | None:
+    if isinstance(fn, torch.nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+class TensorNames:
+    """Placeholder name and source of each tensor the program can reach by name: parameters, buffers and
+    tensor attributes of the root module's tree (and of modules in globals and closure cells), globals and
+    closure cells of the function, and tensors held by input objects. The walk records qualified names and
+    roots; sources are built for the few tensors that get lifted."""
+
+    def __init__(self, fn: Callable, leaves: list[Any] = (), labels: list[str] = ()) -> None:
+        self._found: dict[int, tuple[str, Source, str]] = {}  # id -> (name, root source, path below it)
+        self._owners: dict[tuple[int, str], Source] = {}  # (id of a root source, module path) -> its source
+        root = root_module(fn)
+        if root is not None:
+            self._walk(root, "", Arg(0, "self"))
+            fn = type(root).forward if fn is root else fn
+        # The call's own arguments before globals: a tensor (or module) reachable both ways is the argument's,
+        # read from each call's argument (a global that happens to hold the example is not the input).
+        for i, (leaf, label) in enumerate(zip(leaves, labels)):
+            if isinstance(leaf, torch.nn.Module):
+                self._walk(leaf, f"{label}.", Arg(i + 1, label))
+            elif not isinstance(leaf, torch.Tensor):
+                self._walk_object(leaf, label, Arg(i + 1, label), "", 0)
+        self._functions: set[int] = set()
+        self._walk_function(getattr(fn, "__func__", fn), 0)
+
+    def _add(self, value: Any, name: str, root: Source, path: str) -> None:
+        if isinstance(value, torch.Tensor) and id(value) not in self._found:
+            self._found[id(value)] = (name, root, path)
+
+    def _add_root(self, value: Any, name: str, source: Source, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            self._add(value, name, source, "")
+        elif isinstance(value, torch.nn.Module):
+            self._walk(value, f"{name}.", source)
+        elif callable(value) and depth < config.names_max_depth:
+            marked = getattr(value, "__stampout_region__", None)
+            self._walk_function(marked.fn if marked is not None else value, depth + 1)
+
+    def _walk_function(self, func: Any, depth: int) -> None:
+        """Tensors and modules in a function's globals and closure cells, and in those of the functions
+        found there (a region function the program calls, closing over a module)."""
+        if not isinstance(func, types.FunctionType) or id(func) in self._functions:
+            return
+        self._functions.add(id(func))
+        g = func.__globals__
+        for key, value in list(g.items()):
+            if isinstance(value, (torch.Tensor, torch.nn.Module)) or (
+                    isinstance(value, types.FunctionType) and value.__module__ == func.__module__):
+                self._add_root(value, key, Item(Absolute(g, "globals"), key), depth)
+        for var, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
+            with contextlib.suppress(ValueError):
+                self._add_root(cell.cell_contents, var, Attr(Absolute(cell, f"closure[{var!r}]"), "cell_contents"),
+                               depth)
+
+    def _walk(self, module: torch.nn.Module, prefix: str, root: Source, path: str = "") -> None:
+        d = module.__dict__
+        found = self._found
+        for group in (d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)):
+            for key, value in group.items():
+                if isinstance(value, torch.Tensor) and id(value) not in found:
+                    found[id(value)] = (prefix + key, root, path + key)
+        # Tensor attributes, in the module's attribute order: only the names nn.Module does not set itself can
+        # hold one (a set difference in C; a deep model has thousands of modules)
+        extra = d.keys() - _MODULE_FIELDS
+        if extra and any(isinstance(d[key], torch.Tensor) for key in extra):
+            for key, value in d.items():
+                if key in extra and isinstance(value, torch.Tensor) and not key.startswith("__"):
+                    self._add(value, prefix + key, root, path + key)
+        for key, child in d.get("_modules", _EMPTY).items():
+            if child is not None:
+                self._walk(child, f"{prefix}{key}.", root, f"{path}{key}.")
+
+    def _walk_object(self, obj: Any, label: str, root: Source, path: str, depth: int) -> None:
+        """Tensors held by an input object's attributes, and the lists and dicts it holds (a dataclass batch,
+        a KV cache: `past_key_values.layers[0].keys`)."""
+        if isinstance(obj, torch.nn.Module):
+            self._walk(obj, f"{label}.", root, path)
+            return
+        if depth >= config.names_max_depth:
+            return
+        source = module_path(root, path.rstrip("."))
+        if isinstance(obj, (list, tuple, dict)):
+            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+            for key, value in items:
+                self._object_item(value, f"{label}[{key!r}]", Item(source, key), depth)
+            return
+        fields = getattr(obj, "__dict__", None)
+        if not isinstance(fields, dict):
+            return
+        for key, value in list(fields.items()):
+            if isinstance(value, torch.Tensor):
+                self._add(value, f"{label}.{key}", root, path + key)
+            elif isinstance(value, (list, tuple, dict)) or (hasattr(value, "__dict__") and not isinstance(value, type)):
+                self._walk_object(value, f"{label}.{key}", root, f"{path}{key}.", depth + 1)
+
+    def _object_item(self, value: Any, label: str, source: Source, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            if id(value) not in self._found:
+                self._found[id(value)] = (label, source, None)
+        elif isinstance(value, (list, tuple, dict)) or (hasattr(value, "__dict__") and not isinstance(value, type)):
+            self._walk_object(value, label, source, "", depth + 1)
+
+    def find(self, t: torch.Tensor) -> tuple[str, Source] | None:
+        """(placeholder name, source relative to `[fn, *inputs]`) of a named tensor, or None."""
+        hit = self._found.get(id(t))
+        if hit is None:
+            return None
+        name, root, path = hit
+        return name, root if path is None else self._source(root, path.rstrip("."))
+
+    def _source(self, root: Source, path: str) -> Source:
+        """`module_path(root, path)`, sharing the sources of the modules above it (a layer's parameters are
+        found one after another; sources are immutable)."""
+        owner, _, attr = path.rpartition(".")
+        if not owner:
+            return module_path(root, path)
+        key = (id(root), owner)
+        parent = self._owners.get(key)
+        if parent is None:
+            parent = self._owners[key] = self._source(root, owner)
+        return Attr(parent, attr)
