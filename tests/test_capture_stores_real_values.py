@@ -109,3 +109,28 @@ def test_capture_refuses_a_lazily_memoized_random_tensor_and_leaves_eagers_value
     assert type(model._noise) is torch.Tensor
     torch.testing.assert_close(model._noise, expected)
     torch.testing.assert_close(torch.randn(3), after)
+
+
+def test_a_module_made_in_the_call_draws_its_weights_on_every_call_as_eager():
+    """Its weights are drawn in its __init__ and stored in its own registries, which do not outlive the call:
+    no lazily memoized draw (the capture is not refused), and each call of the Capture draws them as eager does."""
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        @stampout.region
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    def fresh_layer(x: torch.Tensor) -> torch.Tensor:
+        return Layer()(x)
+
+    x = torch.randn(2, 4)
+    cap = stampout.capture(fresh_layer, x)
+    for seed in (3, 4):
+        torch.manual_seed(seed)
+        expected = fresh_layer(x)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(cap(x), expected)

@@ -77,3 +77,48 @@ def test_no_module_imports_itself_through_others():
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# `stampout.capture`, `.compile` and `.export` are the public functions; the subpackages of the same names are
+# reached only with `from stampout.capture import program` (or relative imports). These forms reach the function:
+# `import stampout.capture.program [as p]`, an attribute chain `stampout.capture.program.X`, and
+# `monkeypatch.setattr("stampout.capture.program.X", ...)` (pytest resolves its target by attributes).
+_SHADOWED = ("stampout.capture.", "stampout.compile.", "stampout.export.")
+
+
+def _dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def _shadowed_uses(tree: ast.AST) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.startswith(_SHADOWED) for a in node.names):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Attribute) and _dotted(node).startswith(_SHADOWED):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and _dotted(node.func).endswith("monkeypatch.setattr") and node.args
+              and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith(_SHADOWED)):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_code_reaches_a_subpackage_through_a_public_function():
+    repo = _ROOT.parent.parent
+    found = []
+    for folder in ("src", "tests", "bench"):
+        for path in (repo / folder).rglob("*.py"):
+            text = path.read_text()
+            found += [f"{path.relative_to(repo)}:{n}: {text.splitlines()[n - 1].strip()}"
+                      for n in sorted(set(_shadowed_uses(ast.parse(text))))]
+    assert not found, "use `from stampout.capture import <module>`:\n" + "\n".join(found)
+
+
+def test_the_shadowed_forms_are_found():
+    code = ("import stampout.compile.function as f\nstampout.export.program.X\n"
+            "monkeypatch.setattr('stampout.capture.result.Y', 1)\nfrom stampout.capture import program")
+    assert sorted(set(_shadowed_uses(ast.parse(code)))) == [1, 2, 3]

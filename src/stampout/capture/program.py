@@ -365,7 +365,9 @@ class ProgramCapture:
             holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
             self.left = left_over_fakes(holders, tracer, plan)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
-            self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):])
+            kept = {id(m) for root in modules_of(self.fn) for m in root.modules()}
+            made = [m for m in self.holders if isinstance(m, torch.nn.Module) and id(m) not in kept]
+            self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):], made)
         nodes = [tracer.root.node_for(t) for t in [*self.slots, *self.plan.extra]]
         if not self.guard_program:
             warn_unnamed(tracer, self.program)

@@ -246,7 +246,7 @@ class CompiledFunction:
                             _name(self.fn), type(error).__name__, first_line(error))
                 self._static_only.add(structure)
                 return self._recapture(args, kwargs, key, ctx)
-            if not self.fullgraph and getattr(self.backend, "__module__", "").startswith(__package__ + ".backends"):
+            if not self.fullgraph and getattr(self.backend, "__module__", "").startswith(progress.__package__ + "."):
                 return self._run_eagerly(key, f"backend {self.backend.__module__} failed on its graph: "  # (eager
                                          f"{type(error).__name__}: {first_line(error)}", None), ()  # is right)
             raise BackendError(message(
