@@ -166,8 +166,8 @@ def _order_extras(branch: BranchBuilder, extras: list[Any]) -> None:
 
 def call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     """Trace the functions of higher-order op `func`, run it on fakes and record it as one node."""
-    if kwargs:
-        raise _unsupported(f"{func.__name__} called with keyword arguments {sorted(kwargs)}")
+    if not all(type(v) in (str, int, bool, type(None)) for v in kwargs.values()):  # (torch 2.14's map_impl
+        raise _unsupported(f"{func.__name__} called with keyword arguments {sorted(kwargs)}")  # passes a str)
     sig = _SIGNATURES[func]
     for value in pytree.tree_leaves([a for i, a in enumerate(args) if i not in sig.fns]):
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool) and func is not _HOPS.cond:
@@ -187,7 +187,7 @@ def call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     if func is _HOPS.while_loop and tracer.fake_mode.shape_env is None:
         out = _loop_outputs(branches[1], args[2])  # torch's fake while_loop needs a ShapeEnv
     else:
-        out = _run_on_fakes(tracer, func, full)
+        out = _run_on_fakes(tracer, func, full, kwargs)
     builder = tracer.builder
     node_args = []
     for i, value in enumerate(full):
@@ -195,7 +195,7 @@ def call(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
             node_args.append(_subgraph(builder, f"{func.__name__}_fn", value))
         else:
             node_args.append(builder.literal(map_tensors(value, builder.node_for, True)))
-    node = builder.graph.call_function(func, tuple(node_args))
+    node = builder.graph.call_function(func, tuple(node_args), dict(kwargs))
     tracer._annotate(node, out)
     _bind(builder, node, out)
     if sig.shaped_by is None:
@@ -240,14 +240,14 @@ def _loop_outputs(body: BranchBuilder, carried: tuple) -> tuple:
     return tuple(_fresh(t) for t in carried)
 
 
-def _run_on_fakes(tracer: Tracer, func: Any, full: list[Any]) -> tuple:
+def _run_on_fakes(tracer: Tracer, func: Any, full: list[Any], kwargs: dict) -> tuple:
     """The op's outputs (fakes), from torch's own fake implementation with the traced subgraphs."""
     fake_args = map_tensors(full, tracer.fake_of)
     grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in pytree.tree_leaves(fake_args) if isinstance(t, torch.Tensor))
     with DisableTorchFunction(), torch.no_grad():
         try:
-            out = func(*fake_args)
+            out = func(*fake_args, **kwargs)
         except CaptureError:
             raise
         except Exception as error:  # torch's checks on the functions (branches that disagree) and its limits
