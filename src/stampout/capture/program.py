@@ -330,14 +330,18 @@ class ProgramCapture:
             holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
             self.left = left_over_fakes(holders, tracer, plan)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
-            kept = {id(m) for root in modules_of(self.fn) for m in root.modules()}
-            made = [m for m in self.holders if isinstance(m, torch.nn.Module) and id(m) not in kept]
-            self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):], made)
+            self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):],
+                                       self.made_modules)
         nodes = [tracer.root.node_for(t) for t in [*self.slots, *self.plan.extra]]
         if not self.guard_program:
             warn_unnamed(tracer, self.program)
         tracer.root.sync_inference()
         tracer.root.graph.output(tuple(nodes))
+
+    def made_modules(self) -> list[torch.nn.Module]:
+        """The modules the program read that are not its own: ones it made during the call."""
+        kept = {id(m) for root in modules_of(self.fn) for m in root.modules()}
+        return [m for m in self.holders if isinstance(m, torch.nn.Module) and id(m) not in kept]
 
     def make_capture(self) -> Capture:
         fn, tracer, handler, cache, program = self.fn, self.tracer, self.handler, self.cache, self.program

@@ -143,10 +143,12 @@ class Capture:
         which input objects the graph holds as constants (a `torch.Generator` its random ops draw from)."""
         self.input_keys = tuple((i, leaf_key(leaf)) for i, leaf in enumerate(leaves)
                                 if not isinstance(leaf, torch.Tensor))
-        held = {id(operator.attrgetter(n.target)(m)) for m in self.gm.modules() if isinstance(m, fx.GraphModule)
-                for n in m.graph.find_nodes(op="get_attr")}
-        self.input_objects = tuple((i, leaves[i]) for i, key in self.input_keys
-                                   if as_leaf_key(key).kind is LeafKind.OBJECT and id(leaves[i]) in held)
+        objects = [i for i, key in self.input_keys if as_leaf_key(key).kind is LeafKind.OBJECT]
+        if not objects:  # (the common case: no walk of the graphs)
+            return
+        held = {id(operator.attrgetter(n.target)(m)) for m in self.graph_module.modules()
+                if isinstance(m, fx.GraphModule) for n in m.graph.find_nodes(op="get_attr")}
+        self.input_objects = tuple((i, leaves[i]) for i in objects if id(leaves[i]) in held)
 
     def _check_constants(self, leaves: list[Any], labels: list[str]) -> None:
         for i, key in self.input_keys:

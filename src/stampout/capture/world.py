@@ -60,18 +60,20 @@ def refuse_cached(cache: str, program: RegionFrame | None) -> None:
 
 
 def drawn_store(tracer: Tracer, left: list[tuple[Any, Any, str]], values: list[Any],
-                made: list[torch.nn.Module]) -> str | None:
+                made: Callable[[], list[torch.nn.Module]]) -> str | None:
     """Why the capture is refused, if a value the program stores in state that outlives the call
     (`self._noise = torch.randn(...)` behind an `is None` test) is drawn at random: the graph computes it on every
     call of the Capture, drawing it again, where eager draws it once and reuses it (`compile` captures again once
-    it is stored). `made`: modules the call made (`Block()(x)`: eager draws their weights on every call too), whose
-    registries are no such state."""
-    made_ids = {id(part) for m in made for part in (m, *m.__dict__.values())}
+    it is stored). `made()`: modules the call made (`Block()(x)`: eager draws their weights on every call too), whose
+    registries are no such state (asked only for a drawn value)."""
+    made_ids: set[int] | None = None
     for (holder, key, _), value in zip(left, values):
-        if id(holder) in made_ids:
-            continue
         node = tracer.root.nodes.get(id(value))
         if node is not None and drawn_at_random(node[1], tracer.root.submodules):
+            if made_ids is None:
+                made_ids = {id(part) for m in made() for part in (m, *m.__dict__.values())}
+            if id(holder) in made_ids:
+                continue
             name = f"{type(holder).__name__}.{key}" if not isinstance(holder, (dict, list)) else f"the item {key!r}"
             return message(
                 f"stampout.capture cannot trace this program: it stores a tensor drawn at random in {name}, which "

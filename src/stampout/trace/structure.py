@@ -43,14 +43,13 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
     """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels.
 
     Labels name positional arguments after `names` where given (`self`, `hidden_states[0]`), else `args[i]`.
-    (Run on every compiled call: plain leaves, the common case, take no call of `walk`.)"""
+    (Run on every compiled call: plain leaves, the common case, are taken by the first test.)"""
     leaves: list[Any] = []
     labels: list[str] = []
-    plain = _PLAIN_LEAVES
 
     def walk(value: Any, label: str) -> Any:
         t = type(value)
-        if t in plain:
+        if t in _PLAIN_LEAVES:
             leaves.append(value)
             labels.append(label)
             return None
@@ -62,24 +61,11 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
         labels.append(label)
         return None
 
-    positional = []
-    for i, a in enumerate(args):
-        label = names[i] if i < len(names) else f"args[{i}]"
-        if type(a) in plain:
-            leaves.append(a)
-            labels.append(label)
-            positional.append(None)
-        else:
-            positional.append(walk(a, label))
-    keywords = []
-    for k, v in kwargs.items():
-        if type(v) in plain:
-            leaves.append(v)
-            labels.append(k)
-            keywords.append((k, None))
-        else:
-            keywords.append((k, walk(v, k)))
-    return leaves, (tuple(positional), tuple(keywords)), labels
+    spec = (
+        tuple([walk(a, names[i] if i < len(names) else f"args[{i}]") for i, a in enumerate(args)]),
+        tuple([(k, walk(v, k)) for k, v in kwargs.items()]),
+    )
+    return leaves, spec, labels
 
 
 # Note: the one walker over an op's arguments and results: tuples, lists and dicts (subclasses too), in
