@@ -169,7 +169,7 @@ def _global_linear_hook(module: nn.Module, args: Any, out: Any) -> Any:
 @dataclass
 class World:
     """One generated world: its module namespace `g`, the factory's locals `f` (closures, classes) and the
-    model; `saved` keeps objects perturbations restore (untied weights)."""
+    model; `saved` keeps objects perturbations restore (untied weights), keyed by `key(obj)`."""
 
     g: dict[str, Any]
     f: dict[str, Any]
@@ -177,6 +177,13 @@ class World:
     kinds: list[Kind]
     init_values: list[dict[str, int]]
     saved: dict[Any, Any] = field(default_factory=dict)
+    held: list[Any] = field(default_factory=list)
+
+    def key(self, obj: Any) -> int:
+        """`id(obj)`, with `obj` held for the world's life: a dropped layer's id must not come back as a new
+        layer's key (CPython reuses addresses), or the two worlds' models would differ by chance."""
+        self.held.append(obj)
+        return id(obj)
 
     @property
     def cls(self) -> type:
@@ -207,7 +214,7 @@ class Kind:
 def pooled(w: World, layer: nn.Module | None, key: str, v: int, make: Callable[[], Any]) -> Any:
     """The world's object for (`key`, layer, `v`), made once. Schedules are run once before a capture, so
     objects holding tensors are made outside it: in-program changes rebind existing objects."""
-    k = ("pool", key, id(layer), v)
+    k = ("pool", key, w.key(layer), v)
     if k not in w.saved:
         w.saved[k] = make()
     return w.saved[k]
@@ -223,7 +230,7 @@ def _attr(name: str, values: tuple) -> Setter:
 
 def _set_hook(w: World, layer: nn.Module, v: int, target: str) -> None:
     mod = layer if target == "" else getattr(layer, target)
-    key = ("hook", id(mod))
+    key = ("hook", w.key(mod))
     handle = w.saved.pop(key, None)
     if handle is not None:
         handle.remove()
@@ -251,7 +258,7 @@ def _set_layer_forward(w: World, layer: nn.Module, v: int) -> None:
 
 
 def _set_tied(w: World, layer: nn.Module, v: int) -> None:
-    own = w.saved.setdefault(("tb", id(layer)), layer.tb.weight)
+    own = w.saved.setdefault(("tb", w.key(layer)), layer.tb.weight)
     layer.tb.weight = layer.ta.weight if v == 1 else own
 
 
