@@ -335,6 +335,13 @@ class Entry:
             return str(state.tensor_guard.check_verbose(*state.tensors, tensor_check_names=state.names))
         if state is not None and overlaps_fixed(_tensors(ctx.leaves), state.fixed, state.bases) != self.fixed_overlaps:
             return "which inputs share memory with a parameter or buffer the program reads differs from the capture"
+        if state is not None and self.aliases is not None:
+            per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
+            if per_call:
+                read = [self.capture.lifted[i][1].name() for i in self.per_call_positions]
+                reason = self.aliases.why_not(ctx.leaves, labels, per_call, read)
+                if reason is not None:
+                    return reason
         return "no difference found"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..trace.structure import aliases_of
+from ..trace.structure import aliases_of, show_aliases
 
 _data_ptr = torch.Tensor.data_ptr
 
@@ -55,6 +55,18 @@ class PerCallAliases:
         if self.pinned:
             self._remember(inputs, per_call)
         return True
+
+    def why_not(self, leaves: list[Any], labels: list[str], per_call: tuple, read_names: list[str]) -> str | None:
+        """Why `holds` refuses this call, the tensors named by `labels` (the inputs') and `read_names`; None
+        when it does not."""
+        named = [(label, v) for label, v in zip(labels, leaves[1:]) if isinstance(v, torch.Tensor)]
+        named += [(label, v) for label, v in zip(read_names, per_call) if isinstance(v, torch.Tensor)]
+        actual = aliases_of([v for _, v in named])
+        if actual == self.expected:
+            return None
+        names = [label for label, _ in named]
+        return (f"which tensors are the same object or share memory differs: at capture "
+                f"{show_aliases(self.expected, names)}, now {show_aliases(actual, names)}")
 
     @staticmethod
     def _apart(inputs: list[torch.Tensor], taken: frozenset[int]) -> bool:

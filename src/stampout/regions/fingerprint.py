@@ -16,7 +16,7 @@ from .. import caches
 from ..guards.guard import const_key, is_constant
 from ..torch_internals import FLAG_NAMES, global_flags
 from ..trace.shapes import show_size, size_key
-from ..trace.structure import aliases_of
+from ..trace.structure import aliases_of, show_aliases
 from ..trace.tensormeta import TensorKind, TensorMeta, tensor_meta
 from ..watch.tracking import original_class
 
@@ -166,7 +166,8 @@ def describe_difference(expected: Fingerprint, actual: Fingerprint, labels: list
         more = f" (and {len(differing) - 1} more inputs differ)" if len(differing) > 1 else ""
         return f"{label}: expected {show_leaf_key(a)}, got {show_leaf_key(b)}{more}"
     if expected.aliases != actual.aliases:
-        return f"which arguments are the same object differs: expected {expected.aliases}, got {actual.aliases}"
+        return (f"which arguments are the same object differs: expected {show_aliases(expected.aliases, labels)}, "
+                f"got {show_aliases(actual.aliases, labels)}")
     for name, a, b in zip(StateKey._fields[:-1], expected.state, actual.state):
         if a != b:
             return f"{_STATE_NAMES.get(name, name.replace('_', ' '))}: expected {a}, got {b}"

@@ -116,6 +116,20 @@ def aliases_of(leaves: list[Any]) -> tuple:
     return same + (overlaps,) if overlaps else same
 
 
+def show_aliases(aliases: tuple, names: list[str]) -> str:
+    """An `aliases_of` answer as a user reads it, the leaves named by `names`: "x is globals['G']; a and b
+    share memory", or "all apart"."""
+    overlaps = aliases[-1] if aliases and isinstance(aliases[-1], tuple) else ()
+    same = aliases[:-1] if overlaps else aliases
+
+    def name(i: int) -> str:
+        return names[i] if i < len(names) else f"tensor {i}"
+
+    parts = [f"{name(i)} is {name(first)}" for i, first in enumerate(same) if first != i]
+    parts += [f"{name(i)} and {name(j)} share memory" for i, j in overlaps]
+    return "; ".join(parts) or "all apart"
+
+
 def _storage(t: torch.Tensor) -> int:
     """An identity of the memory `t` lives in: its storage (shared by views, `detach()`, `.data`), or for a
     tensor without one (sparse, a wrapper subclass) the tensor itself."""
