@@ -234,3 +234,44 @@ def test_a_cleared_functools_cache_is_seen_by_later_calls(scale):
             torch.testing.assert_close(fn(x), model(x))
     finally:
         SCALE["value"] = 2.0
+
+
+@functools.cache
+def cached_angles(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.arange(n, dtype=torch.float32) / n
+    return t.cos(), t.sin()
+
+
+class CachedAngles(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cos, sin = cached_angles(x.shape[-1])
+        return self.lin(x) * cos + sin
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_tensor_a_functools_cache_held_before_the_compile_is_read_from_it(backend):
+    # (a hit on a real tensor: compiled, the tensor read per call; before, such programs always ran eagerly. A
+    # bounded lru_cache does not show its results to Python: such a program still runs eagerly)
+    torch.manual_seed(0)
+    model, x = CachedAngles(), torch.randn(2, 4)
+    cached_angles.cache_clear()
+    model(x)  # eager fills the cache
+    fn = stampout.compile(model, backend=backend)
+    torch.testing.assert_close(fn(x), model(x))
+    assert fn.stats.captures == 1 and "runs eagerly" not in fn.explain()
+    cached_angles(4)[0].mul_(3.0)  # the cached tensor changed in place: read as it is now
+    torch.testing.assert_close(fn(x), model(x))
+    cached_angles(4)[1].data = torch.full((4,), 0.25)
+    torch.testing.assert_close(fn(x), model(x))
+    cached_angles.cache_clear()  # eager computes it again: so does the program (captured again)
+    torch.testing.assert_close(fn(x), model(x))
+    assert fn.stats.captures == 2
+    cached_angles(4)[1].data = torch.ones(2)  # another shape
+    with pytest.raises(RuntimeError):
+        model(x)
+    with pytest.raises(RuntimeError):
+        fn(x)

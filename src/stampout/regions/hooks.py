@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..guards.namespaces import ENVIRON_READS, note_environ_read
+from ..guards.source_roots import Absolute
 from ..torch_internals import DisableTorchFunction
 from ..trace.context import listeners
 from ..trace.frames import caller_outside_torch, set_profile, user_location
@@ -33,6 +34,11 @@ class CallHooks:
         """The outer graph lifted a tensor; a program frame must be able to name it to guard it."""
         program = self.program
         if program is not None and id(t) not in program.sources and not program.leaves_contain(t):
+            cache = self.snapshot.cached_by(t)
+            if cache is not None:  # a hit: CacheReads guards what the cache holds, so this is the object it held
+                name = getattr(cache, "__qualname__", type(cache).__name__)
+                program.adopt(t, Absolute(t, f"a result cached by {name}"), where=user_location(4))
+                return
             program.mark_ineligible(
                 f"uses a tensor of shape {tuple(t.shape)} that is not reachable from the module, its inputs, "
                 f"closures or globals (at {user_location(4)})"

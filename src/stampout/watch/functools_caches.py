@@ -58,7 +58,7 @@ class CacheReads:
     __slots__ = ("_caches", "sentinel")
 
     def __init__(self, caches: list[Any]) -> None:
-        self._caches = [(w, _state(w), _contents(w)) for w in caches]  # (the contents kept alive: compared by `is`)
+        self._caches = [(w, _state(w), held_results(w)) for w in caches]  # (the contents kept alive: compared by `is`)
         self.sentinel = None
 
     def unchanged(self) -> bool:
@@ -68,7 +68,7 @@ class CacheReads:
         for wrapper, state, contents in self._caches:
             if _state(wrapper) != state:
                 return wrapper
-            now = _contents(wrapper)
+            now = held_results(wrapper)
             if len(now) != len(contents) or any(a is not b for a, b in zip(now, contents)):
                 return wrapper
         return None
@@ -83,7 +83,7 @@ def _state(wrapper: Any) -> tuple[int, int]:
     return info.misses, info.currsize
 
 
-def _contents(wrapper: Any) -> list[Any]:
+def held_results(wrapper: Any) -> list[Any]:
     """The results a cache holds (a cleared and refilled cache has as many misses, not the same objects); a large
     cache by its counts alone."""
     if wrapper.cache_info().currsize > _COMPARED_RESULTS:

@@ -19,8 +19,9 @@ from .. import config
 from ..regions.code import code_facts, is_user_class, is_user_code, is_user_module
 from ..torch_internals import FakeTensor
 from ..trace.shapes import concrete
+from ..trace.structure import tensors_within
 from .classpatch import PATCHED_NAMES
-from .functools_caches import remove_traced_results
+from .functools_caches import held_results, remove_traced_results
 from .world import holds_fake, plain_object
 
 _GONE = object()
@@ -220,6 +221,15 @@ class Snapshot:
         value its guards must keep: see CacheReads)."""
         return [w for key, (w, _) in self.caches.items() if w.cache_info().hits != self.hits.get(key)
                 or w.cache_info().misses != self.caches[key][1]]
+
+    def cached_by(self, t: torch.Tensor) -> Any:
+        """The functools cache read since noted whose results hold the real tensor `t` (a hit on an entry filled
+        before the capture: CacheReads keeps what each such cache holds as read), or None. (A bounded lru_cache
+        keeps its results in links Python cannot look into: never found, so the program stays unguardable.)"""
+        for wrapper in self.caches_read():
+            if any(held is t for result in held_results(wrapper) for held in tensors_within(result)):
+                return wrapper
+        return None
 
     def cache_misses(self) -> dict[int, int]:
         return {key: wrapper.cache_info().misses for key, (wrapper, _) in self.caches.items()}
