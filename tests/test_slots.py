@@ -40,9 +40,12 @@ def _take_plus_zero(entries, i):
     return entries[i + 0]
 
 
+NO_OPTIONS: dict = {}
 USES = {
     "index": lambda self, x, bank: x * bank.entries[self.idx],
     "via_helper": lambda self, x, bank: x * _pick(bank, self.idx),
+    "via_helper_kwargs": lambda self, x, bank: x * _pick(bank, self.idx, **NO_OPTIONS),  # (CALL_FUNCTION_EX)
+    "arithmetic_in_helper_kwargs": lambda self, x, bank: x * _take_plus_zero(bank.entries, self.idx, **NO_OPTIONS),
     "container_to_helper": lambda self, x, bank: x * _take(bank.entries, self.idx),
     "via_local": lambda self, x, bank: (lambda i: x * bank.entries[i])(self.idx),
     "arithmetic_in_helper": lambda self, x, bank: x * _take_plus_zero(bank.entries, self.idx),
@@ -59,7 +62,7 @@ USES = {
 }
 # traces for 4 layers: 1 when the index only picks the layer's entry of a list read right there, else one per
 # layer (the list handed to a helper, or also indexed with a literal: stampout cannot tell which item is which)
-TRACES = {"index": 1, "via_helper": 1}
+TRACES = {"index": 1, "via_helper": 1, "via_helper_kwargs": 1}
 
 
 def _model(use: str, n: int = 4) -> nn.Module:

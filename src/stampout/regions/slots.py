@@ -72,6 +72,16 @@ class SlotIndex(int):
         return obj
 
 
+# What may stand between a CALL_FUNCTION_EX's positional tuple and the call: its keyword arguments' dict.
+_KEYWORD_PART = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_ATTR", "BUILD_MAP",
+                           "BUILD_CONST_KEY_MAP", "DICT_MERGE", "DICT_UPDATE"})
+
+
+def _global(frame: types.FrameType, name: str) -> Any:
+    fn = frame.f_globals.get(name, MISSING)
+    return getattr(frame.f_builtins, "get", lambda *_: MISSING)(name, MISSING) if fn is MISSING else fn
+
+
 _PLAIN = int.__int__  # the plain int, without the overridden __int__
 
 
@@ -198,6 +208,8 @@ class SlotTracker:
         while j < len(instructions) and instructions[j].opname in _LOADS | {"LOAD_ATTR"}:
             after += instructions[j].opname != "LOAD_ATTR"
             j += 1
+        if j < len(instructions) and instructions[j].opname == "BUILD_TUPLE":
+            return self._call_ex(frame, instructions, j, first, after, slot)
         keywords = 0
         if j < len(instructions) and instructions[j].opname == "KW_NAMES":
             keywords = len(frame.f_code.co_consts[instructions[j].arg])
@@ -216,11 +228,8 @@ class SlotTracker:
                 return False
             k -= 1
         if k >= 0 and instructions[k].opname == "LOAD_GLOBAL" and instructions[k].arg & 1:  # f(...): NULL, f
-            name = instructions[k].argval
-            fn = frame.f_globals.get(name, MISSING)
-            if fn is MISSING:
-                fn = getattr(frame.f_builtins, "get", lambda *_: MISSING)(name, MISSING)
-            return self._receives(frame, fn, position, call, instructions[j + 2], slot)
+            return self._receives(frame, _global(frame, instructions[k].argval), position, call, instructions[j + 2],
+                                  slot)
         if k < 1 or instructions[k].opname != "LOAD_METHOD":
             return False
         method = instructions[k].argval
@@ -228,6 +237,31 @@ class SlotTracker:
         if obj is MISSING or peek(obj, method) is not MISSING:
             return False
         return self._receives(frame, mro_attr(type(obj), method), position + 1, call, instructions[j + 2], slot)
+
+    def _call_ex(self, frame: types.FrameType, instructions: list[dis.Instruction], j: int, first: int, after: int,
+                 slot: SlotIndex) -> bool:
+        """`f(a, <slot>, b, k=c, **kwargs)` (CALL_FUNCTION_EX: the positionals in one BUILD_TUPLE at `j`, then
+        keywords from constants, loads and dict merges) with `f` a global Python function; `after` simple loads
+        follow the slot in the tuple."""
+        position = instructions[j].arg - 1 - after
+        if position < 0:
+            return False
+        call = j + 1
+        while call < len(instructions) and instructions[call].opname in _KEYWORD_PART:
+            call += 1
+        if call + 1 >= len(instructions) or instructions[call].opname != "CALL_FUNCTION_EX":
+            return False
+        k = first - 1
+        for _ in range(position):  # the arguments before the slot: simple loads
+            while k >= 0 and instructions[k].opname == "LOAD_ATTR":
+                k -= 1
+            if k < 0 or instructions[k].opname not in _LOADS:
+                return False
+            k -= 1
+        if k < 0 or instructions[k].opname != "LOAD_GLOBAL" or not instructions[k].arg & 1:
+            return False
+        return self._receives(frame, _global(frame, instructions[k].argval), position, instructions[call],
+                              instructions[call + 1], slot)
 
     def _receives(self, frame: types.FrameType, fn: Any, parameter: int, call: dis.Instruction,
                   after: dis.Instruction, slot: SlotIndex) -> bool:
