@@ -24,10 +24,17 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 import stampout
+
+# torch 2.14's fake group_norm of a channels-last CPU input is contiguous while its CPU kernel keeps channels-last
+# (in 2.13 both keep it; torch.compile reads the same fake): a capture that branches on that layout takes the
+# fake's branch. Tests that show it fail on 2.14 until torch's fake kernel agrees (strict: they pass again then).
+TORCH_214_FAKE_GROUP_NORM = pytest.mark.xfail(torch.__version__ >= "2.14", strict=True,
+                                              reason="torch 2.14's fake group_norm strides (channels-last input)")
 
 __all__ = [
     "TOL",

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.fx as fx
+from helpers import TORCH_214_FAKE_GROUP_NORM
 from torch import nn
 
 import stampout
@@ -57,6 +58,7 @@ def test_attention_strides_match(heads):
     torch.testing.assert_close(cap(x), model(x))
 
 
+@TORCH_214_FAKE_GROUP_NORM
 def test_channels_last_convolution_strides_match():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU(),
