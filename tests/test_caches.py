@@ -95,7 +95,7 @@ def test_reset_empties_every_registered_cache():
     keep = _workload()
     filled = {name for name, cache in caches.registered().items() if caches.size(cache)}
     # (the split backend's compiled regions fill with Inductor only)
-    assert {"regions.code facts", "builder node targets",
+    assert {"trace.code facts", "builder node targets",
             "regions.purity function verdicts", "frames own files"} <= filled
     stampout.reset()
     assert {name: caches.size(c) for name, c in caches.registered().items() if caches.size(c)} == {}

@@ -1,4 +1,4 @@
-"""One definition of a user class (regions.code.is_user_class), asked by the guards on what a class defines
+"""One definition of a user class (trace.code.is_user_class), asked by the guards on what a class defines
 and by the world snapshot that sees a program write a class attribute. A class made by `exec`, whose module
 is not imported, is user code for both."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import stampout
-from stampout.regions.code import is_user_class
+from stampout.trace.code import is_user_class
 
 
 def _exec_class(source: str) -> type:

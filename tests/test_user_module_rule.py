@@ -1,4 +1,4 @@
-"""One definition of a user module (regions.code.is_user_module), asked by the guards on a module used as a value
+"""One definition of a user module (trace.code.is_user_module), asked by the guards on a module used as a value
 and by the world snapshot that remembers what a module's namespace held before a capture. A builtin module (`sys`,
 `itertools`: no file, but imported) is not user code for either; a module made with `types.ModuleType` is."""
 
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import stampout
-from stampout.regions.code import is_user_module
+from stampout.trace.code import is_user_module
 from stampout.watch.world_snapshot import Snapshot
 
 MADE = types.ModuleType("made_config")  # (no file, no spec: made by code)

@@ -1,7 +1,7 @@
 """Every memo cache stampout keeps in a module, in one registry that `stampout.reset()` walks (as JAX's
 `register_cache` / `clear_caches`). A cache registers where it is defined:
 
-    _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "regions.code facts")
+    _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
 
     @caches.memo
     def _fake_fields() -> frozenset[str]: ...

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..torch_internals import TensorBase, dict_sentinel
+from ..trace.code import is_user_file
 
 _MISSING = object()
 
@@ -34,8 +35,6 @@ TENSOR_DICT = class_dict(torch.Tensor)  # `torch.Tensor.add = patched` writes he
 def patched_tensor_methods() -> list[str]:
     """`torch.Tensor` methods replaced by user functions (`torch.Tensor.add = my_add`): torch dispatches its
     own calls of such a method to the replacement, so a trace of them records the wrong function."""
-    from ..regions.code import is_user_file
-
     base = TensorBase
     return [name for name, value in TENSOR_DICT.items()
             if hasattr(base, name) and callable(value) and is_user_file(getattr(getattr(value, "__code__", None),

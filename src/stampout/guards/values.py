@@ -1,52 +1,18 @@
-"""The values guards compare: which values a trace may bake in as constants, the keys constants are compared by
-and how a key prints; the small readers the generated predicate calls (an object's own `__dict__`, a module
-attribute as nn.Module resolves it, a length). No guards here: guards/rules.py holds the rule of each kind.
+"""The values guards compare: how a constant's key prints (which values a trace may bake in as constants, and the
+keys they are compared by, are trace/constants.py's); the small readers the generated predicate calls (an object's
+own `__dict__`, a module attribute as nn.Module resolves it, a length).
+No guards here: guards/rules.py holds the rule of each kind.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import torch
 
+from ..trace.constants import const_key as const_key  # (the guards import both from here)
+from ..trace.constants import is_constant as is_constant
 from .sources import MISSING
-
-_SCALARS = (type(None), bool, int, float, complex, str, bytes)
-_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
-
-
-def is_constant(value: Any) -> bool:
-    """Values a trace may bake in as constants: scalars, dtypes, devices, enums and containers of them."""
-    if isinstance(value, _SCALARS) or isinstance(value, _ATOMS):
-        return True
-    if type(value) in (tuple, list, torch.Size, frozenset, set):
-        return all(is_constant(v) for v in value)
-    if type(value) is dict:
-        return all(is_constant(k) and is_constant(v) for k, v in value.items())
-    if type(value) in (slice, range):
-        return True
-    return False
-
-
-def const_key(value: Any) -> Any:
-    """A hashable key equal only for equal constants of the same type (`1`, `1.0`, `True` differ)."""
-    t = type(value)
-    if t is float:
-        return (t, repr(value))  # exact, and NaN equals NaN
-    if isinstance(value, float):  # (a float subclass, NumPy's float64: its own == takes 0.0 for -0.0)
-        return (t, float.__repr__(value))
-    if isinstance(value, complex):
-        return (t, complex.__repr__(value))
-    if t in (tuple, list, torch.Size):
-        return (t, tuple(const_key(v) for v in value))
-    if t in (set, frozenset):
-        return (t, frozenset(const_key(v) for v in value))
-    if t is dict:
-        return (t, tuple((const_key(k), const_key(v)) for k, v in value.items()))
-    if t in (slice, range):
-        return (t, repr(value))
-    return (t, value)
 
 
 def show_const(key: Any) -> str:

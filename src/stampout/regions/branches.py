@@ -12,9 +12,9 @@ from ..capture.effects import undo
 from ..errors import CaptureError, message
 from ..guards.sources import Absolute
 from ..torch_internals import DisableTorchFunction
+from ..trace.code import is_user_code
 from ..trace.context import listeners
 from ..trace.frames import user_location
-from .code import is_user_code
 from .frame import RegionFrame
 
 _IMPURE = "not known to be pure"  # (the reason hooks.py gives a C call that may change the world)

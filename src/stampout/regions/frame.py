@@ -19,12 +19,12 @@ from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tenso
 from ..guards.namespaces import patched_tensor_methods
 from ..guards.sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
+from ..trace.code import is_user_file
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES, size_key
 from ..watch.classpatch import PATCHED_NAMES
 from ..watch.tracking import Watch, original_class
 from .cache import LiftedInput
-from .code import is_user_file
 from .events import Ineligible
 from .frame_code import FrameCode
 from .frame_indices import FrameIndices

@@ -1,6 +1,6 @@
 """What one region trace read through the code it ran: the defaults and closure cells of its functions, the
 globals and `module.attr` chains their code loads (guarded, or noted by identity in one NamespaceReads), and the
-closures it cannot reach (ineligible). Bytecode facts come from regions/code.py.
+closures it cannot reach (ineligible). Bytecode facts come from trace/code.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from ..guards.guard import Kind
 from ..guards.namespaces import TENSOR_DICT, NamespaceReads
 from ..guards.sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
-from .code import code_facts, is_user_file, is_user_module
+from ..trace.code import code_facts, is_user_file, is_user_module
 from .objects import by_name, ours
 
 

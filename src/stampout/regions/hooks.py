@@ -14,9 +14,9 @@ import torch
 from ..guards.namespaces import ENVIRON_READS, note_environ_read
 from ..guards.source_roots import Absolute
 from ..torch_internals import DisableTorchFunction
+from ..trace.code import code_facts, is_user_code
 from ..trace.context import listeners
 from ..trace.frames import caller_outside_torch, set_profile, user_location
-from .code import code_facts, is_user_code
 from .events import Ineligible
 from .frame import RegionFrame
 from .purity import impure_call, location, python_setter, torch_state_call, user_caller, watched_file

@@ -15,10 +15,10 @@ from .. import caches
 from ..guards.guard import const_key, is_auto_mark, is_constant
 from ..guards.sources import MISSING
 from ..torch_internals import HigherOrderOperator, OpOverload, OpOverloadPacket
+from ..trace.code import is_user_class as is_user_class_object
+from ..trace.code import is_user_file
 from ..trace.shapes import size_key, sizes_key
 from ..watch.tracking import original_class, shim_class
-from .code import is_user_class as is_user_class_object
-from .code import is_user_file
 
 CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                torch.nn.ParameterDict)

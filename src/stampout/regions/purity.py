@@ -37,7 +37,7 @@ from ..torch_internals import (
     set_default_dtype,
     set_deterministic_algorithms,
 )
-from .code import is_user_file
+from ..trace.code import is_user_file
 
 _PURE_MODULES = frozenset({
     "builtins", "math", "cmath", "_operator", "operator", "_functools", "functools", "_collections", "_abc",

@@ -13,7 +13,6 @@ import torch
 import torch.fx as fx
 
 from .. import caches
-from ..guards.guard import is_constant
 from ..torch_internals import (
     FakeTensor,
     HigherOrderOperator,
@@ -24,6 +23,7 @@ from ..torch_internals import (
     enter_inference_mode,
     exit_inference_mode,
 )
+from .constants import is_constant
 from .names import identifier
 from .shapes import SIZES, SymbolicValues
 

@@ -26,7 +26,7 @@ import torch
 
 from .. import caches
 from ..errors import CaptureError, message
-from ..regions.code import is_user_file
+from .code import is_user_file
 from .context import listeners
 
 # What a kernel's value check raises in Python (TORCH_CHECK, _INDEX, _VALUE, _LINALG); not NotImplementedError (a

@@ -9,6 +9,7 @@ in-place change that mixes in a non-constant value forgets every known value.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,42 @@ from .. import config
 from ..torch_internals import unset_fake_temporarily
 from .op_facts import deterministic, writes_in_place
 from .structure import map_leaves, tensors_of
+
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_ATOMS = (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum, type(Ellipsis))
+
+
+def is_constant(value: Any) -> bool:
+    """Values a trace may bake in as constants: scalars, dtypes, devices, enums and containers of them."""
+    if isinstance(value, _SCALARS) or isinstance(value, _ATOMS):
+        return True
+    if type(value) in (tuple, list, torch.Size, frozenset, set):
+        return all(is_constant(v) for v in value)
+    if type(value) is dict:
+        return all(is_constant(k) and is_constant(v) for k, v in value.items())
+    if type(value) in (slice, range):
+        return True
+    return False
+
+
+def const_key(value: Any) -> Any:
+    """A hashable key equal only for equal constants of the same type (`1`, `1.0`, `True` differ)."""
+    t = type(value)
+    if t is float:
+        return (t, repr(value))  # exact, and NaN equals NaN
+    if isinstance(value, float):  # (a float subclass, NumPy's float64: its own == takes 0.0 for -0.0)
+        return (t, float.__repr__(value))
+    if isinstance(value, complex):
+        return (t, complex.__repr__(value))
+    if t in (tuple, list, torch.Size):
+        return (t, tuple(const_key(v) for v in value))
+    if t in (set, frozenset):
+        return (t, frozenset(const_key(v) for v in value))
+    if t is dict:
+        return (t, tuple((const_key(k), const_key(v)) for k, v in value.items()))
+    if t in (slice, range):
+        return (t, repr(value))
+    return (t, value)
 
 
 class ConstantValues:

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import caches
+from .code import is_user_file
 
 _PACKAGE = os.path.dirname(os.path.abspath(sys.modules[__name__.split(".")[0]].__file__))  # (wherever this file sits)
 _OWN_DIRS = (
@@ -83,8 +84,6 @@ def user_source_line(skip: int = 2) -> str:
 
 def failed_at(error: BaseException) -> str:
     """`file:line in function` of the innermost user frame in `error`'s traceback ("<unknown>" if none)."""
-    from ..regions.code import is_user_file
-
     where = "<unknown>"
     tb = error.__traceback__
     while tb is not None:
@@ -103,8 +102,6 @@ def raised_by_user(error: BaseException) -> bool:
     """Whether `error` is the program's own (`raise ValueError(...)` in a forward, as eager raises it): the innermost
     frame of its traceback is user code, not reached through a torch call on fakes (a user's fake kernel that
     refuses symbolic sizes is not the program's error)."""
-    from ..regions.code import is_user_file
-
     tb = error.__traceback__
     if tb is None:
         return False

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from ..guards.guard import const_key, is_constant
 from ..torch_internals import (
     FakeMaker,
     FakeTensor,
@@ -24,6 +23,7 @@ from ..torch_internals import (
     peek_interpreter_stack,
     unset_fake_temporarily,
 )
+from .constants import const_key, is_constant
 from .structure import tensors_of
 
 NOT_HANDLED = object()

@@ -22,7 +22,6 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 from ..errors import AutogradCallError, CaptureError, message
 from ..guards.sources import Source
 from ..regions import slots
-from ..regions.code import is_user_file
 from ..regions.purity import saved_hooks_keep_values
 from ..torch_internals import (
     DisableTorchFunction,
@@ -49,6 +48,7 @@ from .builder import (
     is_property_set,
     map_tensors,
 )
+from .code import is_user_file
 from .constants import ConstantValues
 from .context import current
 from .fakes import FakeRuns

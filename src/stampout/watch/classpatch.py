@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..guards.sources import MISSING
-from ..regions.code import is_user_code
+from ..trace.code import is_user_code
 from ..trace.context import STATE
 
 READ_IDS: set[int] = set()  # instances whose reads and writes the capture on the owning thread records

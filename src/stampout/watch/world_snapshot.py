@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from .. import config
-from ..regions.code import code_facts, is_user_class, is_user_code, is_user_module
 from ..torch_internals import FakeTensor
+from ..trace.code import code_facts, is_user_class, is_user_code, is_user_module
 from ..trace.shapes import concrete
 from ..trace.structure import tensors_within
 from .classpatch import PATCHED_NAMES

@@ -34,8 +34,8 @@ class CodeFacts:
     escapes: tuple[str, ...] = ()  # globals it loads as values, not only to read an attribute of them
 
 
-_FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "regions.code facts")
-_USER_FILES: dict[str, bool] = caches.register({}, "regions.code user files")
+_FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
+_USER_FILES: dict[str, bool] = caches.register({}, "trace.code user files")
 
 
 def is_user_file(filename: str) -> bool:
