@@ -17,6 +17,7 @@ from ..torch_internals import DisableTorchFunction
 from ..trace.code import code_facts, is_user_code
 from ..trace.context import listeners
 from ..trace.frames import caller_outside_torch, set_profile, user_location
+from . import slots
 from .events import Ineligible
 from .frame import RegionFrame
 from .purity import impure_call, location, python_setter, torch_state_call, user_caller, watched_file
@@ -63,6 +64,12 @@ class CallHooks:
         """The program read state no guard sees (`p.grad`, `x._version`): no open frame's trace is reusable."""
         for frame in self.frames:
             frame.mark_ineligible(reason)
+
+    def note_torch_arguments(self, args: tuple, kwargs: dict) -> None:
+        """A torch call's arguments, while a region trace follows per-layer indices: one among them
+        (`x.size(layer_idx)`) is used by value (regions/slots.py)."""
+        slots.touch(args)
+        slots.touch(kwargs)
 
     def frame_ids(self) -> frozenset[int]:
         return frozenset(id(f) for f in self.frames)

@@ -38,6 +38,7 @@ from ..torch_internals import (
     set_deterministic_algorithms,
 )
 from ..trace.code import is_user_file
+from ..trace.op_facts import saved_hooks_keep_values
 
 _PURE_MODULES = frozenset({
     "builtins", "math", "cmath", "_operator", "operator", "_functools", "functools", "_collections", "_abc",
@@ -189,19 +190,10 @@ def _python_setter_name(code: types.CodeType) -> str | None:
     return what
 
 
-# Saved-tensor hooks of torch's own that change only where a saved tensor lives until backward, never its value
-# (activation checkpointing drops and recomputes it, save_on_cpu moves it): a graph without them computes the same.
-_VALUE_KEEPING_HOOKS = ("torch.utils.checkpoint", "torch.autograd.graph")
-
-
-def saved_hooks_keep_values(pack_hook: Any) -> bool:
-    """Whether saved-tensor hooks with this pack function are torch's own value-keeping ones."""
-    return getattr(pack_hook, "__module__", None) in _VALUE_KEEPING_HOOKS
-
-
 def torch_state_call(fn: Any, frame: types.FrameType | None = None) -> str | None:
     """How to name a C call torch's own Python makes for the user that a trace cannot keep, or None. `frame`
-    makes the call (`saved_tensors_hooks.__enter__` of checkpointing: its hooks keep values, see above)."""
+    makes the call (`saved_tensors_hooks.__enter__` of checkpointing: its hooks keep values, see
+    trace/op_facts.py)."""
     if type(getattr(fn, "__self__", None)) is _torch_generator:
         return "a torch.Generator method (torch.manual_seed?)"
     try:

@@ -285,3 +285,13 @@ def drawn_at_random(node: Any, submodules: dict[str, Any] | None = None) -> bool
 
 def _draws(target: Any) -> bool:
     return draws_random(target) and "normalize" not in op_name(target)  # (F.normalize: "normal" in its name)
+
+
+# Saved-tensor hooks of torch's own that change only where a saved tensor lives until backward, never its value
+# (activation checkpointing drops and recomputes it, save_on_cpu moves it): a graph without them computes the same.
+_VALUE_KEEPING_HOOKS = ("torch.utils.checkpoint", "torch.autograd.graph")
+
+
+def saved_hooks_keep_values(pack_hook: Any) -> bool:
+    """Whether saved-tensor hooks with this pack function are torch's own value-keeping ones."""
+    return getattr(pack_hook, "__module__", None) in _VALUE_KEEPING_HOOKS

@@ -23,13 +23,13 @@ from ..torch_internals import (
     disabled_torch_function_impl,
     is_traceable_wrapper_subclass,
 )
-from ..watch.world import holds_traced_tensor
 from .builder import Builder, has_tensor, map_tensors, node_target
 from .caught_kernel_errors import check_not_caught
 from .context import current
 from .frames import user_frame, user_location
 from .names import identifier
 from .op_facts import may_fail_on_values
+from .structure import holds_traced_tensor
 
 if TYPE_CHECKING:
     from .region_hooks import RegionHooks

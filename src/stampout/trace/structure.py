@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from .. import config
+from ..torch_internals import FakeTensor
 from .shapes import SIZES, concrete
 
 
@@ -70,7 +74,7 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
 
 # Note: the one walker over an op's arguments and results: tuples, lists and dicts (subclasses too), in
 # order, as fx's map_aggregate walks a node's. Walkers that carry a source per item (held_inputs, leftovers,
-# effects, names), look into objects' fields (tensors_within, world.holds_fake), or keep to what an FX
+# effects, names), look into objects' fields (tensors_within, holds_fake), or keep to what an FX
 # node's arguments may hold (builder.map_tensors and has_tensor, with slices; both open namedtuples and
 # structseqs) differ by purpose and stay where they are.
 def leaves_of(value: Any, kind: type | tuple[type, ...]) -> list[Any]:
@@ -290,3 +294,41 @@ def template_constants(template: Template) -> list[Any]:
     for child in template[2]:
         out.extend(template_constants(child[1] if kind in ("modeloutput", "dataclass", "dict") else child))
     return out
+
+
+ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device))
+
+
+def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
+    """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (containers and
+    plain objects, a few levels deep)."""
+    t = type(value)
+    if t in ATOMIC:  # (most values a module or config holds: no isinstance walk for them)
+        return False
+    if t is FakeTensor or isinstance(value, FakeTensor):
+        return True
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return not tensors_only
+    if depth >= config.scan_depth or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
+        return False
+    if t in (list, tuple, set, frozenset) or isinstance(value, (list, tuple)):
+        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value)
+    if isinstance(value, dict):
+        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value.values())
+    fields = getattr(value, "__dict__", None)
+    if type(fields) is dict and not callable(value):
+        return len(fields) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in fields.values())
+    return False
+
+
+def holds_traced_tensor(fn: Any) -> bool:
+    """Whether a callable closes over (or defaults to, or is bound to) a fake tensor of the capture."""
+    parts = [getattr(fn, "__self__", None), getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None)]
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            parts.append(cell.cell_contents)
+        except ValueError:
+            continue
+    if isinstance(fn, functools.partial):
+        parts.extend([fn.func, fn.args, fn.keywords])
+    return any(holds_fake(p, tensors_only=True) for p in parts if p is not None)

@@ -21,8 +21,6 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
 from ..errors import AutogradCallError, CaptureError, message
 from ..guards.sources import Source
-from ..regions import slots
-from ..regions.purity import saved_hooks_keep_values
 from ..torch_internals import (
     DisableTorchFunction,
     FakeTensor,
@@ -54,7 +52,7 @@ from .context import current
 from .fakes import FakeRuns
 from .frames import outside_stampout, python_hooks_off, user_location
 from .meta import NOT_HANDLED, MetaRunner
-from .op_facts import NEEDS_VALUE, UNGUARDED_READS, VIEW_PROPERTIES, draws_random
+from .op_facts import NEEDS_VALUE, UNGUARDED_READS, VIEW_PROPERTIES, draws_random, saved_hooks_keep_values
 from .recording import _HOOK_REGISTRATIONS, Recording
 from .region_hooks import RegionHooks
 from .shapes import Symbols, any_symbolic
@@ -171,9 +169,8 @@ class Tracer(FakeRuns, Recording):
                                                  else builder._inference_base):
             builder.sync_inference(torch.is_inference_mode_enabled())
         context = current()
-        if context is not None and context.slots_followed:  # a per-layer index a region follows, passed to torch
-            slots.touch(args)
-            slots.touch(kwargs)
+        if context is not None and context.slots_followed and self.regions is not None:  # (a region's per-layer
+            self.regions.note_torch_arguments(args, kwargs)  # indices, passed to torch)
         what = NEEDS_VALUE.get(func)
         if what is not None:
             if self.constants.knows_all(args, kwargs):

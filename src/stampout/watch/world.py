@@ -8,13 +8,12 @@ are put right afterwards, whether the capture succeeded or failed:
   call, and a seeded program gives eager's numbers afterwards (the draws themselves make a trace ineligible,
   see regions/purity.py);
 - no fake tensor or symbolic size stays reachable from the state the program's code could reach: here, how a
-  fake is found in a value (`holds_fake`) and taken out of objects' attributes (`clear_fakes`); the memo caches,
-  module globals and class dicts its code may reach are remembered and repaired by world_snapshot.py.
+  fake is taken out of objects' attributes (`clear_fakes`; trace/structure.py's `holds_fake` finds one in a value);
+  the memo caches, module globals and class dicts its code may reach are remembered and repaired by world_snapshot.py.
 """
 
 from __future__ import annotations
 
-import functools
 import random
 import sys
 import types
@@ -24,8 +23,8 @@ from typing import Any
 import torch
 
 from .. import config
-from ..torch_internals import FakeTensor
 from ..trace.shapes import concrete
+from ..trace.structure import ATOMIC, holds_fake
 
 
 @dataclass
@@ -53,31 +52,6 @@ class RandomStates:
             torch.cuda.set_rng_state_all(self.torch_cuda)
 
 
-_ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device))
-
-
-def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
-    """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (containers and
-    plain objects, a few levels deep)."""
-    t = type(value)
-    if t in _ATOMIC:  # (most values a module or config holds: no isinstance walk for them)
-        return False
-    if t is FakeTensor or isinstance(value, FakeTensor):
-        return True
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return not tensors_only
-    if depth >= config.scan_depth or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
-        return False
-    if t in (list, tuple, set, frozenset) or isinstance(value, (list, tuple)):
-        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value)
-    if isinstance(value, dict):
-        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value.values())
-    fields = getattr(value, "__dict__", None)
-    if type(fields) is dict and not callable(value):
-        return len(fields) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in fields.values())
-    return False
-
-
 def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> list[str]:
     """Attributes of `objects` (modules, the call's input objects) that hold a fake tensor or a symbolic size
     written behind their `__setattr__` (`functools.cached_property`, `obj.__dict__[k] = v`): removed.
@@ -92,7 +66,7 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> li
         cleared[id(obj)] = obj
         dirty = []
         for k, v in list(fields.items()):
-            if k.startswith("_") or type(v) in _ATOMIC or id(v) in cleared:
+            if k.startswith("_") or type(v) in ATOMIC or id(v) in cleared:
                 continue
             if holds_fake(v):
                 dirty.append(k)
@@ -121,19 +95,6 @@ def _concrete_items(container: list | dict, depth: int = 0) -> None:
             _concrete_items(item, depth + 1)
         elif holds_fake(item):
             container[key] = concrete(item)
-
-
-def holds_traced_tensor(fn: Any) -> bool:
-    """Whether a callable closes over (or defaults to, or is bound to) a fake tensor of the capture."""
-    parts = [getattr(fn, "__self__", None), getattr(fn, "__defaults__", None), getattr(fn, "__kwdefaults__", None)]
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            parts.append(cell.cell_contents)
-        except ValueError:
-            continue
-    if isinstance(fn, functools.partial):
-        parts.extend([fn.func, fn.args, fn.keywords])
-    return any(holds_fake(p, tensors_only=True) for p in parts if p is not None)
 
 
 def plain_object(value: Any) -> bool:
