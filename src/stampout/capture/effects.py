@@ -16,9 +16,10 @@ import torch
 
 from ..guards.guard import is_constant
 from ..guards.sources import MISSING, Arg, Attr, CallContext, Source
+from ..regions.frame_writes import put_back
+from ..regions.frame_writes import undo as undo  # (capture/program.py's)
 from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.shapes import any_symbolic
-from ..watch.classpatch import peek
 
 
 @dataclass(frozen=True)
@@ -178,34 +179,6 @@ class Plan:
         values = [self._value(v, where) for v in container[len(before):]]
         if values and all(v is not None for v in values):
             self.effects.append(Effect("extend", source, None, tuple(values), where))
-
-
-def put_back(container: Any, before: Any) -> None:
-    """A dict, list or set as it was (`before`: a copy of its items); a dict untouched is left alone (compared by
-    identity: values may be tensors, whose == compares elements)."""
-    if isinstance(container, dict):
-        if list(container) != list(before) or any(container[k] is not v for k, v in before.items()):
-            container.clear()
-            container.update(before)
-    elif isinstance(container, list):
-        container[:] = before
-    elif isinstance(container, set):
-        container.clear()
-        container.update(before)
-
-
-def undo(program: Any) -> None:
-    """Put back what the capture's Python changed on objects that outlive it (newest first), and the state
-    of opaque objects that can say theirs (a `random.Random` the program drew from)."""
-    for obj, state in reversed(program.states):
-        obj.setstate(state)
-    for container, _, _, before in reversed(program.containers):
-        put_back(container, before)
-    for obj, name, _, old, _ in reversed(program.stores):
-        if old is not MISSING:
-            setattr(obj, name, old)
-        elif peek(obj, name) is not MISSING:
-            delattr(obj, name)
 
 
 def replay(effects: list[Effect], ctx: CallContext, outputs: list[Any]) -> None:

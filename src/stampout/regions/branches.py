@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from ..capture.effects import undo
 from ..errors import CaptureError, message
 from ..guards.sources import Absolute
 from ..torch_internals import DisableTorchFunction
@@ -16,6 +15,7 @@ from ..trace.code import is_user_code
 from ..trace.context import listeners
 from ..trace.frames import user_location
 from .frame import RegionFrame
+from .frame_writes import undo
 
 _IMPURE = "not known to be pure"  # (the reason hooks.py gives a C call that may change the world)
 

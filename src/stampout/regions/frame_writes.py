@@ -1,6 +1,6 @@
 """What one region trace changed outside itself: attribute stores, containers changed in place, attributes set
 on its input tensors, globals its code assigns. A compiled program's frame keeps them to replay; a region trace
-that makes one it cannot replay is ineligible (see RegionFrame).
+that makes one it cannot replay is ineligible (see RegionFrame); `undo` puts them back.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from ..guards.guard import Kind, is_constant
 from ..guards.sources import MISSING, Arg, Attr, Item, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
+from ..watch.classpatch import peek
 from ..watch.tracking import Watch
 from .objects import contents, copy_value, fake_fields
 
@@ -120,3 +121,31 @@ class FrameWrites:
                 self.writes.append(f"{source.name()} (changed in place)")
                 if not self.program:
                     self.mark_ineligible(f"changes {source.name()} in place (a Python side effect)")
+
+
+def put_back(container: Any, before: Any) -> None:
+    """A dict, list or set as it was (`before`: a copy of its items); a dict untouched is left alone (compared by
+    identity: values may be tensors, whose == compares elements)."""
+    if isinstance(container, dict):
+        if list(container) != list(before) or any(container[k] is not v for k, v in before.items()):
+            container.clear()
+            container.update(before)
+    elif isinstance(container, list):
+        container[:] = before
+    elif isinstance(container, set):
+        container.clear()
+        container.update(before)
+
+
+def undo(program: Any) -> None:
+    """Put back what the capture's Python changed on objects that outlive it (newest first), and the state
+    of opaque objects that can say theirs (a `random.Random` the program drew from)."""
+    for obj, state in reversed(program.states):
+        obj.setstate(state)
+    for container, _, _, before in reversed(program.containers):
+        put_back(container, before)
+    for obj, name, _, old, _ in reversed(program.stores):
+        if old is not MISSING:
+            setattr(obj, name, old)
+        elif peek(obj, name) is not MISSING:
+            delattr(obj, name)
