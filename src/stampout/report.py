@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .compile.stats import describe_pieces
 from .guards.guard import DEFERRED_LINE, compile_guards
 from .regions.events import Outcome
 
@@ -60,9 +59,9 @@ def guard_code_text(cap: Any) -> str:
     return "\n\n".join(parts) if parts else "# no guard predicates: no region call of this capture can be stamped out"
 
 
-def explain_compiled(fn: Any, entries: tuple) -> str:
-    """What a compiled function did: its entries (those that run eagerly, and why), its last capture's report,
-    and the guard code of the entry that ran last."""
+def explain_compiled(fn: Any, entries: tuple, pieces: list[str]) -> str:
+    """What a compiled function did: its entries (those that run eagerly, and why), `pieces` (compile.stats'
+    lines on its piecewise children), its last capture's report, and the guard code of the entry that ran last."""
     name = getattr(fn.fn, "__qualname__", type(fn.fn).__name__)
     lines = [f"stampout.compile of {name}: {fn.stats.captures} captures, {len(entries)} entries"]
     for i, entry in enumerate(entries):
@@ -71,7 +70,7 @@ def explain_compiled(fn: Any, entries: tuple) -> str:
         else:
             last = "  (ran last)" if entry.capture is fn.last_capture else ""
             lines.append(f"  [{i}] compiled: {entry.capture.stats}{last}")
-    lines.extend(describe_pieces(fn))
+    lines.extend(pieces)
     for brk in fn.breaks:
         lines.append(f"  {brk.describe()}")
     if fn.last_capture is None:

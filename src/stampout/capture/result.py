@@ -14,6 +14,7 @@ from ..errors import StampoutError, message
 from ..guards.sources import MISSING, CallContext, Source
 from ..regions.events import RegionEvent, RegionStats
 from ..regions.fingerprint import LeafKind, as_leaf_key, leaf_key, show_leaf_key
+from ..report import explain_text, guard_code_text
 from ..trace.frames import user_location
 from ..trace.shapes import has_symbols
 from ..trace.structure import Template, aliases_of, build, flatten_inputs
@@ -215,8 +216,6 @@ class Capture:
     def explain(self) -> str:
         """A report of the capture: each region call's outcome, why a miss missed and why a trace cannot be
         reused (`Ineligible` records, counted), then `guard_code()`."""
-        from ..report import explain_text
-
         return explain_text(self)
 
     def guard_code(self) -> str:
@@ -237,6 +236,4 @@ class Capture:
         Returns:
             The predicates' Python source, each headed by a comment naming what it guards.
         """
-        from ..report import guard_code_text
-
         return guard_code_text(self)

@@ -43,7 +43,7 @@ from .entries import CallKey, EagerEntry, Entry, new_key
 from .piecewise import GraphBreak, collection_paused, first_line, split
 from .protection import Protection
 from .sharded_twins import twin_entry
-from .stats import CompileStats, family_entries, total_stats
+from .stats import CompileStats, describe_pieces, family_entries, total_stats
 
 log = logging.getLogger("stampout.guards")
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -121,7 +121,7 @@ class CompiledFunction:
 
     def explain(self) -> str:
         """Its entries (which run eagerly, and why), the last capture's report and the guard code that admits calls."""
-        return report.explain_compiled(self, self._entries)
+        return report.explain_compiled(self, self._entries, describe_pieces(self))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if (self.disable or self._lazy
