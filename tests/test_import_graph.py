@@ -125,19 +125,17 @@ def test_the_shadowed_forms_are_found():
 
 
 # The package's layers, lowest first: a module imports only from its own layer and those before it, at module
-# level, in a function, or under `if TYPE_CHECKING:` alike (README "How it works" names them). backends/ sits
+# level, in a function, or under `if TYPE_CHECKING:` alike (README "How it works" names them). context.py (the
+# running capture's state, a thread-local) sits below errors.py, whose errors note themselves on it. backends/ sits
 # below regions/: it compiles or runs an FX graph and knows nothing of regions, captures or compiled functions
 # (regions/stamp, capture/result and compile/function run graphs with backends.runner); report.py, below capture/,
 # prints the records of regions and guards (what it shows of compile/ is handed in), for Capture.explain and the
 # compiled function's; tools/ (the model zoo, the demo, the benchmark) sits below cli.py, which runs them.
-LAYERS = ("torch_internals", "errors", "config", "_logging", "caches", "trace", "watch", "guards", "backends",
-          "regions", "report", "capture", "compile", "export", "api", "tools", "cli")
+LAYERS = ("torch_internals", "context", "errors", "config", "_logging", "caches", "trace", "watch", "guards",
+          "backends", "regions", "report", "capture", "compile", "export", "api", "tools", "cli")
 
 # What still imports upward, (importer, imported) -> why. Only these; each is to go.
 UPWARD_EXCEPTIONS = {
-    # StampoutError.__init__ notes itself on the running capture's context (a program that catches one is found
-    # out): the context (trace/context.py, a leaf) would have to move below errors.
-    ("stampout.errors", "stampout.trace.context"): "errors made during a capture are noted on its context",
     # Sources (where a value lives: `args[0].attn.eps`) are guards/'s files but have no guard notions; the tracer
     # names lifted tensors by them and classpatch reads MISSING. Moving guards/source*.py below trace/ touches
     # ~40 files, left for a time when no one else edits guards/.

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from .trace.context import note_raised
+from .context import note_raised
 
 
 class StampoutError(RuntimeError):
     """Base class of every error stampout raises on its own account. One made during a capture is noted on the
-    capture (context.swallowed: a program that catches it cannot be captured as it ran)."""
+    capture (trace.frames.swallowed: a program that catches it cannot be captured as it ran)."""
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from .. import torch_internals
+from ..context import CAPTURE_LOCK, CaptureContext, current, entered
 from ..errors import CaptureError, message
 from ..regions.call import RegionCalls
 from ..regions.marker import torch_marked_call
@@ -23,7 +24,6 @@ from ..torch_internals import (
     set_grad_enabled,
     top_saved_tensors_default_hooks,
 )
-from ..trace.context import CAPTURE_LOCK, CaptureContext, current, entered
 from ..trace.frames import caller_outside_torch, user_location
 from ..trace.op_errors import quiet_fake_kernels
 from ..trace.tracer import CaptureMode, Tracer

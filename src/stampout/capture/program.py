@@ -14,6 +14,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from .. import torch_internals
+from ..context import listeners
 from ..errors import CaptureError, message, swallowed_error
 from ..guards.guard import Kind
 from ..guards.sources import Absolute, CallContext, Source
@@ -26,8 +27,7 @@ from ..torch_internals import (
 )
 from ..torch_internals import LazyGraphModule as _LazyGraphModule
 from ..trace import higher_order
-from ..trace.context import listeners, swallowed
-from ..trace.frames import user_location
+from ..trace.frames import swallowed, user_location
 from ..trace.names import TensorNames, identifier
 from ..trace.shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
 from ..trace.structure import aliases_of, flatten_inputs, positional_names, to_template

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..compile.piecewise import Pieces
+from ..context import current, listeners
 from ..errors import CaptureError, StampoutError, message
 from ..torch_internals import (
     DisableTorchFunction,
@@ -44,7 +45,6 @@ from ..torch_internals import (
     pytree,
     unset_fake_temporarily,
 )
-from ..trace.context import current, listeners
 from ..trace.frames import python_hooks_off, user_location
 from ..trace.names import identifier
 from .sharded import forward_of, fsdp_module_class, region_forward

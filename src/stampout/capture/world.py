@@ -10,13 +10,13 @@ from typing import Any
 
 import torch
 
+from ..context import listeners
 from ..errors import CaptureError, message
 from ..guards.sources import Arg, Attr, CallContext, Input, Source
 from ..regions.call import RegionCalls
 from ..regions.frame import ProgramIneligible, RegionFrame
 from ..regions.marker import innermost
 from ..torch_internals import DisableTorchFunction, FakeTensor
-from ..trace.context import listeners
 from ..trace.frames import user_location
 from ..trace.names import identifier, root_module
 from ..trace.op_facts import drawn_at_random

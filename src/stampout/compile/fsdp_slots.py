@@ -29,9 +29,9 @@ from typing import Any
 from torch import nn
 
 from ..capture.sharded import fsdp_module_class
+from ..context import STATE
 from ..guards.sources import Attr, CallContext, Source
 from ..torch_internals import patch_fsdp_parameter_swaps
-from ..trace.context import STATE
 from ..watch.classpatch import original
 from ..watch.tracking import EPOCH, original_class
 

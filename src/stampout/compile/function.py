@@ -26,6 +26,7 @@ from ..capture.lost_gradients import autograd_refusal
 from ..capture.program import capture_program, frame_function
 from ..capture.result import Capture
 from ..capture.sharded import call_with_hooks, forward_of, is_sharded, region_forward
+from ..context import current
 from ..errors import BackendError, CaptureError, GuardError, StampoutError, message
 from ..guards.guard import Kind
 from ..guards.sources import Arg, Attr, CallContext, Source
@@ -34,7 +35,6 @@ from ..regions.cache import RegionCache
 from ..regions.fingerprint import fingerprint, requires_grad_pattern, without_sizes
 from ..regions.frame import ProgramIneligible
 from ..torch_internals import DisableTorchFunction, caller_modes, dispatch_modes, function_modes, patch_parameter_writes
-from ..trace.context import current
 from ..trace.frames import failed_at, raised_by_user, symbolic_fault, user_location
 from ..trace.names import root_module
 from ..trace.structure import argument_names, build, flatten_inputs

@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
+from ..context import listeners
 from ..errors import CaptureError, message
 from ..guards.sources import Absolute
 from ..torch_internals import DisableTorchFunction
 from ..trace.code import is_user_code
-from ..trace.context import listeners
 from ..trace.frames import user_location
 from .frame import RegionFrame
 from .frame_writes import undo

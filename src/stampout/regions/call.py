@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
+from ..context import current, listeners
 from ..errors import RegionError, message
 from ..guards.guard import check_guards, first_failure
 from ..guards.sources import CallContext
 from ..torch_internals import DisableTorchFunction
 from ..trace.caught_kernel_errors import check_not_caught
-from ..trace.context import current, listeners
 from ..trace.frames import python_hooks_off, user_location
 from ..trace.structure import aliases_of, flatten_inputs
 from ..trace.tracer import Tracer

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from ..context import listeners
 from ..guards.namespaces import ENVIRON_READS, note_environ_read
 from ..guards.source_roots import Absolute
 from ..torch_internals import DisableTorchFunction
 from ..trace.code import code_facts, is_user_code
-from ..trace.context import listeners
 from ..trace.frames import caller_outside_torch, set_profile, user_location
 from . import slots
 from .events import Ineligible

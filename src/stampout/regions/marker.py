@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from ..context import current
 from ..errors import RegionError, message
-from ..trace.context import current
 from ..trace.frames import user_location
 from ..trace.structure import positional_names
 

@@ -9,14 +9,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from ..context import current, listeners
 from ..errors import RegionError, message
 from ..guards.entry import compile_entry_guards
 from ..guards.guard import is_constant
 from ..guards.sources import MISSING, Absolute, Input
 from ..torch_internals import DisableTorchFunction, LazyGraphModule, without_module_hooks
 from ..trace.builder import Builder
-from ..trace.context import current, listeners, swallowed
-from ..trace.frames import user_location
+from ..trace.frames import swallowed, user_location
 from ..trace.names import identifier
 from ..trace.structure import template_constants, tensors_within, to_template
 from .cache import ArgInput, Output, ReuseEntry, SourceInput, Store, SymbolInput

@@ -25,9 +25,9 @@ from typing import Any
 import torch
 
 from .. import caches
+from ..context import listeners
 from ..errors import CaptureError, message
 from .code import is_user_file
-from .context import listeners
 
 # What a kernel's value check raises in Python (TORCH_CHECK, _INDEX, _VALUE, _LINALG); not NotImplementedError (a
 # missing kernel) or TypeError: those are not about values, and fakes raise them too.

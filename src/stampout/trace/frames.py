@@ -6,12 +6,15 @@ import contextlib
 import os
 import sys
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import caches
 from .code import is_user_file
+
+if TYPE_CHECKING:
+    from ..context import CaptureContext
 
 _PACKAGE = os.path.dirname(os.path.abspath(sys.modules[__name__.split(".")[0]].__file__))  # (wherever this file sits)
 _OWN_DIRS = (
@@ -150,3 +153,21 @@ def python_hooks_off() -> HooksOff:
     """Run stampout's or torch's own Python without this thread's trace and profile functions (the capture's,
     which watch only user code), and put them back after."""
     return HooksOff()
+
+
+def swallowed(ctx: CaptureContext | None, since: int = 0, propagating: BaseException | None = None
+              ) -> BaseException | None:
+    """The first error stampout raised during the capture (after the first `since`) that the program caught and
+    did not let propagate: raised (it has a traceback), caught by a frame that is not stampout's own (the
+    traceback begins at the frame that caught it), not `propagating` and not an error eager raises too (a shape
+    bug, `op_errors.op_failed`). Such a program went on down a path (its `except` branch) that eager would not
+    take, so what was traced after it cannot stand for the program; None if there is none."""
+    if ctx is None:
+        return None
+    for error in ctx.raised[since:]:
+        tb = error.__traceback__
+        if (tb is None or error is propagating or getattr(error, "eager_too", False)
+                or is_stampout_file(tb.tb_frame.f_code.co_filename)):
+            continue
+        return error
+    return None

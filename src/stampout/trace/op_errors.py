@@ -126,7 +126,7 @@ def op_failed(func: Callable, args: tuple, kwargs: dict, error: RuntimeError) ->
             user_location(3),
             "this call fails in eager too: fix the shapes or dtypes at that line",
         ))
-        error.eager_too = True  # (a program that catches it takes the path eager takes: context.swallowed)
+        error.eager_too = True  # (a program that catches it takes the path eager takes: frames.swallowed)
         return error
     return CaptureError(message(
         f"{name} failed on fake tensors: {text} (inputs: {inputs}){code}",

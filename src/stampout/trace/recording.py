@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
+from ..context import current
 from ..errors import CaptureError, message
 from ..guards.sources import Source
 from ..torch_internals import (
@@ -25,7 +26,6 @@ from ..torch_internals import (
 )
 from .builder import Builder, has_tensor, map_tensors, node_target
 from .caught_kernel_errors import check_not_caught
-from .context import current
 from .frames import user_frame, user_location
 from .names import identifier
 from .op_facts import may_fail_on_values

@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
+from ..context import current
 from ..errors import AutogradCallError, CaptureError, message
 from ..guards.sources import Source
 from ..torch_internals import (
@@ -48,7 +49,6 @@ from .builder import (
 )
 from .code import is_user_file
 from .constants import ConstantValues
-from .context import current
 from .fakes import FakeRuns
 from .frames import outside_stampout, python_hooks_off, user_location
 from .meta import NOT_HANDLED, MetaRunner

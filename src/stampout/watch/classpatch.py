@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from ..context import STATE
 from ..guards.sources import MISSING
 from ..trace.code import is_user_code
-from ..trace.context import STATE
 
 READ_IDS: set[int] = set()  # instances whose reads and writes the capture on the owning thread records
 WRITE_IDS: dict[int, int] = {}  # instances whose writes bump EPOCH -> number of watchers

@@ -50,26 +50,6 @@ def note_raised(error: BaseException) -> None:
         ctx.raised.append(error)
 
 
-def swallowed(ctx: CaptureContext | None, since: int = 0, propagating: BaseException | None = None
-              ) -> BaseException | None:
-    """The first error stampout raised during the capture (after the first `since`) that the program caught and
-    did not let propagate: raised (it has a traceback), caught by a frame that is not stampout's own (the
-    traceback begins at the frame that caught it), not `propagating` and not an error eager raises too (a shape
-    bug, `op_errors.op_failed`). Such a program went on down a path (its `except` branch) that eager would not
-    take, so what was traced after it cannot stand for the program; None if there is none."""
-    if ctx is None:
-        return None
-    from .frames import is_stampout_file
-
-    for error in ctx.raised[since:]:
-        tb = error.__traceback__
-        if (tb is None or error is propagating or getattr(error, "eager_too", False)
-                or is_stampout_file(tb.tb_frame.f_code.co_filename)):
-            continue
-        return error
-    return None
-
-
 def current() -> CaptureContext | None:
     """The capture running on this thread, if any."""
     return STATE.ctx
