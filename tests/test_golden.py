@@ -65,28 +65,64 @@ def check(leaves, fn, anchors=()):
     v0 = _leaf(leaves, 0)  # self
     if not type(v0) in e0: return False  # class of self: Layer
     if not (isinstance(v0, _Module) and _no_hooks(v0)): return False  # hooks of self: no hooks
-    v2 = getattr(a1, '__dict__', _MISSING)  # Layer.__dict__
-    v3 = _item(v2, '__init__')  # Layer.__dict__['__init__']
-    v4 = getattr(v3, '__code__', _MISSING)  # Layer.__dict__['__init__'].__code__
+    try:
+        v2 = a1.__dict__  # Layer.__dict__
+    except AttributeError:
+        v2 = _MISSING
+    try:
+        v3 = v2['__init__']  # Layer.__dict__['__init__']
+    except (KeyError, IndexError, TypeError):
+        v3 = _MISSING
+    try:
+        v4 = v3.__code__  # Layer.__dict__['__init__'].__code__
+    except AttributeError:
+        v4 = _MISSING
     if not v4 is e2: return False  # object identity of Layer.__dict__['__init__'].__code__: <code Layer.__init__ at 0x?>
-    v5 = getattr(v3, '__closure__', _MISSING)  # Layer.__dict__['__init__'].__closure__
-    v6 = _item(v5, 0)  # Layer.__dict__['__init__'].__closure__[0]
-    v7 = getattr(v6, 'cell_contents', _MISSING)  # Layer.__dict__['__init__'].__closure__[0].cell_contents
+    try:
+        v5 = v3.__closure__  # Layer.__dict__['__init__'].__closure__
+    except AttributeError:
+        v5 = _MISSING
+    try:
+        v6 = v5[0]  # Layer.__dict__['__init__'].__closure__[0]
+    except (KeyError, IndexError, TypeError):
+        v6 = _MISSING
+    try:
+        v7 = v6.cell_contents  # Layer.__dict__['__init__'].__closure__[0].cell_contents
+    except AttributeError:
+        v7 = _MISSING
     if not v7 is e3: return False  # object identity of Layer.__dict__['__init__'].__closure__[0].cell_contents: <type object at 0x?>
-    v8 = _item(v2, 'forward')  # Layer.__dict__['forward']
-    v9 = getattr(v8, '__code__', _MISSING)  # Layer.__dict__['forward'].__code__
+    try:
+        v8 = v2['forward']  # Layer.__dict__['forward']
+    except (KeyError, IndexError, TypeError):
+        v8 = _MISSING
+    try:
+        v9 = v8.__code__  # Layer.__dict__['forward'].__code__
+    except AttributeError:
+        v9 = _MISSING
     if not v9 is e4: return False  # object identity of Layer.__dict__['forward'].__code__: <code region.<locals>.call_region at 0x?>
-    v10 = getattr(v8, '__stampout_region__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__
-    v11 = getattr(v10, 'fn', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn
+    try:
+        v10 = v8.__stampout_region__  # Layer.__dict__['forward'].__stampout_region__
+    except AttributeError:
+        v10 = _MISSING
+    try:
+        v11 = v10.fn  # Layer.__dict__['forward'].__stampout_region__.fn
+    except AttributeError:
+        v11 = _MISSING
     if not v11 is e5: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn: <function Layer.forward at 0x?>
-    v12 = getattr(v11, '__code__', _MISSING)  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
+    try:
+        v12 = v11.__code__  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
+    except AttributeError:
+        v12 = _MISSING
     if not v12 is e6: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn.__code__: <code Layer.forward at 0x?>
     if not ((a13.sentinel or _false)() or a13.unchanged()): return False  # names in namespaces of names read in modules: every name as read
     v14 = _module_attr(v0, 'lin')  # self.lin
     if not type(v14) in e8: return False  # class of self.lin: Linear
     if not (isinstance(v14, _Module) and _no_hooks(v14)): return False  # hooks of self.lin: no hooks
     v15 = _object_dict(v14)  # self.lin.__dict__
-    v16 = _item(v15, 'forward')  # self.lin.__dict__['forward']
+    try:
+        v16 = v15['forward']  # self.lin.__dict__['forward']
+    except (KeyError, IndexError, TypeError):
+        v16 = _MISSING
     if not (v16 is _MISSING or _is_auto_mark(v16)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
     v17 = _module_attr(v14, 'weight')  # self.lin.weight
     pass  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
@@ -94,8 +130,14 @@ def check(leaves, fn, anchors=()):
     pass  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
     return (v17, v18, v17, v18, )
 def shared(leaves, fn, anchors=()):  # once per entry, and again after a write to a dict these read
-    v1 = getattr(a0, '__dict__', _MISSING)  # Layer.__dict__
-    v2 = _item(v1, '__init__')  # Layer.__dict__['__init__']
+    try:
+        v1 = a0.__dict__  # Layer.__dict__
+    except AttributeError:
+        v1 = _MISSING
+    try:
+        v2 = v1['__init__']  # Layer.__dict__['__init__']
+    except (KeyError, IndexError, TypeError):
+        v2 = _MISSING
     if not v2 is e0: return False  # object identity of Layer.__dict__['__init__']: <function Layer.__init__ at 0x?>
     v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
     if not v3 is e1: return False  # object identity of globals['torch']: <module torch at 0x?>
@@ -132,7 +174,10 @@ COMPILED_GUARD_CODE = """
 def check(leaves, fn, anchors=()):
     v0 = _leaf(leaves, 0)  # self
     if not v0 is e0: return False  # object identity of self: <function scaled at 0x?>
-    v1 = getattr(v0, '__code__', _MISSING)  # self.__code__
+    try:
+        v1 = v0.__code__  # self.__code__
+    except AttributeError:
+        v1 = _MISSING
     if not v1 is e1: return False  # object identity of self.__code__: <code scaled at 0x?>
     if not ((a2.sentinel or _false)() or a2.unchanged()): return False  # names in namespaces of names read in modules: every name as read
     v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
@@ -144,7 +189,10 @@ def check(leaves, fn, anchors=()):
 # every call (then one C++ check of the metadata of the tensors it read)
 def check(leaves, fn, anchors=()):
     v0 = anchors[0]  # self
-    v1 = getattr(v0, '__code__', _MISSING)  # self.__code__
+    try:
+        v1 = v0.__code__  # self.__code__
+    except AttributeError:
+        v1 = _MISSING
     if not v1 is e0: return False  # object identity of self.__code__: <code scaled at 0x?>
     if not ((a2.sentinel or _false)() or a2.unchanged()): return False  # names in namespaces of names read in modules: every name as read
     v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']

@@ -101,7 +101,7 @@ def _shared_text(check: Any) -> str:
     return f"\n{first}  # once per entry, and again after a write to a dict these read\n{rest}"
 
 
-_ASSIGN = re.compile(r"^    (v\d+) = ")
+_ASSIGN = re.compile(r"^ {4}(?: {4})?(v\d+) = (?!_MISSING$)")  # (an inline read: `try:` then the assignment)
 
 
 def annotated(check: Any) -> str:

@@ -29,6 +29,15 @@ def _detached(out: Any) -> Any:
 class _Code:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {**RESOLVE_HELPERS, "_detached": _detached, "_EPOCH": EPOCH}
+        self.leaves: dict[str, str] = {}  # an argument's expression -> the local it is read into, once
+
+    def leaf(self, source: Arg) -> str:
+        """A call argument, read once at the top: no store can rebind it (`leaves` is the call's own list, which
+        the code a store runs cannot reach); what is reached from it is read afresh per store."""
+        expr = source.expr("")
+        if expr not in self.leaves:
+            self.leaves[expr] = f"r{len(self.leaves)}"
+        return self.leaves[expr]
 
     def constant(self, value: Any) -> str:
         name = f"c{len(self.namespace)}"
@@ -39,6 +48,8 @@ class _Code:
         """A fresh expression for `source`, or None where a step has none a generated function can use."""
         if isinstance(source, Absolute):
             return self.constant(source.obj)
+        if isinstance(source, Arg):
+            return self.leaf(source)
         if isinstance(source, _ROOTS):
             return source.expr("")
         if not isinstance(source, _STEPS):
@@ -70,13 +81,14 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
             return None
         if value.kind == "out":
             expr = f"outputs[{int(value.value)}]"
-        elif value.kind == "out_constant":
-            expr = f"_detached(outputs[{int(value.value)}])"
+        elif value.kind == "out_constant":  # (`_detached`, inline: one call fewer per store)
+            expr = f"(_o.detach() if (_o := outputs[{int(value.value)}]).requires_grad else _o)"
         else:
             expr = code.constant(value.value)
         lines.append(f"    setattr({target}, {effect.key!r}, {expr})")
         lines.append(f"    if _EPOCH.value != epoch: return {i + 1}")
     lines.append(f"    return {len(effects)}")
+    lines[1:1] = [f"    {local} = {expr}" for expr, local in code.leaves.items()]
     source = "\n".join(lines)
     exec(compile(source, "<stampout replay>", "exec"), code.namespace)
     replay = code.namespace["replay"]

@@ -7,6 +7,7 @@ any other exception propagates. What each kind checks is its rule (guards/rules.
 from __future__ import annotations
 
 import functools
+import keyword
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ..torch_internals import DisableTorchFunction, tensor_guards
 from ..trace.tensormeta import meta_values, tensor_kind, tensor_meta
 from .hook_keys import describe_hooks, hooks_key
 from .rules import HELPERS, Kind
-from .sources import MISSING, Absolute, Attr, CallContext, Item, Source, mro_attr
+from .sources import MISSING, Absolute, Attr, CallContext, Item, SlotItem, Source, mro_attr
 from .values import OBJECT_GETATTRIBUTE, const_key, is_auto_mark, is_constant, show_const
 
 
@@ -60,6 +61,25 @@ class Guard:
 DEFERRED_LINE = "    pass"  # where a guard left to DeferredTensors stands (for printing: report.annotated)
 
 
+def _assignment(name: str, source: Source, expr: str, base: str, key: str, operands: list[str]) -> list[str]:
+    """`name = expr`, where `expr` is an attribute, item or slot read through its helper (`getattr(.., _MISSING)`,
+    `_item`, `_slot_item`): the same read inline, with the helper's answer (MISSING) on the exceptions it
+    catches. A deep model's per-call check makes several such reads per layer (a KV cache's); inline they
+    cost a third of a helper call. The helpers' other cases come out the same: a MISSING base has no such
+    attribute and no items (AttributeError, TypeError)."""
+    if type(source) is Attr and expr == source.expr(base) and source.attr.isidentifier() \
+            and not keyword.iskeyword(source.attr):
+        read, caught = f"{base}.{source.attr}", "AttributeError"
+    elif type(source) is Item and expr == f"_item({base}, {key})":
+        read, caught = f"{base}[{key}]", "(KeyError, IndexError, TypeError)"
+    elif type(source) is SlotItem and expr == source.expr(base, *operands):
+        index = operands[0]
+        read, caught = f"{base}[{index}] if type({index}) is _int else _MISSING", "(KeyError, IndexError, TypeError)"
+    else:
+        return [f"    {name} = {expr}"]
+    return ["    try:", f"        {name} = {read}", f"    except {caught}:", f"        {name} = _MISSING"]
+
+
 def compile_guards(guards: list[Guard], results: list[Source] | None = None,
                    deferred: list[Guard] | None = None) -> Callable[[list[Any], Any], Any]:
     """One generated function `check(leaves, fn, anchors=())` testing every guard, shared prefixes resolved once
@@ -88,9 +108,11 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None,
             base_expr = bind(parent) if parent is not None else ""
             operands = [bind(s) for s in source.operands()]
             name = f"v{len(var_of)}"
+            key = repr(source.item) if isinstance(source, Item) else ""
             if isinstance(source, Item) and type(source.item) not in (int, str):  # (a dtype, a weakref: by value)
                 namespace[f"k{len(var_of)}"] = source.item
-                expr = f"_item({base_expr}, k{len(var_of)})"
+                key = f"k{len(var_of)}"
+                expr = f"_item({base_expr}, {key})"
             else:
                 expr = source.expr(base_expr, *operands)
             if isinstance(source, Attr) and parent in classes:
@@ -98,7 +120,7 @@ def compile_guards(guards: list[Guard], results: list[Source] | None = None,
                     expr = f"_object_dict({base_expr})"
                 elif mro_attr(classes[parent], source.attr) is MISSING:
                     expr = f"_module_attr({base_expr}, {source.attr!r})"
-            lines.append(f"    {name} = {expr}")
+            lines.extend(_assignment(name, source, expr, base_expr, key, operands))
         var_of[source] = name
         return name
 

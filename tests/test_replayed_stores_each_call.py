@@ -1,0 +1,88 @@
+"""The generated replay of a compiled entry's stores (compile/replay_code.py) reads each call's argument once and
+walks from it to every store's target afresh: a new cache object of the same structure, its layer list
+replaced, or one layer swapped between calls gets the stores eager makes, and stored outputs keep eager's
+`requires_grad`. Differential against eager on twin objects."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import stampout
+
+
+class Layer:
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+
+
+class Cache:
+    def __init__(self, layers: list[Layer]) -> None:
+        self.layers = layers
+
+
+class Appending(nn.Module):
+    """A dynamic cache's update: each block stores a new tensor on its cache layer (`layer.keys = cat(...)`)."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
+
+    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        for i, lin in enumerate(self.lins):
+            layer = cache.layers[i]
+            x = lin(x) + layer.keys.sum(0)
+            layer.keys = torch.cat([layer.keys[1:], x[:1]])
+        return x
+
+
+def twins(n: int = 4) -> tuple[Cache, Cache]:
+    keys = [torch.randn(3, 4) for _ in range(n)]
+    return Cache([Layer(k.clone()) for k in keys]), Cache([Layer(k.clone()) for k in keys])
+
+
+def same(fn, reference, x, ours: Cache, theirs: Cache) -> None:
+    torch.testing.assert_close(fn(x, ours), reference(x, theirs))
+    assert len(ours.layers) == len(theirs.layers)
+    for a, b in zip(ours.layers, theirs.layers):
+        torch.testing.assert_close(a.keys, b.keys)
+        assert a.keys.requires_grad == b.keys.requires_grad
+
+
+def models():
+    torch.manual_seed(0)
+    model, reference = Appending(), Appending()
+    reference.load_state_dict(model.state_dict())
+    return stampout.compile(model, backend="eager"), reference
+
+
+def test_stores_follow_a_new_cache_a_new_layer_list_and_a_swapped_layer():
+    fn, reference = models()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        ours, theirs = twins()
+        for _ in range(3):
+            same(fn, reference, x, ours, theirs)
+        ours, theirs = twins()  # a new cache object of the same structure
+        for _ in range(2):
+            same(fn, reference, x, ours, theirs)
+        ours.layers, theirs.layers = list(ours.layers), list(theirs.layers)  # the list replaced, same layers
+        same(fn, reference, x, ours, theirs)
+        k = torch.randn(3, 4)
+        ours.layers[2], theirs.layers[2] = Layer(k.clone()), Layer(k.clone())  # one layer swapped
+        for _ in range(2):
+            same(fn, reference, x, ours, theirs)
+    assert fn.stats.captures == 1
+
+
+def test_stored_outputs_keep_eagers_requires_grad():
+    fn, reference = models()
+    x = torch.randn(2, 4)
+    ours, theirs = twins()
+    for _ in range(3):  # grad mode: the stored keys are graph outputs that require grad, as in eager
+        same(fn, reference, x, ours, theirs)
+        for layer in [*ours.layers, *theirs.layers]:
+            layer.keys = layer.keys.detach()
+    with torch.no_grad():
+        for _ in range(2):
+            same(fn, reference, x, ours, theirs)
