@@ -77,6 +77,19 @@ _KEYWORD_PART = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL
                            "BUILD_CONST_KEY_MAP", "DICT_MERGE", "DICT_UPDATE"})
 
 
+def _before_arguments(instructions: list[dis.Instruction], first: int, position: int) -> int | None:
+    """The index of the instruction before a call's `position` arguments that precede the slot's expression
+    (which starts at `first`), each a simple load (`local`, `local.attr`); None when one is not."""
+    k = first - 1
+    for _ in range(position):
+        while k >= 0 and instructions[k].opname == "LOAD_ATTR":
+            k -= 1
+        if k < 0 or instructions[k].opname not in _LOADS:
+            return None
+        k -= 1
+    return k
+
+
 def _global(frame: types.FrameType, name: str) -> Any:
     fn = frame.f_globals.get(name, MISSING)
     return getattr(frame.f_builtins, "get", lambda *_: MISSING)(name, MISSING) if fn is MISSING else fn
@@ -220,13 +233,9 @@ class SlotTracker:
         position = call.arg - 1 - after  # among the call's arguments
         if after < keywords or position < 0:
             return False
-        k = first - 1
-        for _ in range(position):  # the arguments before the slot: simple loads
-            while k >= 0 and instructions[k].opname == "LOAD_ATTR":
-                k -= 1
-            if k < 0 or instructions[k].opname not in _LOADS:
-                return False
-            k -= 1
+        k = _before_arguments(instructions, first, position)
+        if k is None:
+            return False
         if k >= 0 and instructions[k].opname == "LOAD_GLOBAL" and instructions[k].arg & 1:  # f(...): NULL, f
             return self._receives(frame, _global(frame, instructions[k].argval), position, call, instructions[j + 2],
                                   slot)
@@ -251,14 +260,8 @@ class SlotTracker:
             call += 1
         if call + 1 >= len(instructions) or instructions[call].opname != "CALL_FUNCTION_EX":
             return False
-        k = first - 1
-        for _ in range(position):  # the arguments before the slot: simple loads
-            while k >= 0 and instructions[k].opname == "LOAD_ATTR":
-                k -= 1
-            if k < 0 or instructions[k].opname not in _LOADS:
-                return False
-            k -= 1
-        if k < 0 or instructions[k].opname != "LOAD_GLOBAL" or not instructions[k].arg & 1:
+        k = _before_arguments(instructions, first, position)
+        if k is None or k < 0 or instructions[k].opname != "LOAD_GLOBAL" or not instructions[k].arg & 1:
             return False
         return self._receives(frame, _global(frame, instructions[k].argval), position, instructions[call],
                               instructions[call + 1], slot)
