@@ -10,7 +10,7 @@ from test_divergent import Stack
 
 import stampout
 from stampout.compile.protection import Protection
-from stampout.guards.sources import MISSING, Arg, Attr, CallContext, Item
+from stampout.sources import MISSING, Arg, Attr, CallContext, Item
 from stampout.tools.demo import build_model
 from stampout.trace.structure import flatten_inputs
 from stampout.watch.tracking import WriteWatch

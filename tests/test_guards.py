@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stampout.guards.guard import Guard, Kind, compile_guards, const_key, first_failure, tensor_meta
-from stampout.guards.sources import Arg, Attr, CallContext, Item
 from stampout.regions.fingerprint import fingerprint
+from stampout.sources import Arg, Attr, CallContext, Item
 from stampout.trace.structure import flatten_inputs
 
 scalars = st.one_of(st.integers(-3, 3), st.floats(allow_nan=True, allow_infinity=True, width=32), st.booleans(),

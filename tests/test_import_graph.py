@@ -130,19 +130,14 @@ def test_the_shadowed_forms_are_found():
 # below regions/: it compiles or runs an FX graph and knows nothing of regions, captures or compiled functions
 # (regions/stamp, capture/result and compile/function run graphs with backends.runner); report.py, below capture/,
 # prints the records of regions and guards (what it shows of compile/ is handed in), for Capture.explain and the
-# compiled function's; tools/ (the model zoo, the demo, the benchmark) sits below cli.py, which runs them.
-LAYERS = ("torch_internals", "context", "errors", "config", "_logging", "caches", "trace", "watch", "guards",
-          "backends", "regions", "report", "capture", "compile", "export", "api", "tools", "cli")
+# compiled function's; tools/ (the model zoo, the demo, the benchmark) sits below cli.py, which runs them. sources/
+# (where a value lives: `args[0].attn.eps`) sits below trace/: the tracer names lifted tensors by them, watch/ reads
+# MISSING, guards/ checks them.
+LAYERS = ("torch_internals", "context", "errors", "config", "_logging", "caches", "sources", "trace", "watch",
+          "guards", "backends", "regions", "report", "capture", "compile", "export", "api", "tools", "cli")
 
 # What still imports upward, (importer, imported) -> why. Only these; each is to go.
 UPWARD_EXCEPTIONS = {
-    # Sources (where a value lives: `args[0].attn.eps`) are guards/'s files but have no guard notions; the tracer
-    # names lifted tensors by them and classpatch reads MISSING. Moving guards/source*.py below trace/ touches
-    # ~40 files, left for a time when no one else edits guards/.
-    ("stampout.trace.names", "stampout.guards.sources"): "sources of lifted tensors",
-    ("stampout.trace.recording", "stampout.guards.sources"): "sources of lifted tensors",
-    ("stampout.trace.tracer", "stampout.guards.sources"): "sources of lifted tensors",
-    ("stampout.watch.classpatch", "stampout.guards.sources"): "MISSING",
     # An FSDP boundary's module runs with its children redirected to their compiled functions by piecewise
     # compile's machinery (a per-thread table and a patched nn.Module.__call__), which is compile/'s.
     ("stampout.capture.sharded_boundaries", "stampout.compile.piecewise"): "Pieces runs an FSDP boundary",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from stampout.guards.guard import Guard, Kind
-from stampout.guards.sources import Arg
 from stampout.regions.fingerprint import (
     Fingerprint,
     LeafKey,
@@ -17,6 +16,7 @@ from stampout.regions.fingerprint import (
     state_key,
     without_sizes,
 )
+from stampout.sources import Arg
 from stampout.trace.tensormeta import TensorKind, TensorMeta, kind_values, meta_values, tensor_kind, tensor_meta
 
 

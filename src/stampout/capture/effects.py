@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from ..guards.guard import is_constant
-from ..guards.sources import MISSING, Arg, Attr, CallContext, Source
 from ..regions.frame_writes import put_back
 from ..regions.frame_writes import undo as undo  # (capture/program.py's)
+from ..sources import MISSING, Arg, Attr, CallContext, Source
 from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.shapes import any_symbolic
 

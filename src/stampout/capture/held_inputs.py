@@ -13,8 +13,8 @@ import torch
 
 from ..errors import CaptureError, message
 from ..guards.guard import is_constant
-from ..guards.sources import Arg, Attr, Input, Item, Source
 from ..regions.frame import RegionFrame
+from ..sources import Arg, Attr, Input, Item, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CaptureError, message
-from ..guards.sources import Source
 from ..regions.cache import RegionCache
 from ..regions.frame import ProgramIneligible
+from ..sources import Source
 from ..trace.frames import user_location
 
 

@@ -17,10 +17,10 @@ from .. import torch_internals
 from ..context import listeners
 from ..errors import CaptureError, message, swallowed_error
 from ..guards.guard import Kind
-from ..guards.sources import Absolute, CallContext, Source
 from ..regions.cache import RegionCache
 from ..regions.call import RegionCalls
 from ..regions.frame import ProgramIneligible, RegionFrame
+from ..sources import Absolute, CallContext, Source
 from ..torch_internals import (
     DisableTorchFunction,
     FakeTensorMode,

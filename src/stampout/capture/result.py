@@ -11,10 +11,10 @@ import torch.fx as fx
 
 from ..backends.runner import as_call_modules
 from ..errors import StampoutError, message
-from ..guards.sources import MISSING, CallContext, Source
 from ..regions.events import RegionEvent, RegionStats
 from ..regions.fingerprint import LeafKind, as_leaf_key, leaf_key, show_leaf_key
 from ..report import explain_text, guard_code_text
+from ..sources import MISSING, CallContext, Source
 from ..trace.frames import user_location
 from ..trace.shapes import has_symbols
 from ..trace.structure import Template, aliases_of, build, flatten_inputs

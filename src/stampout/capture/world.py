@@ -12,10 +12,10 @@ import torch
 
 from ..context import listeners
 from ..errors import CaptureError, message
-from ..guards.sources import Arg, Attr, CallContext, Input, Source
 from ..regions.call import RegionCalls
 from ..regions.frame import ProgramIneligible, RegionFrame
 from ..regions.marker import innermost
+from ..sources import Arg, Attr, CallContext, Input, Source
 from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.frames import user_location
 from ..trace.names import identifier, root_module

@@ -15,8 +15,8 @@ from ..capture.effects import Effect, Value
 from ..capture.result import Capture
 from ..errors import StampoutError
 from ..guards.guard import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
-from ..guards.sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
 from ..regions.fingerprint import describe_difference, without_sizes
+from ..sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
 from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch

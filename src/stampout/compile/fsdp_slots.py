@@ -30,7 +30,7 @@ from torch import nn
 
 from ..capture.sharded import fsdp_module_class
 from ..context import STATE
-from ..guards.sources import Attr, CallContext, Source
+from ..sources import Attr, CallContext, Source
 from ..torch_internals import patch_fsdp_parameter_swaps
 from ..watch.classpatch import original
 from ..watch.tracking import EPOCH, original_class

@@ -29,11 +29,11 @@ from ..capture.sharded import call_with_hooks, forward_of, is_sharded, region_fo
 from ..context import current
 from ..errors import BackendError, CaptureError, GuardError, StampoutError, message
 from ..guards.guard import Kind
-from ..guards.sources import Arg, Attr, CallContext, Source
 from ..regions.auto import auto_regions
 from ..regions.cache import RegionCache
 from ..regions.fingerprint import fingerprint, requires_grad_pattern, without_sizes
 from ..regions.frame import ProgramIneligible
+from ..sources import Arg, Attr, CallContext, Source
 from ..torch_internals import DisableTorchFunction, caller_modes, dispatch_modes, function_modes, patch_parameter_writes
 from ..trace.frames import failed_at, raised_by_user, symbolic_fault, user_location
 from ..trace.names import root_module

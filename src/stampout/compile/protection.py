@@ -14,7 +14,7 @@ import types
 import torch
 
 from ..guards.guard import Guard, Kind
-from ..guards.sources import MISSING, Anchor, Arg, Attr, CallContext, Item, SlotItem, Source
+from ..sources import MISSING, Anchor, Arg, Attr, CallContext, Item, SlotItem, Source
 from ..watch.tracking import WriteWatch
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..capture.effects import Effect
-from ..guards.sources import RESOLVE_HELPERS, Absolute, Anchor, Arg, Attr, Closure, Global, Item, SlotItem, Source
+from ..sources import RESOLVE_HELPERS, Absolute, Anchor, Arg, Attr, Closure, Global, Item, SlotItem, Source
 from ..watch.tracking import EPOCH
 
 _STEPS = (Attr, Item, SlotItem)

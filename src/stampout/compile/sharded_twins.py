@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..guards.sources import CallContext
 from ..regions.fingerprint import without_sizes
+from ..sources import CallContext
 from .entries import CallKey, Entry
 
 

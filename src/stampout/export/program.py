@@ -42,8 +42,8 @@ from ..capture.held_inputs import held_by_inputs
 from ..capture.program import capture_program
 from ..capture.result import Capture
 from ..errors import ExportError, message
-from ..guards.sources import Source
 from ..regions.auto import auto_regions
+from ..sources import Source
 from ..torch_internals import DimHint as _DimHint
 from ..torch_internals import DimHintType as _DimHintType
 from ..torch_internals import FakeTensorMode, pytree

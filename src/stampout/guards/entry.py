@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..sources import Absolute, Attr, ClassAttr, Global, Item, Source, TypeOf
 from ..torch_internals import dict_sentinel
 from .guard import DeferredTensors, Guard, compile_guards
 from .namespaces import class_dict
 from .rules import Kind
-from .sources import Absolute, Attr, ClassAttr, Global, Item, Source, TypeOf
 
 # constants whose value cannot change without rebinding the name (the dict holding it is written)
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)

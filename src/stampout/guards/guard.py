@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from .. import caches
+from ..sources import MISSING, Absolute, Attr, CallContext, Item, SlotItem, Source, mro_attr
 from ..torch_internals import DisableTorchFunction, tensor_guards
 from ..trace.tensormeta import meta_values, tensor_kind, tensor_meta
 from .hook_keys import describe_hooks, hooks_key
 from .rules import HELPERS, Kind
-from .sources import MISSING, Absolute, Attr, CallContext, Item, SlotItem, Source, mro_attr
 from .values import OBJECT_GETATTRIBUTE, const_key, is_auto_mark, is_constant, show_const
 
 

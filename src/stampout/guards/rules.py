@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import torch
 
+from ..sources import MISSING, RESOLVE_HELPERS, CallContext, Source
 from ..trace.shapes import size_key
 from ..trace.tensormeta import kind_values, meta_values, tensor_kind, tensor_meta
 from .hook_keys import NO_HOOKS, describe_hooks, hooks_key, no_hooks
-from .sources import MISSING, RESOLVE_HELPERS, CallContext, Source
 from .values import (
     _length,
     _module_attr,

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from ..sources import MISSING
 from ..trace.constants import const_key as const_key  # (the guards import both from here)
 from ..trace.constants import is_constant as is_constant
-from .sources import MISSING
 
 
 def show_const(key: Any) -> str:

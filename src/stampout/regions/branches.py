@@ -10,7 +10,7 @@ import torch
 
 from ..context import listeners
 from ..errors import CaptureError, message
-from ..guards.sources import Absolute
+from ..sources import Absolute
 from ..torch_internals import DisableTorchFunction
 from ..trace.code import is_user_code
 from ..trace.frames import user_location

@@ -11,7 +11,7 @@ import torch
 from ..context import current, listeners
 from ..errors import RegionError, message
 from ..guards.guard import check_guards, first_failure
-from ..guards.sources import CallContext
+from ..sources import CallContext
 from ..torch_internals import DisableTorchFunction
 from ..trace.caught_kernel_errors import check_not_caught
 from ..trace.frames import python_hooks_off, user_location

@@ -17,7 +17,7 @@ import torch
 from .. import config
 from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
 from ..guards.namespaces import patched_tensor_methods
-from ..guards.sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
+from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
 from ..trace.code import is_user_file
 from ..trace.frames import user_location

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..guards.guard import Kind
 from ..guards.namespaces import TENSOR_DICT, NamespaceReads
-from ..guards.sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
+from ..sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
 from ..trace.code import code_facts, is_user_file, is_user_module
 from .objects import by_name, ours
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..guards.guard import Kind, const_key, hooks_key
-from ..guards.sources import MISSING, Attr, Source
+from ..sources import MISSING, Attr, Source
 from ..trace.frames import user_location
 from .objects import accepted_types
 from .slots import SlotTracker

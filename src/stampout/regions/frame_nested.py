@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..guards.guard import Guard, Kind, is_constant
-from ..guards.sources import Absolute, Arg, Attr, Closure, FnAttr, Global, Item, Source
+from ..sources import Absolute, Arg, Attr, Closure, FnAttr, Global, Item, Source
 from ..watch.tracking import Watch
 from .cache import ArgInput
 

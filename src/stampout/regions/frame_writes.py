@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..guards.guard import Kind, is_constant
-from ..guards.sources import MISSING, Arg, Attr, Item, Source
+from ..sources import MISSING, Arg, Attr, Item, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..watch.classpatch import peek

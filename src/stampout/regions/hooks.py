@@ -13,7 +13,7 @@ import torch
 
 from ..context import listeners
 from ..guards.namespaces import ENVIRON_READS, note_environ_read
-from ..guards.source_roots import Absolute
+from ..sources import Absolute
 from ..torch_internals import DisableTorchFunction
 from ..trace.code import code_facts, is_user_code
 from ..trace.frames import caller_outside_torch, set_profile, user_location

@@ -13,7 +13,7 @@ import torch
 
 from .. import caches
 from ..guards.guard import const_key, is_auto_mark, is_constant
-from ..guards.sources import MISSING
+from ..sources import MISSING
 from ..torch_internals import HigherOrderOperator, OpOverload, OpOverloadPacket
 from ..trace.code import is_user_class as is_user_class_object
 from ..trace.code import is_user_file

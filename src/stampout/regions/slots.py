@@ -28,7 +28,7 @@ import torch
 from .. import caches
 from ..context import current, listeners
 from ..guards.guard import is_constant
-from ..guards.sources import MISSING, Item, SlotItem, Source, _item, mro_attr
+from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
 from ..trace.structure import leaves_of
 from ..watch.classpatch import peek
 

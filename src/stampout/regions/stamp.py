@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from ..backends.runner import as_call_modules
-from ..guards.sources import CallContext
+from ..sources import CallContext
 from ..torch_internals import FakeTensor, append_node, invoke_subgraph
 from ..trace.builder import Builder, map_tensors
 from ..trace.structure import build

@@ -13,7 +13,7 @@ from ..context import current, listeners
 from ..errors import RegionError, message
 from ..guards.entry import compile_entry_guards
 from ..guards.guard import is_constant
-from ..guards.sources import MISSING, Absolute, Input
+from ..sources import MISSING, Absolute, Input
 from ..torch_internals import DisableTorchFunction, LazyGraphModule, without_module_hooks
 from ..trace.builder import Builder
 from ..trace.frames import swallowed, user_location

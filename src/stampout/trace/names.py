@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import config
-from ..guards.sources import Absolute, Arg, Attr, Item, Source, module_path
+from ..sources import Absolute, Arg, Attr, Item, Source, module_path
 
 
 def identifier(text: str, fallback: str = "input") -> str:

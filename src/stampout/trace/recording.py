@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from ..context import current
 from ..errors import CaptureError, message
-from ..guards.sources import Source
+from ..sources import Source
 from ..torch_internals import (
     DisableTorchFunction,
     FakeTensor,

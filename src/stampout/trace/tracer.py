@@ -21,7 +21,7 @@ from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
 from ..context import current
 from ..errors import AutogradCallError, CaptureError, message
-from ..guards.sources import Source
+from ..sources import Source
 from ..torch_internals import (
     DisableTorchFunction,
     FakeTensor,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..context import STATE
-from ..guards.sources import MISSING
+from ..sources import MISSING
 from ..trace.code import is_user_code
 
 READ_IDS: set[int] = set()  # instances whose reads and writes the capture on the owning thread records

@@ -1,12 +1,12 @@
 """Sources that start a path: a leaf or argument of the call, a value held by reference, an anchor, a closure
-cell, an attribute or global of the called function. (Imported through sources.py.)
+cell, an attribute or global of the called function. (Imported through the package, `stampout.sources`.)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .source_base import MISSING, Source
+from .base import MISSING, Source
 
 
 class _Root(Source):

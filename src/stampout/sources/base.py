@@ -1,6 +1,6 @@
 """The base of every source: `Source` (a path from a call context to a value, resolved with a memo), the call
-contexts sources are resolved against, and MISSING. The kinds of source live in source_roots.py (where a path
-starts) and sources.py (the steps along it, and the package's one import point for all of them).
+contexts sources are resolved against, and MISSING. The kinds of source live in roots.py (where a path
+starts) and the package's __init__.py (the steps along it, and the one import point for all of them).
 """
 
 from __future__ import annotations

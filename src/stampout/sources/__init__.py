@@ -4,14 +4,17 @@ A source is relative to a *call context*: the flat leaves of a region call's `(a
 function being called (for its closure cells and globals). Stamping out a cached region call resolves
 the entry's sources against the new call's context, which is how `args[0].attn.eps` recorded on
 `layers[0]` is checked as `layers[1].attn.eps`.
+
+A layer below trace/: sources name values and know nothing of guards, so the tracer (the sources of lifted
+tensors), watch/ (MISSING) and guards/ all import them from here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .source_base import MISSING, AnchoredContext, CallContext, Source
-from .source_roots import Absolute, Anchor, Arg, Closure, FnAttr, Global, Input, _cell, _leaf
+from .base import MISSING, AnchoredContext, CallContext, Source
+from .roots import Absolute, Anchor, Arg, Closure, FnAttr, Global, Input, _cell, _leaf
 
 __all__ = ("MISSING", "AnchoredContext", "CallContext", "Source", "Absolute", "Anchor", "Arg", "Closure",
            "FnAttr", "Global", "Input", "Attr", "TypeOf", "ClassAttr", "Item", "SlotItem", "mro_attr",
