@@ -136,12 +136,9 @@ def test_the_shadowed_forms_are_found():
 LAYERS = ("torch_internals", "context", "errors", "config", "_logging", "caches", "sources", "trace", "watch",
           "guards", "backends", "regions", "report", "capture", "compile", "export", "api", "tools", "cli")
 
-# What still imports upward, (importer, imported) -> why. Only these; each is to go.
-UPWARD_EXCEPTIONS = {
-    # An FSDP boundary's module runs with its children redirected to their compiled functions by piecewise
-    # compile's machinery (a per-thread table and a patched nn.Module.__call__), which is compile/'s.
-    ("stampout.capture.sharded_boundaries", "stampout.compile.piecewise"): "Pieces runs an FSDP boundary",
-}
+# What still imports upward, (importer, imported) -> why: none. (An upper layer's code that a lower one runs is
+# handed in: the tracer's RegionHooks, the FSDP boundaries' `redirect`.)
+UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _layer(module: str) -> str | None:

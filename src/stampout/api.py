@@ -19,7 +19,7 @@ from .capture.result import Capture
 from .capture.sharded_boundaries import Boundaries, sharded_modules
 from .compile.function import CompiledFunction
 from .compile.module import CompiledModule
-from .compile.piecewise import explain_break
+from .compile.piecewise import Pieces, explain_break
 from .errors import CaptureError
 from .export.program import export_program
 from .trace.structure import flatten_inputs
@@ -142,7 +142,7 @@ def capture(fn: Callable, *args: Any, **kwargs: Any) -> Capture:
     check_call(fn, args, kwargs, "capture")
     leaves = flatten_inputs(args, kwargs)[0]  # (before the program runs: it may change its input containers)
     if sharded_modules(fn):  # FSDP2: each sharded module's hooks are nodes around its forward
-        boundaries = Boundaries(fn)
+        boundaries = Boundaries(fn, lambda table, f, a, k: Pieces(table, {}, None).run(f, a, k))
         cap = capture_program(fn, args, kwargs, body=lambda *a, **k: boundaries.run(fn, a, k), sharded=True)
     else:
         cap = capture_program(fn, args, kwargs)

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compile.piecewise import Pieces
 from ..context import current, listeners
 from ..errors import CaptureError, StampoutError, message
 from ..torch_internals import (
@@ -163,7 +162,10 @@ def _real() -> Iterator[None]:
 class Boundaries:
     """During one capture: calls of sharded modules become boundary nodes (see the module's Note)."""
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Any, redirect: Callable[[dict[int, Callable], Callable, tuple, dict], Any]) -> None:
+        """`redirect(table, fn, args, kwargs)` runs `fn` with each module call whose id is in `table` sent to its
+        handler (piecewise compile's machinery, compile/'s: api.capture hands it in)."""
+        self.redirect = redirect
         self.modules = sharded_modules(fn)
         self.table: dict[int, Callable] = {}
         for key, (path, module) in self.modules.items():
@@ -174,7 +176,7 @@ class Boundaries:
                 fsdp_lazy_init(first[1])  # (what the first forward's root pre-hook does)
 
     def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
-        return Pieces(self.table, {}, None).run(fn, args, kwargs)
+        return self.redirect(self.table, fn, args, kwargs)
 
     def _handler(self, module: nn.Module, path: str) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
