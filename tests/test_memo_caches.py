@@ -275,3 +275,37 @@ def test_a_tensor_a_functools_cache_held_before_the_compile_is_read_from_it(back
         model(x)
     with pytest.raises(RuntimeError):
         fn(x)
+
+
+@functools.cache
+def cached_table(n: int) -> types.SimpleNamespace:
+    t = torch.arange(n, dtype=torch.float32) / n
+    return types.SimpleNamespace(cos=t.cos(), sin=t.sin())
+
+
+class CachedTable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        table = cached_table(x.shape[-1])
+        return self.lin(x) * table.cos + table.sin
+
+
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_traced_tensor_on_an_object_a_functools_cache_returns_is_taken_out(how):
+    # The capture fills the cache with an object holding traced tensors. Finding the fakes a cache holds used to
+    # open only lists, tuples and dicts (world.py's scan also opens objects and sets): the object kept its fakes,
+    # and the next eager call computed with a FakeTensor.
+    torch.manual_seed(0)
+    model, x = CachedTable(), torch.randn(2, 4)
+    cached_table.cache_clear()
+    expected = model(x)
+    cached_table.cache_clear()
+    fn = stampout.capture(model, x) if how == "capture" else stampout.compile(model, backend="eager")
+    torch.testing.assert_close(fn(x), expected)
+    held = [v for v in vars(cached_table(4)).values()]
+    assert all(type(t) is torch.Tensor for t in held), [type(t) for t in held]
+    torch.testing.assert_close(model(x), expected)
+    torch.testing.assert_close(fn(x), expected)

@@ -1,15 +1,19 @@
 """One walker over an op's arguments and results (structure.leaves_of / map_leaves), used by tensors_of, the
 known constants' real values and the per-layer slots a torch call uses; and the cases where the FX-argument
-walkers (builder.map_tensors / has_tensor, Recording.bind_outputs) disagreed with it: tuple subclasses, nesting."""
+walkers (builder.map_tensors / has_tensor, Recording.bind_outputs) disagreed with it: tuple subclasses, nesting.
+And one walk over the values a value holds (structure.found_within), used by the world scan's holds_fake, the
+fakes taken out of functools caches and the tensors a region leaves outside its outputs (tensors_within)."""
 
 from __future__ import annotations
 
 import collections
+import types
 from collections import OrderedDict
 
 import torch
 
-from stampout.trace.structure import leaves_of, map_leaves, tensors_of
+from stampout import config
+from stampout.trace.structure import found_within, leaves_of, map_leaves, tensors_of, tensors_within
 
 Pair = collections.namedtuple("Pair", ["a", "b"])
 
@@ -72,3 +76,17 @@ def test_tensors_nested_in_an_ops_result_are_bound():
 
     cap = check_capture(fn, torch.rand(8, 2), grad=False)
     cap.gm.graph.lint()
+
+
+def test_found_within_opens_containers_and_plain_objects_to_the_configured_depth_and_size():
+    wanted = lambda v: isinstance(v, torch.Tensor)  # noqa: E731
+    x = torch.zeros(1)
+    holder = types.SimpleNamespace(inner={"k": [x]}, shut=lambda: x, more=frozenset({(x,)}))
+    assert [id(t) for t in found_within(holder, wanted)] == [id(x), id(x)]  # (not the lambda's closure)
+    with config.patch(scan_depth=2):
+        assert found_within(holder, wanted) == []  # (holder, dict, list: x is three levels down)
+    with config.patch(scan_items=2):
+        assert found_within(holder, wanted) == []  # (holder has three attributes)
+    assert found_within(holder, wanted, first=True) == [x]
+    deep = [[[[x]]]]
+    assert found_within(deep, wanted) == [] and tensors_within(deep) == [x]  # (tensors_within: four levels)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -267,22 +268,6 @@ def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
     return t((k, build(c, values, leaves)) for k, c in children)
 
 
-def tensors_within(value: Any, depth: int = 0) -> list[torch.Tensor]:
-    """Tensors inside containers and plain objects' attributes (a few levels deep)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if depth > 3:
-        return []
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in tensors_within(v, depth + 1)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in tensors_within(v, depth + 1)]
-    fields = getattr(value, "__dict__", None)
-    if isinstance(fields, dict) and not isinstance(value, (type, torch.nn.Module)):
-        return [t for v in list(fields.values()) for t in tensors_within(v, depth + 1)]
-    return []
-
-
 def template_constants(template: Template) -> list[Any]:
     """Every non-slot leaf of a template."""
     kind = template[0]
@@ -299,26 +284,72 @@ def template_constants(template: Template) -> list[Any]:
 ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device))
 
 
-def holds_fake(value: Any, depth: int = 0, tensors_only: bool = False) -> bool:
-    """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (containers and
-    plain objects, a few levels deep)."""
-    t = type(value)
-    if t in ATOMIC:  # (most values a module or config holds: no isinstance walk for them)
+_SHUT = (torch.Tensor, torch.nn.Module, type, types.ModuleType)  # values the walk never opens
+
+
+def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = None, items: int | None = None,
+                 first: bool = False) -> list[Any]:
+    """The one walk over the values a value holds: each one `wanted` accepts, in order (`value` itself first;
+    what it accepts is not opened; `first`: only the first). It opens lists, tuples, sets, dicts (their values)
+    and the attributes of plain objects, `depth` levels deep, and leaves shut a container of more than `items`
+    items (both None: config.scan_depth and config.scan_items), tensors, modules, classes, module objects and
+    other callables."""
+    depth = config.scan_depth if depth is None else depth
+    items = config.scan_items if items is None else items
+    found: list[Any] = []
+
+    def walk(v: Any, level: int) -> bool:  # (True: stop, the first is found)
+        t = type(v)
+        if t in ATOMIC:  # (most values a module or config holds: no isinstance walk for them)
+            return False
+        if wanted(v):
+            found.append(v)
+            return first
+        if level >= depth or isinstance(v, _SHUT):
+            return False
+        if t in (list, tuple, set, frozenset) or isinstance(v, (list, tuple)):
+            inside = v
+        elif isinstance(v, dict):
+            inside = v.values()
+        else:
+            fields = getattr(v, "__dict__", None)
+            if type(fields) is not dict or callable(v):
+                return False
+            inside = fields.values()
+        if len(inside) <= items:
+            for inner in list(inside):
+                if walk(inner, level + 1):
+                    return True
         return False
-    if t is FakeTensor or isinstance(value, FakeTensor):
-        return True
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return not tensors_only
-    if depth >= config.scan_depth or isinstance(value, (torch.Tensor, torch.nn.Module, type, types.ModuleType)):
+
+    walk(value, 0)
+    return found
+
+
+def tensors_within(value: Any) -> list[torch.Tensor]:
+    """Tensors inside containers and plain objects' attributes, four levels deep, however many items: the
+    tensors a region's code left outside its outputs (regions/trace.py) must all be found."""
+    return found_within(value, lambda v: isinstance(v, torch.Tensor), depth=4, items=sys.maxsize)
+
+
+def _fake(v: Any) -> bool:
+    return type(v) is FakeTensor or isinstance(v, FakeTensor)
+
+
+def _fake_or_symbolic(v: Any) -> bool:
+    return type(v) is FakeTensor or isinstance(v, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def fakes_within(value: Any) -> list[Any]:
+    """The FakeTensors inside `value` (as holds_fake looks)."""
+    return found_within(value, _fake)
+
+
+def holds_fake(value: Any, tensors_only: bool = False) -> bool:
+    """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (see found_within)."""
+    if type(value) in ATOMIC:
         return False
-    if t in (list, tuple, set, frozenset) or isinstance(value, (list, tuple)):
-        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value)
-    if isinstance(value, dict):
-        return len(value) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in value.values())
-    fields = getattr(value, "__dict__", None)
-    if type(fields) is dict and not callable(value):
-        return len(fields) <= config.scan_items and any(holds_fake(v, depth + 1, tensors_only) for v in fields.values())
-    return False
+    return bool(found_within(value, _fake if tensors_only else _fake_or_symbolic, first=True))
 
 
 def holds_traced_tensor(fn: Any) -> bool:

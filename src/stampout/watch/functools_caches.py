@@ -5,10 +5,9 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from .. import config
-from ..torch_internals import DisableTorchFunction, FakeTensor
+from ..torch_internals import DisableTorchFunction
 from ..trace.op_facts import drawn_at_random
-from .world import holds_fake
+from ..trace.structure import fakes_within, holds_fake
 
 
 # Note: functools caches
@@ -29,7 +28,7 @@ def remove_traced_results(wrapper: Any, nodes: dict[int, Any] | None) -> bool:
     graph of `nodes` (a fake not found there counts as drawn)."""
     with DisableTorchFunction():
         held = _results(wrapper)
-        fakes = [t for r in held for t in _fakes_in(r)]
+        fakes = [t for r in held for t in fakes_within(r)]
         if not fakes:
             return False
         table = next((r for r in held if type(r) is dict), None)
@@ -39,15 +38,6 @@ def remove_traced_results(wrapper: Any, nodes: dict[int, Any] | None) -> bool:
         else:
             wrapper.cache_clear()
     return nodes is not None and any(id(t) not in nodes or drawn_at_random(nodes[id(t)][1]) for t in fakes)
-
-
-def _fakes_in(value: Any, depth: int = 0) -> list[Any]:
-    if isinstance(value, FakeTensor):
-        return [value]
-    if depth < config.scan_depth and type(value) in (list, tuple, dict):
-        items = value.values() if type(value) is dict else value
-        return [t for v in list(items)[:config.scan_items] for t in _fakes_in(v, depth + 1)]
-    return []
 
 
 class CacheReads:
