@@ -28,17 +28,17 @@ from ..capture.result import Capture
 from ..capture.sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from ..context import current
 from ..errors import BackendError, CaptureError, GuardError, StampoutError, message
-from ..guards.guard import Kind
 from ..regions.auto import auto_regions
 from ..regions.cache import RegionCache
 from ..regions.fingerprint import fingerprint, requires_grad_pattern, without_sizes
 from ..regions.frame import ProgramIneligible
-from ..sources import Arg, Attr, CallContext, Source
+from ..sources import Arg, CallContext
 from ..torch_internals import DisableTorchFunction, caller_modes, dispatch_modes, function_modes, patch_parameter_writes
 from ..trace.frames import failed_at, raised_by_user, symbolic_fault, user_location
 from ..trace.names import root_module
 from ..trace.structure import argument_names, build, flatten_inputs
 from ..watch.tracking import EPOCH, WriteWatch, install_registration_hooks
+from .automatic_dynamic import AutomaticDynamic
 from .entries import CallKey, EagerEntry, Entry, new_key
 from .piecewise import GraphBreak, collection_paused, first_line, split
 from .protection import Protection
@@ -72,13 +72,7 @@ class CompiledFunction:
         self.fullgraph = fullgraph  # refuse (raise) where a part of the program would run eagerly
         self.disable = disable  # every call runs `fn` itself, as torch.compile(disable=True)
         self._lazy = eager_because_lazy(fn, fullgraph)  # a generator or async function: every call runs eagerly
-        # Per input structure (the fingerprint without sizes), what the last capture saw, for automatic dynamic
-        # shapes: the sizes of the call's tensors and of those it lifted (a KV cache's layers), by source, and
-        # the int attributes it read as constants (a cache layer's position); and what was seen to change.
-        self._seen_sizes: dict[tuple, dict[Source, tuple[int, ...]]] = {}
-        self._changed_dims: dict[tuple, dict[Source, set[int]]] = {}
-        self._seen_ints: dict[tuple, dict[Source, int]] = {}
-        self._changed_ints: dict[tuple, set[Source]] = {}
+        self._seen = AutomaticDynamic(_name(fn), dynamic is not False)  # what the last capture per structure saw
         self._static_only: set[tuple] = set()  # input structures whose symbolic capture failed: static sizes
         self.path = ""  # a piece of a piecewise-compiled module: its path from the root
         self.breaks: list[GraphBreak] = []  # where code runs eagerly and why (shared with its pieces)
@@ -195,10 +189,10 @@ class CompiledFunction:
             marking = (auto_regions(root) if self.regions == "auto" and root is not None
                        else contextlib.nullcontext())
             structure = CallKey(without_sizes(key.fingerprint, ctx.leaves[1:]), key.requires_grad)
-            changed = self._automatic_dims(structure, ctx)
+            changed = self._seen.dims(structure, ctx)
             automatic = {s.index - 1: dims for s, dims in changed.items() if isinstance(s, Arg)}
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
-            ints = self._automatic_ints(structure, ctx)
+            ints = self._seen.ints(structure, ctx)
             with marking, timing.record(f"capture: {_name(self.fn)}"), timing.phase("capture"):
                 try:
                     cap = self._capture(args, kwargs, structure, automatic, held, ints)
@@ -319,53 +313,9 @@ class CompiledFunction:
             self._static_only.add(structure)
             return self._capture(args, kwargs, structure, automatic, held, ints)
 
-    def _automatic_dims(self, structure: tuple, ctx: CallContext) -> dict[Source, set[int]]:
-        """The dims that changed since the last capture with this input structure, of the call's tensors
-        (`Arg` sources) and of the tensors it read through the inputs' objects or the module (a KV cache growing
-        by a token per call) — torch.compile's automatic dynamic shapes. They stay symbolic in later captures.
-        (With dynamic=True held tensors are found by a capture, so they too become symbolic at a first change.)"""
-        if self.dynamic is False:
-            return {}
-        dims = self._changed_dims.setdefault(structure, {})
-        memo: dict[Source, Any] = {}
-        with DisableTorchFunction():
-            for source, old in self._seen_sizes.get(structure, {}).items():
-                value = source.resolve(ctx, memo)
-                if not isinstance(value, torch.Tensor) or value.dim() != len(old):
-                    continue
-                changed = {d for d, (a, b) in enumerate(zip(old, value.shape)) if a != b} - dims.get(source, set())
-                if changed:
-                    dims.setdefault(source, set()).update(changed)
-                    log.info("%s: %s changed size in dim %s (%s -> %s): capturing it with symbolic sizes",
-                             _name(self.fn), source.name(), sorted(changed), list(old), list(value.shape))
-        return dims
-
-    def _automatic_ints(self, structure: tuple, ctx: CallContext) -> set[Source]:
-        """Int attributes whose value the last capture with this input structure read and that changed since
-        (a call counter, a cache layer's position): captured as symbols from now on."""
-        if self.dynamic is False:
-            return set()
-        changed = self._changed_ints.setdefault(structure, set())
-        memo: dict[Source, Any] = {}
-        with DisableTorchFunction():
-            for source, old in self._seen_ints.get(structure, {}).items():
-                value = source.resolve(ctx, memo)
-                if type(value) is int and value != old and source not in changed:
-                    changed.add(source)
-                    log.info("%s: %s changed (%d -> %d): capturing it as a symbolic int", _name(self.fn),
-                             source.name(), old, value)
-        return changed
-
     def _remember(self, structure: tuple, args: tuple, kwargs: dict, cap: Capture) -> None:
-        """What this capture saw, for the next capture with the same input structure to compare with."""
         leaves, _, labels = flatten_inputs(args, kwargs, self._arg_names)
-        sizes: dict[Source, tuple[int, ...]] = {Arg(i + 1, labels[i]): tuple(leaf.shape)
-                                                for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)}
-        sizes.update({source: tuple(t.shape) for t, source in cap.lifted
-                      if source is not None and isinstance(t, torch.Tensor)})
-        self._seen_sizes[structure] = sizes
-        self._seen_ints[structure] = {g.source: g.expected[1] for g in cap.program.guards
-                                      if g.kind is Kind.CONST and g.expected[0] is int and isinstance(g.source, Attr)}
+        self._seen.remember(structure, leaves, labels, cap)
 
     def _add(self, entry: Any) -> Any:
         entries = list(self._entries)
