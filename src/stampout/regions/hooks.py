@@ -17,7 +17,7 @@ from ..sources import Absolute
 from ..torch_internals import DisableTorchFunction
 from ..trace.code import code_facts, is_user_code
 from ..trace.frames import caller_outside_torch, set_profile, user_location
-from . import slots
+from . import slot_index
 from .events import Ineligible
 from .frame import RegionFrame
 from .purity import impure_call, location, python_setter, torch_state_call, user_caller, watched_file
@@ -67,9 +67,9 @@ class CallHooks:
 
     def note_torch_arguments(self, args: tuple, kwargs: dict) -> None:
         """A torch call's arguments, while a region trace follows per-layer indices: one among them
-        (`x.size(layer_idx)`) is used by value (regions/slots.py)."""
-        slots.touch(args)
-        slots.touch(kwargs)
+        (`x.size(layer_idx)`) is used by value (regions/slot_index.py)."""
+        slot_index.touch(args)
+        slot_index.touch(kwargs)
 
     def frame_ids(self) -> frozenset[int]:
         return frozenset(id(f) for f in self.frames)

@@ -29,8 +29,8 @@ from .. import caches
 from ..context import current, listeners
 from ..guards.guard import is_constant
 from ..sources import MISSING, Item, SlotItem, Source, _item, mro_attr
-from ..trace.structure import leaves_of
 from ..watch.classpatch import peek
+from .slot_index import PLAIN, SlotIndex, SlotState
 
 _LOADS = frozenset({"LOAD_FAST", "LOAD_CONST", "LOAD_DEREF"})
 _INSTRUCTIONS: dict[types.CodeType, tuple[list[dis.Instruction], dict[int, int]]] = caches.register(
@@ -43,33 +43,6 @@ def _instructions(code: types.CodeType) -> tuple[list[dis.Instruction], dict[int
         instructions = list(dis.get_instructions(code))
         hit = _INSTRUCTIONS[code] = (instructions, {ins.offset: i for i, ins in enumerate(instructions)})
     return hit
-
-
-class SlotState:
-    """One int attribute a region trace read: its source, and whether anything but indexing used it."""
-
-    __slots__ = ("source", "value", "used", "why", "closed")
-
-    def __init__(self, source: Source, value: int) -> None:
-        self.source = source
-        self.value = value
-        self.used = False
-        self.why = ""
-        self.closed = False
-
-    def use(self, why: str) -> None:
-        if not self.used and not self.closed:
-            self.used = True
-            self.why = why
-
-
-class SlotIndex(int):
-    """An int read by a region trace whose uses are followed (see the module docstring)."""
-
-    def __new__(cls, value: int, state: SlotState) -> SlotIndex:
-        obj = super().__new__(cls, value)
-        obj._state = state
-        return obj
 
 
 # What may stand between a CALL_FUNCTION_EX's positional tuple and the call: its keyword arguments' dict.
@@ -93,38 +66,6 @@ def _before_arguments(instructions: list[dis.Instruction], first: int, position:
 def _global(frame: types.FrameType, name: str) -> Any:
     fn = frame.f_globals.get(name, MISSING)
     return getattr(frame.f_builtins, "get", lambda *_: MISSING)(name, MISSING) if fn is MISSING else fn
-
-
-_PLAIN = int.__int__  # the plain int, without the overridden __int__
-
-
-def _visible(name: str) -> Any:
-    base = getattr(int, name)
-
-    def method(self, *args: Any) -> Any:
-        self._state.use(name)
-        return base(_PLAIN(self), *args)
-
-    method.__name__ = name
-    return method
-
-
-for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__bool__", "__add__",
-              "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__mod__", "__rmod__", "__floordiv__",
-              "__rfloordiv__", "__truediv__", "__rtruediv__", "__pow__", "__rpow__", "__neg__", "__pos__", "__abs__",
-              "__int__", "__float__", "__index__", "__str__", "__repr__", "__format__", "__and__", "__rand__",
-              "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__",
-              "__invert__", "__round__", "__trunc__", "__floor__", "__ceil__", "__divmod__", "__rdivmod__",
-              "__reduce__", "__reduce_ex__", "__getnewargs__", "__sizeof__", "bit_length", "bit_count",
-              "to_bytes", "as_integer_ratio", "conjugate", "__copy__", "__deepcopy__"):
-    if hasattr(int, _name):
-        setattr(SlotIndex, _name, _visible(_name))
-
-
-def touch(values: Any) -> None:
-    """Slots among a torch call's arguments (`x.size(layer_idx)`) are used by value."""
-    for slot in leaves_of(values, SlotIndex):
-        slot._state.use("a torch call")
 
 
 class SlotTracker:
@@ -297,10 +238,10 @@ class SlotTracker:
             return False
         entry[1].discard((id(frame), subscript))
         self._indexed.setdefault(id(container), []).append(state)
-        item = _item(container, _PLAIN(slot))
+        item = _item(container, PLAIN(slot))
         if item is MISSING:
             return True  # (the subscript raises IndexError, as eager does)
-        if self.frame.sources.get(id(item)) not in (None, Item(source, _PLAIN(slot))):
+        if self.frame.sources.get(id(item)) not in (None, Item(source, PLAIN(slot))):
             state.use("an item reached another way too")
             other = self._items.get(id(item))
             if other is not None:  # (`pool[self.i] + pool[self.j]`, equal here: never one item for both)
@@ -367,7 +308,7 @@ class SlotTracker:
             if isinstance(value, SlotIndex) and not value._state.closed:
                 if ins.opname != "LOAD_FAST" or not self._consumer(frame, instructions, i, value, i):
                     value._state.use(f"{instructions[i + 1].opname} at {frame.f_code.co_filename}:{frame.f_lineno}")
-                    frame.f_locals[ins.argval] = _PLAIN(value)  # from here on the program holds the plain int
+                    frame.f_locals[ins.argval] = PLAIN(value)  # from here on the program holds the plain int
         return self.on_event
 
     def _count(self, change: int) -> None:
