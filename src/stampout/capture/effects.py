@@ -9,6 +9,7 @@ existing objects from their sources. A store that cannot be replayed that way ma
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,27 +23,39 @@ from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.shapes import any_symbolic
 
 
+class ValueKind(enum.Enum):
+    """How a replayed value is obtained: the kind of a `Value`, what its `value` holds."""
+
+    CONST = "const"  # the constant itself
+    OUT = "out"  # the index of an extra graph output
+    OUT_CONSTANT = "out_constant"  # the index of an extra graph output, taken without autograd
+    SOURCE = "source"  # a source, resolved against the call
+    SEQ = "seq"  # (a tuple or torch.Size class, its items' Values): sizes the graph computes
+    NEW = "new"  # (list or dict, its items' Values, or (key, Value) pairs): a container the call made
+    MISSING = "missing"  # nothing: the attribute or item is not there
+
+
 @dataclass(frozen=True)
 class Value:
     """How a replayed value is obtained: a constant, extra graph output `index`, or a source."""
 
-    kind: str  # "const" | "out" | "out_constant" (no autograd) | "source" | "missing"
+    kind: ValueKind
     value: Any = None
 
     def get(self, ctx: CallContext, outputs: list[Any]) -> Any:
-        if self.kind == "const":
+        if self.kind is ValueKind.CONST:
             return self.value
-        if self.kind == "out":
+        if self.kind is ValueKind.OUT:
             return outputs[self.value]
-        if self.kind == "out_constant":  # (AOTAutograd hands back every output as requiring grad)
+        if self.kind is ValueKind.OUT_CONSTANT:  # (AOTAutograd hands back every output as requiring grad)
             out = outputs[self.value]
             return out.detach() if out.requires_grad else out
-        if self.kind == "source":
+        if self.kind is ValueKind.SOURCE:
             return self.value.resolve(ctx, {})
-        if self.kind == "seq":  # a tuple or torch.Size holding sizes the graph computes
+        if self.kind is ValueKind.SEQ:  # a tuple or torch.Size holding sizes the graph computes
             cls, items = self.value
             return cls(item.get(ctx, outputs) for item in items)
-        if self.kind == "new":  # a list or dict the call made (`cache.setdefault("layer0", {})`): made anew
+        if self.kind is ValueKind.NEW:  # a list or dict the call made (`cache.setdefault("layer0", {})`): made anew
             cls, items = self.value
             if cls is dict:
                 return {k: v.get(ctx, outputs) for k, v in items}
@@ -101,27 +114,28 @@ class Plan:
     def _value(self, value: Any, where: str) -> Value | None:
         sources = self.program.sources
         if value is MISSING:
-            return Value("missing")
+            return Value(ValueKind.MISSING)
         if is_constant(value) and type(value) not in (list, dict, set):
-            return Value("const", value)
+            return Value(ValueKind.CONST, value)
         if isinstance(sources.get(id(value)), Arg):  # one of the call's own inputs: that very object
-            return Value("source", sources[id(value)])
+            return Value(ValueKind.SOURCE, sources[id(value)])
         if isinstance(value, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)):  # computed by the graph
             self.extra.append(value)
             constant = isinstance(value, FakeTensor) and not value.requires_grad
-            return Value("out_constant" if constant else "out", len(self.extra) - 1)
+            return Value(ValueKind.OUT_CONSTANT if constant else ValueKind.OUT, len(self.extra) - 1)
         if type(value) in (tuple, torch.Size) and any_symbolic(value):
             items = [self._value(v, where) for v in value]
-            return None if any(i is None for i in items) else Value("seq", (type(value), tuple(items)))
+            return None if any(i is None for i in items) else Value(ValueKind.SEQ, (type(value), tuple(items)))
         if id(value) in sources and id(value) not in self.program.made:  # (not one the call made and stored)
-            return Value("source", sources[id(value)])
+            return Value(ValueKind.SOURCE, sources[id(value)])
         if type(value) in (list, dict) and id(value) not in self._making:  # made by the call
             self._making.add(id(value))
             pairs = list(value.items()) if type(value) is dict else list(enumerate(value))
             items = [(k, self._value(v, where)) for k, v in pairs]
             self._making.discard(id(value))
             if all(v is not None for _, v in items):
-                return Value("new", (type(value), tuple(items) if type(value) is dict else tuple(v for _, v in items)))
+                inside = tuple(items) if type(value) is dict else tuple(v for _, v in items)
+                return Value(ValueKind.NEW, (type(value), inside))
             return None
         self.refused = self.refused or f"stores a {type(value).__name__} made during the call (at {where})"
         return None

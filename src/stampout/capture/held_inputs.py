@@ -20,7 +20,7 @@ from ..trace.frames import user_location
 from ..trace.shapes import SIZES
 from ..trace.structure import positional_names, template_constants
 from ..trace.tracer import Tracer
-from .effects import Plan, Value, put_back
+from .effects import Plan, Value, ValueKind, put_back
 
 
 def hold_input_containers(held: Held, signature_of: Callable, fn: Callable, args: tuple, kwargs: dict) -> None:
@@ -89,11 +89,11 @@ def input_stores(held: Held, before: dict[int, dict], tracer: Tracer, plan: Plan
                 continue
             if type(value) is FakeTensor and id(value) in nodes or isinstance(value, (torch.SymInt, torch.SymFloat)):
                 plan.extra.append(value)  # (a symbolic size too: its value for each call comes from the graph)
-                stores.append((source, key, kind, Value("out", len(plan.extra) - 1)))
+                stores.append((source, key, kind, Value(ValueKind.OUT, len(plan.extra) - 1)))
             elif is_constant(value) and type(value) not in (list, dict, set):
-                stores.append((source, key, kind, Value("const", value)))
+                stores.append((source, key, kind, Value(ValueKind.CONST, value)))
             elif value in held:
-                stores.append((source, key, kind, Value("source", held[value])))
+                stores.append((source, key, kind, Value(ValueKind.SOURCE, held[value])))
             else:
                 made = f"stores a {type(value).__name__} made during the call on {source.name()}"
                 unreplayable = unreplayable or made

@@ -37,7 +37,7 @@ from ..watch.tracking import Watch
 from ..watch.world import RandomStates
 from ..watch.world_snapshot import check_left_over
 from .arguments import lazy_function
-from .effects import Plan, Registries, Value, undo
+from .effects import Plan, Registries, Value, ValueKind, undo
 from .entering import capturing
 from .held_inputs import (
     Held,
@@ -375,21 +375,22 @@ class ProgramCapture:
         """(A capture, not compile's.) What the program stored on its input objects, for each call to store; with
         `real`, the caller's objects left as one eager call leaves them."""
         stores, left, args, kwargs = self.stores, self.left, self.args, self.kwargs
-        outs = sum(v.kind == "out" for *_, v in stores)
-        cap.stores = stores + [(None, key, kind, Value("out", outs + k)) for k, (_, key, kind) in enumerate(left)]
+        outs = sum(v.kind is ValueKind.OUT for *_, v in stores)
+        cap.stores = stores + [(None, key, kind, Value(ValueKind.OUT, outs + k))
+                               for k, (_, key, kind) in enumerate(left)]
         cap.unreplayable = self.unreplayable
         ctx = CallContext([self.fn, *self.leaves], None, (args, kwargs))
         if real:  # the caller's containers were not the program's (it ran on copies): stored into as eager does
             for s, key, _, v in stores:  # (in the program's order: a dict keeps eager's key order)
                 if in_input_container(s):
                     holder = s.resolve(ctx, {})
-                    if v.kind != "out":
+                    if v.kind is not ValueKind.OUT:
                         holder[key] = v.get(ctx, [])
                     elif isinstance(holder, dict):
                         holder.setdefault(key, None)  # its real value comes from the graph, below
         if real and (self.plan.extra or self.held):  # the caller's objects end up as one eager call leaves them
             make_real(cap, [(s.resolve(ctx, {}), key, kind)
-                             for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
+                             for s, key, kind, v in stores if v.kind is ValueKind.OUT] + left, args, kwargs,
                        mutated_in_place(self.tracer, self.leaves, cap))
         if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
             copy_back_given_containers(self.held, ctx)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..capture.effects import Effect, Value
+from ..capture.effects import Effect, Value, ValueKind
 from ..capture.result import Capture
 from ..errors import StampoutError
 from ..guards.guard import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
@@ -98,7 +98,7 @@ def relax_symbolic(guards: list[Guard], cap: Capture, ctx: CallContext) -> list[
 
 def _anchored_effect(effect: Effect, anchors: Anchors) -> Effect:
     """`effect` with its target and the sources of its values starting from anchors."""
-    values = tuple(Value(v.kind, anchors.rewrite(v.value)) if v.kind == "source" else v for v in effect.values)
+    values = tuple(Value(v.kind, anchors.rewrite(v.value)) if v.kind is ValueKind.SOURCE else v for v in effect.values)
     return dataclasses.replace(effect, target=anchors.rewrite(effect.target), values=values)
 
 

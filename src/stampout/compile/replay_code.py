@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..capture.effects import Effect
+from ..capture.effects import Effect, ValueKind
 from ..sources import RESOLVE_HELPERS, Absolute, Anchor, Arg, Attr, Closure, Global, Item, SlotItem, Source
 from ..watch.tracking import EPOCH
 
@@ -77,11 +77,11 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
             return None
         target = code.expr(effect.target)
         value = effect.values[0]
-        if target is None or value.kind not in ("out", "out_constant", "const"):
+        if target is None or value.kind not in (ValueKind.OUT, ValueKind.OUT_CONSTANT, ValueKind.CONST):
             return None
-        if value.kind == "out":
+        if value.kind is ValueKind.OUT:
             expr = f"outputs[{int(value.value)}]"
-        elif value.kind == "out_constant":  # (`_detached`, inline: one call fewer per store)
+        elif value.kind is ValueKind.OUT_CONSTANT:  # (`_detached`, inline: one call fewer per store)
             expr = f"(_o.detach() if (_o := outputs[{int(value.value)}]).requires_grad else _o)"
         else:
             expr = code.constant(value.value)
