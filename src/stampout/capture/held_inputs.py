@@ -14,7 +14,7 @@ import torch
 from ..errors import CaptureError, message
 from ..guards.guard import is_constant
 from ..regions.frame import RegionFrame
-from ..sources import Arg, Attr, Input, Item, Source
+from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES
@@ -71,14 +71,14 @@ def object_fields(obj: Any) -> dict:
 def input_stores(held: Held, before: dict[int, dict], tracer: Tracer, plan: Plan) -> tuple[list, str]:
     """What the program changed on its input objects (`cache.layers[0].keys = cat(...)`,
     `layer.is_initialized = True`), as stores each call of the capture repeats on its own objects: (holder
-    source, key, "attr" | "item", Value). Tensors become extra outputs; a change that cannot be repeated (an
+    source, key, Place, Value). Tensors become extra outputs; a change that cannot be repeated (an
     object made during the call, an item removed) is described in the second result."""
     stores: list = []
     unreplayable = ""
     nodes = tracer.root.nodes
     for obj in held:
         old, new = before[id(obj)], object_fields(obj)
-        kind = "attr" if not isinstance(obj, (list, dict)) else "item"
+        kind = Place.ATTR if not isinstance(obj, (list, dict)) else Place.ITEM
         source = held[obj]
         if (any(k not in new for k in old) or (isinstance(obj, list) and len(new) != len(old))
                 or isinstance(obj, set) and new.keys() != old.keys()):

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..backends.runner import as_call_modules
+from ..sources import Place
 from ..torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
 from ..trace.names import root_module
 from ..trace.shapes import any_symbolic, concrete
@@ -50,17 +51,17 @@ def modules_of(fn: Callable) -> list[Any]:
     return list(root.modules()) if root is not None else []
 
 
-def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, str]]:
+def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, Place]]:
     """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`, `seen.add(t)`):
-    (holder, key, "attr" | "item" | "member"), each appended to `plan.extra` so the graph computes its real
+    (holder, key, Place), each appended to `plan.extra` so the graph computes its real
     value."""
-    found: list[tuple[Any, Any, str]] = []
+    found: list[tuple[Any, Any, Place]] = []
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
 
-    def note(obj: Any, key: Any, kind: str, value: Any) -> None:
+    def note(obj: Any, key: Any, kind: Place, value: Any) -> None:
         if any_symbolic(value):  # a size of this capture's inputs (or a tuple of them): its value for them
-            if kind == "attr":
+            if kind is Place.ATTR:
                 setattr(obj, key, concrete(value))
             else:
                 obj[key] = concrete(value)
@@ -75,11 +76,11 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
     def walk(holder: Any, depth: int) -> None:
         if type(holder) is set:  # (a set the call was given: its members have no key but themselves)
             for item in list(holder):
-                note(holder, item, "member", item)
+                note(holder, item, Place.MEMBER, item)
             return
         if type(holder) in (list, dict):  # (a container the call was given)
             for key, item in list(holder.items() if type(holder) is dict else enumerate(holder)):
-                note(holder, key, "item", item)
+                note(holder, key, Place.ITEM, item)
             return
         fields = getattr(holder, "__dict__", None)
         if type(fields) is not dict or id(holder) in walked:
@@ -91,15 +92,15 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
                 continue  # nothing a note or a walk would find there)
             if t is list:
                 for i, item in enumerate(value):
-                    note(value, i, "item", item)
+                    note(value, i, Place.ITEM, item)
             elif t is set:
                 for item in list(value):
-                    note(value, item, "member", item)
+                    note(value, item, Place.MEMBER, item)
             elif t is dict or key in _REGISTRIES:
                 for k, item in list(value.items()):
-                    note(value, k, "item", item)
+                    note(value, k, Place.ITEM, item)
             else:
-                note(holder, key, "attr", value)
+                note(holder, key, Place.ATTR, value)
                 if depth < 2 and plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
                     walk(value, depth + 1)
 
@@ -114,7 +115,7 @@ _REGISTRIES = ("_parameters", "_buffers")
 _INERT = frozenset({bool, int, float, str, type(None), frozenset, torch.nn.Parameter, torch.Tensor})
 
 
-def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwargs: dict,
+def make_real(cap: Capture, left: list[tuple[Any, Any, Place]], args: tuple, kwargs: dict,
                mutated: list[torch.Tensor]) -> None:
     """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
     tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
@@ -133,9 +134,9 @@ def make_real(cap: Capture, left: list[tuple[Any, Any, str]], args: tuple, kwarg
             if t.untyped_storage().data_ptr() not in stored:
                 t.copy_(value)
     for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
-        if kind == "attr":
+        if kind is Place.ATTR:
             setattr(obj, key, value)
-        elif kind == "member":  # (a set's fake member, the key, gives way to its real value)
+        elif kind is Place.MEMBER:  # (a set's fake member, the key, gives way to its real value)
             obj.discard(key)
             obj.add(value)
         else:

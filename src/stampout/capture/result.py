@@ -14,7 +14,7 @@ from ..errors import StampoutError, message
 from ..regions.events import RegionEvent, RegionStats
 from ..regions.fingerprint import LeafKind, as_leaf_key, leaf_key, show_leaf_key
 from ..report import explain_text, guard_code_text
-from ..sources import MISSING, CallContext, Source
+from ..sources import MISSING, CallContext, Place, Source
 from ..trace.frames import user_location
 from ..trace.shapes import has_symbols
 from ..trace.structure import Template, aliases_of, build, flatten_inputs
@@ -46,7 +46,7 @@ class Capture:
     effects: Any = None  # effects.Plan (compile only): stores to replay after each call, from extra outputs
     fill_meta: Any = None  # fills deferred placeholder metadata on first use of `gm`
     shapes: Any = None  # shapes.ShapeGuards of a capture with symbolic sizes: what it assumed about them
-    stores: list = field(default_factory=list)  # (capture only) (holder source | None, key, "attr" | "item",
+    stores: list = field(default_factory=list)  # (capture only) (holder source | None, key, Place,
     # effects.Value): what the program stored on its input objects (a KV cache), stored on each call's objects
     unreplayable: str = ""  # (capture only) a change to the input objects that calls cannot repeat
     reuse_entries: list = field(default_factory=list)  # the region reuse entries this capture made (guard_code)
@@ -200,7 +200,7 @@ class Capture:
                     f"{source.name()} was there at capture and is missing now", user_location(),
                     "pass inputs of the same structure as at capture, or capture again",
                 ))
-            if kind == "attr":
+            if kind is Place.ATTR:
                 setattr(holder, key, value)
             else:
                 holder[key] = value

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import MISSING, AnchoredContext, CallContext, Source
+from .base import MISSING, AnchoredContext, CallContext, Place, Source
 from .roots import Absolute, Anchor, Arg, Closure, FnAttr, Global, Input, _cell, _leaf
 
-__all__ = ("MISSING", "AnchoredContext", "CallContext", "Source", "Absolute", "Anchor", "Arg", "Closure",
+__all__ = ("MISSING", "AnchoredContext", "CallContext", "Place", "Source", "Absolute", "Anchor", "Arg", "Closure",
            "FnAttr", "Global", "Input", "Attr", "TypeOf", "ClassAttr", "Item", "SlotItem", "mro_attr",
            "module_path", "RESOLVE_HELPERS", "_item", "_slot_item", "_type_of", "_cell", "_leaf")
 

@@ -5,11 +5,20 @@ starts) and the package's __init__.py (the steps along it, and the one import po
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
 MISSING = object()  # an attribute, item or cell that is not there
 _UNSEEN = object()  # (a source not resolved yet in a memo)
+
+
+class Place(enum.Enum):
+    """How a holder holds a value a capture stores there: the kind in its (holder, key, Place) records."""
+
+    ATTR = "attr"  # attribute `key` (setattr)
+    ITEM = "item"  # item `key` of a list or dict (holder[key] = ...)
+    MEMBER = "member"  # a member of a set (the key is the member itself)
 
 
 class Source:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .. import config
+from ..sources import Place
 from ..torch_internals import FakeTensor
 from ..trace.code import code_facts, is_user_class, is_user_code, is_user_module
 from ..trace.shapes import concrete
@@ -262,21 +263,21 @@ class Snapshot:
                 out.append(container)
         return out
 
-    def graph_values(self, nodes: dict[int, Any], extra: list[Any]) -> list[tuple[Any, Any, str]]:
+    def graph_values(self, nodes: dict[int, Any], extra: list[Any]) -> list[tuple[Any, Any, Place]]:
         """Fake tensors of the outer graph (`nodes`) that a memo container or a module's globals holds, as
-        (container, key, "item"), each appended to `extra`: the capture stores their real values, as eager
+        (container, key, Place.ITEM), each appended to `extra`: the capture stores their real values, as eager
         leaves them."""
         found = []
         for container, _ in self.containers.values():
             items = container.items() if type(container) is dict else enumerate(container)
             for key, value in list(items):
                 if type(value) is FakeTensor and id(value) in nodes:
-                    found.append((container, key, "item"))
+                    found.append((container, key, Place.ITEM))
                     extra.append(value)
                 elif plain_object(value):  # an object the program put there (`G = Hidden(h)`): its tensors real too
                     for name, field_value in list(value.__dict__.items()):
                         if type(field_value) is FakeTensor and id(field_value) in nodes:
-                            found.append((value, name, "attr"))
+                            found.append((value, name, Place.ATTR))
                             extra.append(field_value)
         return found
 
