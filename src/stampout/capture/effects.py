@@ -63,12 +63,21 @@ class Value:
         return MISSING
 
 
+class EffectOp(enum.Enum):
+    """What an `Effect` does to its target with its values."""
+
+    SETATTR = "setattr"  # key: the attribute (its value MISSING: deleted)
+    EXTEND = "extend"  # the values appended to a list
+    ADD = "add"  # the values added to a set
+    SETITEM = "setitem"  # key: the item of a list or dict
+    REPLACE = "replace"  # a list's items, or a dict's (key holds its keys in order)
+
+
 @dataclass(frozen=True)
 class Effect:
-    """One store to replay: `setattr` (key: attribute), `extend` (values appended), `add` (members added to a
-    set), `setitem` (key), `delitem` (key), `replace` (a list's items, or a dict's: key holds its keys in order)."""
+    """One store to replay (see EffectOp)."""
 
-    op: str
+    op: EffectOp
     target: Source
     key: Any
     values: tuple[Value, ...]
@@ -77,19 +86,17 @@ class Effect:
     def replay(self, ctx: CallContext, outputs: list[Any]) -> None:
         target = self.target.resolve(ctx, {})
         values = [v.get(ctx, outputs) for v in self.values]
-        if self.op == "setattr":
+        if self.op is EffectOp.SETATTR:
             if values[0] is MISSING:
                 if hasattr(target, self.key):
                     delattr(target, self.key)
             else:
                 setattr(target, self.key, values[0])
-        elif self.op == "extend":
+        elif self.op is EffectOp.EXTEND:
             target.extend(values)
-        elif self.op == "add":  # members added to a set
+        elif self.op is EffectOp.ADD:  # members added to a set
             target.update(values)
-        elif self.op == "delitem":
-            del target[self.key]
-        elif self.op == "replace":
+        elif self.op is EffectOp.REPLACE:
             if isinstance(target, dict):
                 target.clear()
                 target.update(zip(self.key, values))
@@ -149,7 +156,7 @@ class Plan:
         for obj, name, value, where in last.values():
             v = self._value(value, where)
             if v is not None:
-                self.effects.append(Effect("setattr", program.sources[id(obj)], name, (v,), where))
+                self.effects.append(Effect(EffectOp.SETATTR, program.sources[id(obj)], name, (v,), where))
         planned: set[int] = set()
         for container, source, _, before in program.containers:
             if id(container) not in planned:  # one list reached by two paths: its first note saw it as it was
@@ -163,13 +170,13 @@ class Plan:
             if keys[:len(before)] != list(before):  # items removed (`del d[k]`, `pop`) or reordered
                 values = [self._value(v, where) for v in container.values()]
                 if all(v is not None for v in values):
-                    self.effects.append(Effect("replace", source, tuple(keys), tuple(values), where))
+                    self.effects.append(Effect(EffectOp.REPLACE, source, tuple(keys), tuple(values), where))
                 return
             for k, v in container.items():
                 if k not in before or before[k] is not v:
                     value = self._value(v, where)
                     if value is not None:
-                        self.effects.append(Effect("setitem", source, k, (value,), where))
+                        self.effects.append(Effect(EffectOp.SETITEM, source, k, (value,), where))
             return
         if isinstance(container, set):
             now = {id(v) for v in container}
@@ -179,7 +186,7 @@ class Plan:
             elif added:
                 values = [self._value(v, where) for v in added]
                 if all(v is not None for v in values):
-                    self.effects.append(Effect("add", source, None, tuple(values), where))
+                    self.effects.append(Effect(EffectOp.ADD, source, None, tuple(values), where))
             return
         if not isinstance(container, list):
             if list(container) != list(before):
@@ -188,11 +195,11 @@ class Plan:
         if len(container) < len(before) or any(a is not b for a, b in zip(container, before)):
             values = [self._value(v, where) for v in container]  # insert, pop, sort, item stores: the whole list
             if all(v is not None for v in values):
-                self.effects.append(Effect("replace", source, None, tuple(values), where))
+                self.effects.append(Effect(EffectOp.REPLACE, source, None, tuple(values), where))
             return
         values = [self._value(v, where) for v in container[len(before):]]
         if values and all(v is not None for v in values):
-            self.effects.append(Effect("extend", source, None, tuple(values), where))
+            self.effects.append(Effect(EffectOp.EXTEND, source, None, tuple(values), where))
 
 
 def replay(effects: list[Effect], ctx: CallContext, outputs: list[Any]) -> None:

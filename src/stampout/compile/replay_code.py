@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..capture.effects import Effect, ValueKind
+from ..capture.effects import Effect, EffectOp, ValueKind
 from ..sources import RESOLVE_HELPERS, Absolute, Anchor, Arg, Attr, Closure, Global, Item, SlotItem, Source
 from ..watch.tracking import EPOCH
 
@@ -73,7 +73,7 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
     code = _Code()
     lines = ["def replay(leaves, fn, anchors, outputs, epoch):"]
     for i, effect in enumerate(effects):
-        if effect.op != "setattr" or len(effect.values) != 1 or not isinstance(effect.key, str):
+        if effect.op is not EffectOp.SETATTR or len(effect.values) != 1 or not isinstance(effect.key, str):
             return None
         target = code.expr(effect.target)
         value = effect.values[0]
