@@ -20,7 +20,7 @@ from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.frames import user_location
 from ..trace.names import identifier, root_module
 from ..trace.op_facts import drawn_at_random
-from ..trace.shapes import any_symbolic, concrete
+from ..trace.shapes import Lifted, any_symbolic, concrete
 from ..trace.tracer import Tracer
 from ..watch.world import RandomStates, clear_fakes
 from .held_inputs import Held
@@ -163,7 +163,7 @@ def plant_ints(fn: Callable, leaves: list[Any], sources: set[Source], tracer: Tr
             size = env.create_symintnode(symbol, hint=value, source=LocalSource(name))
             size._stampout_symbolic_int = True
             node = tracer.root.placeholder(name, size)
-            tracer.symbols.bind_int(("lifted", len(tracer.lifted)), size, node)
+            tracer.symbols.bind_int(Lifted(len(tracer.lifted)), size, node)
             tracer.lifted.append((node, size, source))
             fields[source.attr] = size
             planted.append((fields, source.attr, value))
@@ -182,7 +182,7 @@ def symbolic_names(tracer: Tracer, labels: list[str]) -> list[str]:
         if type(key) is int:
             names.append(labels[key])
         else:
-            _, t, source = tracer.lifted[key[1]]
+            _, t, source = tracer.lifted[key.position]
             held = tracer.dynamic_tensors.get(id(t))
             names.append(held[2] if held is not None else source.name())
     return names

@@ -29,6 +29,7 @@ from .caught_kernel_errors import check_not_caught
 from .frames import user_frame, user_location
 from .names import identifier
 from .op_facts import may_fail_on_values
+from .shapes import Lifted
 from .structure import holds_traced_tensor
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class Recording:
         self.lifted.append((node, t, found[1] if found is not None else None))
         if id(t) in self.dynamic_tensors:
             fake = node.meta["val"] = self.fake_of(t)
-            self.symbols.bind_input(("lifted", position), fake, node)
+            self.symbols.bind_input(Lifted(position), fake, node)
         return node
 
     def fill_meta(self) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import sympy
 import torch
@@ -132,6 +132,12 @@ _OPS: dict[type, Callable] = {
 _BINDERS = {"size": torch.ops.aten.sym_size.int, "stride": torch.ops.aten.sym_stride.int}
 
 
+class Lifted(NamedTuple):
+    """A symbolic input that is not a flat input leaf: the `position`-th lifted tensor (or int) of the capture."""
+
+    position: int
+
+
 class Symbols:
     """The symbols of one capture: where each is defined (an input placeholder's size, stride or offset)."""
 
@@ -140,10 +146,10 @@ class Symbols:
         self.fake_mode = fake_mode
         self.origin: dict[sympy.Symbol, tuple[fx.Node, str, int]] = {}
         self.values: dict[sympy.Symbol, torch.SymInt] = {}
-        # (which input, symbolic fake): a flat input leaf's index, or ("lifted", i) for the i-th lifted tensor
-        self.inputs: list[tuple[Any, FakeTensor]] = []
+        # (which input, symbolic fake): a flat input leaf's index, or Lifted(i) for the i-th lifted tensor or int
+        self.inputs: list[tuple[int | Lifted, FakeTensor | torch.SymInt]] = []
 
-    def bind_input(self, leaf: Any, fake: FakeTensor, node: fx.Node) -> None:
+    def bind_input(self, leaf: int | Lifted, fake: FakeTensor, node: fx.Node) -> None:
         """Remember which symbols input `leaf` (placeholder `node`) defines."""
         self.inputs.append((leaf, fake))
         for kind, values in (("size", fake.shape), ("stride", fake.stride()), ("offset", (fake.storage_offset(),))):
@@ -154,7 +160,7 @@ class Symbols:
                         self.origin[symbol] = (node, kind, dim)
                         self.values[symbol] = value
 
-    def bind_int(self, key: Any, size: torch.SymInt, node: fx.Node) -> None:
+    def bind_int(self, key: Lifted, size: torch.SymInt, node: fx.Node) -> None:
         """An int input of the graph (an attribute captured as a symbol) that defines its symbol."""
         self.inputs.append((key, size))
         symbol = size.node.expr
@@ -271,11 +277,11 @@ class ShapeGuards:
     @property
     def lifted(self) -> list[int]:
         """The lifted tensors (positions in `Capture.lifted`) captured symbolic."""
-        return [key[1] for key, _ in self.symbols.inputs if type(key) is tuple]
+        return [key.position for key, _ in self.symbols.inputs if type(key) is Lifted]
 
     def values(self, leaves: list[Any], lifted: Any) -> list[torch.Tensor]:
         """The call's tensors behind the symbolic inputs, in the guards' order."""
-        return [leaves[key] if type(key) is int else lifted[key[1]] for key, _ in self.symbols.inputs]
+        return [leaves[key] if type(key) is int else lifted[key.position] for key, _ in self.symbols.inputs]
 
     def freeze(self) -> None:
         """Generate the check from the guards the ShapeEnv holds now."""
