@@ -13,6 +13,7 @@ import torch.fx as fx
 from ..guards.guard import Guard, const_key, is_constant, tensor_meta
 from ..trace.shapes import size_key
 from ..trace.structure import Template
+from ..trace.tensormeta import OutputMeta
 from .fingerprint import Fingerprint, StateKey
 
 
@@ -74,8 +75,8 @@ class ReuseEntry:
     gm: fx.GraphModule
     outputs: list[tuple]  # per template slot: (Output kind, index, *view)
     template: Template
-    out_meta: dict[tuple, list[tuple]]  # requires_grad pattern of the inputs -> per output
-    # (shape, stride, storage offset, dtype, device, requires_grad); more patterns added as calls need them
+    out_meta: dict[tuple, list[OutputMeta]]  # requires_grad pattern of the inputs -> per output; more patterns
+    # added as calls need them
     n_outputs: int
     rg_pattern: tuple | None = None  # set when the trace read `requires_grad`: then it must match
     operand_aliases: tuple[int, ...] = ()  # which subgraph inputs were the same tensor (see aliases_of)

@@ -14,10 +14,10 @@ from ..sources import CallContext
 from ..torch_internals import FakeTensor, append_node, invoke_subgraph
 from ..trace.builder import Builder, map_tensors
 from ..trace.structure import build
+from ..trace.tensormeta import OutputMeta, output_meta
 from .cache import Output, ReuseEntry, Store
 from .events import Outcome
 from .marker import Region
-from .views import output_meta
 
 
 class Stamping:
@@ -64,14 +64,14 @@ class Stamping:
                 continue
             setattr(obj, name, value if kind is Store.CONST else slots[value] if kind is Store.SLOT else values[value])
 
-    def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[tuple]:
+    def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[OutputMeta]:
         """Output metadata of the entry's subgraph for inputs that differ only in requires_grad (its nested region
         calls run as their subgraphs: invoke_subgraph refuses gradients through one that writes its inputs)."""
         inputs = [self.tracer.fake_of(v) if isinstance(v, torch.Tensor) else v for v in values]
         outs = fx.Interpreter(as_call_modules(entry.gm)).run(*inputs)
         return [output_meta(t) for t in outs]
 
-    def _fake(self, meta: tuple) -> torch.Tensor:
+    def _fake(self, meta: OutputMeta) -> torch.Tensor:
         """An output of a stamped call: computed by it, so (like the traced call's) it stands for no autograd
         leaf when it requires grad — in-place ops on it work as on the meta path's outputs (MetaRunner.mutate),
         without a clone through the fake mode (~150 us a stamped layer)."""

@@ -19,10 +19,11 @@ from ..trace.builder import Builder
 from ..trace.frames import swallowed, user_location
 from ..trace.names import identifier
 from ..trace.structure import template_constants, tensors_within, to_template
+from ..trace.tensormeta import output_meta
 from .cache import ArgInput, Output, ReuseEntry, SourceInput, Store, SymbolInput
 from .events import Outcome
 from .frame import RegionFrame
-from .views import output_meta, views_of_one_base
+from .views import views_of_one_base
 
 
 class Tracing:

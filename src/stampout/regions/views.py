@@ -81,7 +81,3 @@ def views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: list
         if kind is Output.OUT:
             new_outputs[k] = (Output.OUT, index_of(returned[rest[0]]))
     return keep, new_outputs
-
-
-def output_meta(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)

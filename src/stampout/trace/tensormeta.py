@@ -50,6 +50,22 @@ class TensorKind(NamedTuple):
         return f"tensor(ndim={self.ndim}, dtype={self.dtype}, device={self.device}{_rest(self)})"
 
 
+class OutputMeta(NamedTuple):
+    """What the fake of a region's output is made from (`Tracer.new_fake`'s arguments, in order): symbolic sizes
+    as the SymInts themselves, which a new fake takes (TensorMeta holds their expressions, which compare)."""
+
+    shape: tuple
+    stride: tuple
+    offset: Any
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+def output_meta(t: torch.Tensor) -> OutputMeta:
+    return OutputMeta(tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.device, t.requires_grad)
+
+
 def _rest(meta: TensorMeta | TensorKind) -> str:
     """requires_grad and the class, where the record keeps them (fingerprints show neither)."""
     grad = "" if meta.requires_grad is None else f", requires_grad={meta.requires_grad}"
