@@ -15,9 +15,8 @@ from ..sources import Place
 from ..torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
 from ..trace.names import root_module
 from ..trace.shapes import any_symbolic, concrete
-from ..trace.structure import flatten_inputs
+from ..trace.structure import flatten_inputs, plain_object
 from ..trace.tracer import Tracer
-from ..watch.world import plain_object
 from .effects import Plan
 from .result import Capture
 

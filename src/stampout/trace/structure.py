@@ -284,16 +284,26 @@ def template_constants(template: Template) -> list[Any]:
 ATOMIC = frozenset((type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device))
 
 
-_SHUT = (torch.Tensor, torch.nn.Module, type, types.ModuleType)  # values the walk never opens
+_NOT_PLAIN = (torch.nn.Module, torch.Tensor, type, types.ModuleType)
+
+
+def plain_fields(value: Any) -> dict | None:
+    """The attributes of a plain object: a user object with attributes of its own (not a module, tensor,
+    class, function or namespace); None for anything else."""
+    fields = getattr(value, "__dict__", None)
+    return fields if type(fields) is dict and not callable(value) and not isinstance(value, _NOT_PLAIN) else None
+
+
+def plain_object(value: Any) -> bool:
+    return plain_fields(value) is not None
 
 
 def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = None, items: int | None = None,
                  first: bool = False) -> list[Any]:
     """The one walk over the values a value holds: each one `wanted` accepts, in order (`value` itself first;
     what it accepts is not opened; `first`: only the first). It opens lists, tuples, sets, dicts (their values)
-    and the attributes of plain objects, `depth` levels deep, and leaves shut a container of more than `items`
-    items (both None: config.scan_depth and config.scan_items), tensors, modules, classes, module objects and
-    other callables."""
+    and the attributes of plain objects (plain_object), `depth` levels deep, and leaves shut a container of more
+    than `items` items (both None: config.scan_depth and config.scan_items) and every other value."""
     depth = config.scan_depth if depth is None else depth
     items = config.scan_items if items is None else items
     found: list[Any] = []
@@ -305,15 +315,15 @@ def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = 
         if wanted(v):
             found.append(v)
             return first
-        if level >= depth or isinstance(v, _SHUT):
+        if level >= depth:
             return False
         if t in (list, tuple, set, frozenset) or isinstance(v, (list, tuple)):
             inside = v
         elif isinstance(v, dict):
             inside = v.values()
         else:
-            fields = getattr(v, "__dict__", None)
-            if type(fields) is not dict or callable(v):
+            fields = plain_fields(v)
+            if fields is None:
                 return False
             inside = fields.values()
         if len(inside) <= items:

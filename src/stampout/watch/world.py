@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import random
 import sys
-import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 
 from .. import config
 from ..trace.shapes import concrete
-from ..trace.structure import ATOMIC, holds_fake
+from ..trace.structure import ATOMIC, holds_fake, plain_object
 
 
 @dataclass
@@ -78,9 +77,7 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> li
                 _concrete_items(value)
                 removed.append(f"{type(obj).__name__}.{key}")
                 continue
-            inner = getattr(value, "__dict__", None)
-            if type(inner) is dict and not callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module)):
-                # (its fields only; clean afterwards)
+            if plain_object(value):  # (its fields only; clean afterwards)
                 removed.extend(f"{type(obj).__name__}.{name}" for name in clear_fakes([value], cleared))
                 continue
             del fields[key]
@@ -95,9 +92,3 @@ def _concrete_items(container: list | dict, depth: int = 0) -> None:
             _concrete_items(item, depth + 1)
         elif holds_fake(item):
             container[key] = concrete(item)
-
-
-def plain_object(value: Any) -> bool:
-    """A user object with attributes of its own (not a module, tensor, class, function or namespace)."""
-    return (type(getattr(value, "__dict__", None)) is dict and not callable(value)
-            and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.ModuleType)))

@@ -20,10 +20,10 @@ from ..sources import Place
 from ..torch_internals import FakeTensor
 from ..trace.code import code_facts, is_user_class, is_user_code, is_user_module
 from ..trace.shapes import concrete
-from ..trace.structure import tensors_within
+from ..trace.structure import plain_object, tensors_within
 from .classpatch import PATCHED_NAMES
 from .functools_caches import held_results, remove_traced_results
-from .world import holds_fake, plain_object
+from .world import holds_fake
 
 _GONE = object()
 
