@@ -106,6 +106,22 @@ def test_object_holding_traced_tensors_in_the_output_is_refused():
         stampout.capture(Model(), torch.randn(2, 4))
 
 
+class Box:
+    pass
+
+
+def test_an_output_object_holding_traced_tensors_in_a_dict_is_refused():
+    # The check looked into an output object's attributes, their list or tuple items and those items' attributes,
+    # not into a dict: `box.by_name["k"]` came back to the caller as a FakeTensor.
+    def fn(x):
+        box = Box()
+        box.by_name = {"k": x * 2}
+        return x + 1, box
+
+    with pytest.raises(stampout.CaptureError, match="Box whose .by_name carries traced tensors"):
+        stampout.capture(fn, torch.randn(3))
+
+
 def test_hugging_face_kv_cache_is_refused_not_wrong():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

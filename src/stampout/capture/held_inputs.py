@@ -18,7 +18,7 @@ from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES
-from ..trace.structure import positional_names, template_constants
+from ..trace.structure import fakes_within, positional_names, template_constants
 from ..trace.tracer import Tracer
 from .effects import Plan, Value, ValueKind, put_back
 
@@ -182,9 +182,7 @@ def check_no_hidden_tensors(template: Any) -> None:
         if not isinstance(fields, dict):
             continue
         for name, field in fields.items():
-            items = field if isinstance(field, (list, tuple)) else [field]
-            inner = [getattr(i, "__dict__", {}).values() for i in items if not isinstance(i, torch.Tensor)]
-            if any(isinstance(t, FakeTensor) for t in [*items, *(v for d in inner for v in d)]):
+            if fakes_within(field):
                 raise CaptureError(message(
                     f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
                     "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
