@@ -32,7 +32,6 @@ from ..regions.marker import innermost, region
 
 _ORIGINAL_CALL = nn.Module.__call__
 _LOCAL = threading.local()  # .bodies: {id(module): the compiled forward running in its place}
-_REGIONS: dict[Callable, Callable] = {}  # a forward function -> its region marker (one per code)
 
 
 def fsdp_module_class() -> type | None:
@@ -79,11 +78,8 @@ def region_forward(module: nn.Module) -> Callable:
     forward = forward_of(module)
     if getattr(getattr(forward, "__func__", forward), "__stampout_region__", None) is not None:
         return forward
-    inner = innermost(type(module).forward)
-    marked = _REGIONS.get(inner)
-    if marked is None:
-        marked = _REGIONS[inner] = region(inner)
-    return types.MethodType(marked, module)
+    # (a marker per capture, kept nowhere: regions are keyed by their code; see regions/marker.py's Note)
+    return types.MethodType(region(innermost(type(module).forward)), module)
 
 
 def call_with_hooks(module: nn.Module, body: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
