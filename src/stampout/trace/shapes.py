@@ -14,6 +14,7 @@ serves every size. An expression we cannot spell in FX is specialized instead (a
 
 from __future__ import annotations
 
+import enum
 import operator
 import re
 from collections.abc import Callable
@@ -129,7 +130,24 @@ _OPS: dict[type, Callable] = {
     symfn.PythonMod: operator.mod,
     symfn.Mod: operator.mod,
 }
-_BINDERS = {"size": torch.ops.aten.sym_size.int, "stride": torch.ops.aten.sym_stride.int}
+class Part(enum.Enum):
+    """Which part of an input a symbol is read from."""
+
+    SIZE = "size"  # a dim of the input's sizes
+    STRIDE = "stride"  # a dim of its strides
+    OFFSET = "offset"  # its storage offset
+    INT = "int"  # the input itself: an int attribute captured as a symbol
+
+
+class Origin(NamedTuple):
+    """Where a symbol is read from: `part` (dim `dim`) of graph input `node`."""
+
+    node: fx.Node
+    part: Part
+    dim: int
+
+
+_BINDERS = {Part.SIZE: torch.ops.aten.sym_size.int, Part.STRIDE: torch.ops.aten.sym_stride.int}
 
 
 class Lifted(NamedTuple):
@@ -144,7 +162,7 @@ class Symbols:
     def __init__(self, shape_env: Any, fake_mode: Any = None) -> None:
         self.shape_env = shape_env
         self.fake_mode = fake_mode
-        self.origin: dict[sympy.Symbol, tuple[fx.Node, str, int]] = {}
+        self.origin: dict[sympy.Symbol, Origin] = {}
         self.values: dict[sympy.Symbol, torch.SymInt] = {}
         # (which input, symbolic fake): a flat input leaf's index, or Lifted(i) for the i-th lifted tensor or int
         self.inputs: list[tuple[int | Lifted, FakeTensor | torch.SymInt]] = []
@@ -152,12 +170,13 @@ class Symbols:
     def bind_input(self, leaf: int | Lifted, fake: FakeTensor, node: fx.Node) -> None:
         """Remember which symbols input `leaf` (placeholder `node`) defines."""
         self.inputs.append((leaf, fake))
-        for kind, values in (("size", fake.shape), ("stride", fake.stride()), ("offset", (fake.storage_offset(),))):
+        for part, values in ((Part.SIZE, fake.shape), (Part.STRIDE, fake.stride()),
+                             (Part.OFFSET, (fake.storage_offset(),))):
             for dim, value in enumerate(values):
                 if isinstance(value, torch.SymInt) and isinstance(value.node.expr, sympy.Symbol):
                     symbol = value.node.expr
                     if symbol not in self.origin:
-                        self.origin[symbol] = (node, kind, dim)
+                        self.origin[symbol] = Origin(node, part, dim)
                         self.values[symbol] = value
 
     def bind_int(self, key: Lifted, size: torch.SymInt, node: fx.Node) -> None:
@@ -165,7 +184,7 @@ class Symbols:
         self.inputs.append((key, size))
         symbol = size.node.expr
         if symbol not in self.origin:
-            self.origin[symbol] = (node, "int", 0)
+            self.origin[symbol] = Origin(node, Part.INT, 0)
             self.values[symbol] = size
 
     def value_of(self, expr: sympy.Expr) -> Any:
@@ -184,13 +203,13 @@ class Symbols:
                 f"the symbolic size {symbol} does not come from an input of the captured call",
                 user_location(), "report this as a stampout bug; capture with dynamic=False meanwhile",
             ))
-        node, kind, dim = origin
-        if kind == "int":
+        node, part, dim = origin
+        if part is Part.INT:
             return node
-        if kind == "offset":
+        if part is Part.OFFSET:
             new = graph.call_function(torch.ops.aten.sym_storage_offset.default, (node,))
         else:
-            new = graph.call_function(_BINDERS[kind], (node, dim))
+            new = graph.call_function(_BINDERS[part], (node, dim))
         new.meta["val"] = self.values[symbol]
         return new
 
