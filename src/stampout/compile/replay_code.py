@@ -11,6 +11,7 @@ constant is generated; an entry with any other store keeps the generic replay.
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable
 from typing import Any
 
@@ -85,7 +86,10 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
             expr = f"(_o.detach() if (_o := outputs[{int(value.value)}]).requires_grad else _o)"
         else:
             expr = code.constant(value.value)
-        lines.append(f"    setattr({target}, {effect.key!r}, {expr})")
+        if effect.key.isidentifier() and not keyword.iskeyword(effect.key):  # (a store, not a call of setattr)
+            lines.append(f"    {target}.{effect.key} = {expr}")
+        else:
+            lines.append(f"    setattr({target}, {effect.key!r}, {expr})")
         lines.append(f"    if _EPOCH.value != epoch: return {i + 1}")
     lines.append(f"    return {len(effects)}")
     lines[1:1] = [f"    {local} = {expr}" for expr, local in code.leaves.items()]
