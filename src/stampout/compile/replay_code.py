@@ -63,6 +63,12 @@ class _Code:
             return None if index is None else source.expr(base, index)
         if isinstance(source, Item) and type(source.item) not in (int, str):
             return f"_item({base}, {self.constant(source.item)})"
+        # Attributes and int or str items read inline (`r0.layers[3]`), not through getattr(.., MISSING) and _item:
+        # where the helpers would answer MISSING the store itself would fail; inline, the read raises first.
+        if type(source) is Attr and source.attr.isidentifier() and not keyword.iskeyword(source.attr):
+            return f"{base}.{source.attr}"
+        if type(source) is Item:
+            return f"{base}[{source.item!r}]"
         return source.expr(base)
 
 
