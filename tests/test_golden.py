@@ -88,7 +88,7 @@ def check(leaves, fn, anchors=()):
         v6 = _MISSING
     try:
         v7 = v6.cell_contents  # Layer.__dict__['__init__'].__closure__[0].cell_contents
-    except AttributeError:
+    except (AttributeError, ValueError):
         v7 = _MISSING
     if not v7 is e3: return False  # object identity of Layer.__dict__['__init__'].__closure__[0].cell_contents: <type object at 0x?>
     try:

@@ -81,3 +81,29 @@ def test_fingerprint_separates_metadata_and_constants(shape, dtype, transpose, c
     assert fp(t, constant) != fp(t, [constant])
     if t.dim() >= 2 and t.shape[0] != t.shape[1]:
         assert fp(t, constant) != fp(t.transpose(0, 1).contiguous(), constant)
+
+
+def _with_cell(value):
+    def fn():
+        return value
+
+    return fn
+
+
+def test_predicate_on_closure_cells_agrees_with_each_guard_empty_and_missing_cells_included():
+    """Cells read inline (`fn.__closure__[0].cell_contents`, and through an argument's `__closure__`): a new value,
+    an emptied cell (ValueError, not AttributeError), no closure or no function at all fail the check, never
+    raise, as the guard-by-guard check answers."""
+    from stampout.sources import Closure
+
+    emptied = _with_cell(2)
+    del emptied.__closure__[0].cell_contents
+    cases = [(_with_cell(2), True), (_with_cell(3), False), (_with_cell(2.0), False), (emptied, False),
+             (lambda: 2, False), (Holder(2, []), False)]
+    for source in (Closure(0, "value"), Attr(Item(Attr(Arg(0, "g"), "__closure__"), 0), "cell_contents")):
+        guards = [Guard(source, Kind.CONST, const_key(2))]
+        check = compile_guards(guards)
+        for fn, admitted in cases:
+            ctx = CallContext([fn], fn)
+            assert bool(check(ctx.leaves, ctx.fn)) is admitted, (source, fn)
+            assert (first_failure(guards, ctx) is None) is admitted, (source, fn)

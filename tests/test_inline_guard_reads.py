@@ -7,6 +7,7 @@ against eager on twin objects; capture counts show the refusals."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -118,3 +119,81 @@ def test_a_slot_index_that_is_no_longer_an_int_is_refused():
         ours.layers[1].keys = torch.randn(6, 4)  # the slot now reads layer 1: a change there is seen
         theirs.layers[1].keys = ours.layers[1].keys.clone()
         same(fn, reference, x, ours, theirs)
+
+
+def _closure_program():
+    scale, shift = 2, 0.5
+
+    def program(x: torch.Tensor) -> torch.Tensor:
+        return x * scale + shift
+
+    def set_scale(value) -> None:
+        nonlocal scale
+        scale = value
+
+    return program, set_scale
+
+
+def test_closure_cells_read_inline_see_a_new_value_and_an_emptied_cell():
+    """`_cell(fn, i)` inline (`fn.__closure__[i].cell_contents`): a new value in a cell recaptures; a cell emptied
+    (`del`) reads as MISSING, refused, and the call fails as eager does."""
+    program, set_scale = _closure_program()
+    fn = stampout.compile(program, backend="eager")
+    x = torch.randn(3)
+    for _ in range(2):
+        torch.testing.assert_close(fn(x), program(x))
+    for value, captures in ((3, 2), (3, 2), (2.5, 3), (2, 3)):  # (the int seen to change: a symbol from then on)
+        set_scale(value)
+        torch.testing.assert_close(fn(x), program(x))
+        assert fn.stats.captures == captures, value
+    del program.__closure__[0].cell_contents  # (`scale`: cells are in name order)
+    with pytest.raises(NameError):
+        program(x)
+    with pytest.raises(NameError):
+        fn(x)
+
+
+def _scaled(forward):
+    scale = 2.0
+
+    def scaled_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return forward(self, x) * scale
+
+    def set_scale(value) -> None:
+        nonlocal scale
+        scale = value
+
+    scaled_forward.set_scale = set_scale
+    return scaled_forward
+
+
+class Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @_scaled
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_cells_of_a_decorated_forward_read_inline_see_a_new_value_and_an_emptied_cell():
+    """The cells of the class's forward (a decorator's closure, as transformers' `deprecate_kwarg`) are read
+    inline per call (`fn.__closure__[i].cell_contents`): a new value recaptures; an emptied cell is refused."""
+    torch.manual_seed(0)
+    model = Decorated()
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(fn(x), model(x))
+        Decorated.forward.set_scale(3.0)
+        torch.testing.assert_close(fn(x), model(x))
+        torch.testing.assert_close(fn(x), model(x))
+        assert fn.stats.captures == 2
+        cell = Decorated.forward.__closure__[[c.cell_contents for c in Decorated.forward.__closure__].index(3.0)]
+        del cell.cell_contents
+        with pytest.raises(NameError):
+            model(x)
+        with pytest.raises(NameError):
+            fn(x)

@@ -99,6 +99,10 @@ def test_aliases_name_shared_storages_views_or_not():
     assert aliases_of([x, torch.zeros(6)]) == (0, 1)
     assert aliases_of([x, 3, x.detach(), x]) == (0, 1, 2, 0, ((0, 2),))
     assert aliases_of([torch.zeros(0), x[:0], x]) == (0, 1, 2)  # empty tensors overlap nothing
+    cache, flag = object(), True  # (tensors among other leaves: a decode step's inputs)
+    assert aliases_of([x, cache, torch.zeros(1), flag]) == (0, 1, 2, 3)
+    assert aliases_of([x, flag, torch.zeros(1), flag]) == (0, 1, 2, 1)
+    assert aliases_of([x, cache, x.detach(), flag]) == (0, 1, 2, 3, ((0, 2),))
 
 
 def _write_input_read_held(x, box):

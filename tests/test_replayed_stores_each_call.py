@@ -86,3 +86,43 @@ def test_stored_outputs_keep_eagers_requires_grad():
     with torch.no_grad():
         for _ in range(2):
             same(fn, reference, x, ours, theirs)
+
+
+class ByName(nn.Module):
+    """Stores through a dict of layers (`cache.by_name["b"].keys = ...`) and into an attribute that is no Python
+    identifier (`setattr(layer, "last out", x)`): read inline (`r0.by_name['b']`) or kept as setattr."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
+        for name in ("a", "b"):
+            layer = cache.by_name[name]
+            x = self.lin(x) + layer.keys.sum(0)
+            layer.keys = torch.cat([layer.keys[1:], x[:1]])
+            setattr(layer, "last out", x * 2)
+        return x
+
+
+def test_stores_through_dict_items_and_non_identifier_attributes_match_eager():
+    torch.manual_seed(0)
+    model, reference = ByName(), ByName()
+    reference.load_state_dict(model.state_dict())
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    keys = {name: torch.randn(3, 4) for name in ("a", "b")}
+    ours, theirs = (Cache([]), Cache([]))
+    for cache in (ours, theirs):
+        cache.by_name = {name: Layer(k.clone()) for name, k in keys.items()}
+    with torch.no_grad():
+        for step in range(4):
+            if step == 2:  # a layer swapped in the dict between calls: the stores go to the new one
+                k = torch.randn(3, 4)
+                ours.by_name["b"], theirs.by_name["b"] = Layer(k.clone()), Layer(k.clone())
+            torch.testing.assert_close(fn(x, ours), reference(x, theirs))
+            for name in ("a", "b"):
+                a, b = ours.by_name[name], theirs.by_name[name]
+                torch.testing.assert_close(a.keys, b.keys)
+                torch.testing.assert_close(getattr(a, "last out"), getattr(b, "last out"))
+    assert fn.stats.captures == 1

@@ -7,6 +7,12 @@ of an 80-layer decode step. Between calls those tensors are usually the same, in
 and strides are pinned by the entry's metadata check, their byte ranges are a function of their data
 pointers, so the same objects at the same pointers mean the same answer as the last call that passed; the
 inputs then only need a storage of their own, apart from the remembered ones.
+
+# Note: pointers alone, when the remembered byte ranges are apart
+Where the last call's per-call tensors had non-empty byte ranges that pairwise share no byte, their data pointers
+alone decide (no `id` pass): the same pointers with the same sizes, strides and dtype give the same ranges, still
+pairwise apart, so distinct objects sharing no memory; and, their storage offsets being checked exactly too, the
+same storage starts (pointer less offset), so the inputs' check against the remembered starts stays right.
 """
 
 from __future__ import annotations
@@ -38,14 +44,18 @@ class PerCallAliases:
     def __init__(self, expected: tuple, pinned: bool) -> None:
         self.expected = expected
         self.pinned = pinned
-        self._memo: tuple[tuple[int, ...], frozenset[int]] | None = None  # (ids + data pointers, storage starts)
+        # (data pointers, or ids then data pointers; storage starts; whether the pointers alone decide)
+        self._memo: tuple[tuple[int, ...], frozenset[int], bool] | None = None
 
     def holds(self, leaves: list[Any], per_call: tuple) -> bool:
         inputs = [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
         memo = self._memo
         if memo is not None:
             try:
-                same = (*map(id, per_call), *map(_data_ptr, per_call)) == memo[0]
+                if memo[2]:
+                    same = tuple(map(_data_ptr, per_call)) == memo[0]
+                else:
+                    same = (*map(id, per_call), *map(_data_ptr, per_call)) == memo[0]
             except (TypeError, RuntimeError):
                 same = False
             if same and self._apart(inputs, memo[1]):
@@ -79,12 +89,29 @@ class PerCallAliases:
 
     def _remember(self, inputs: list[torch.Tensor], per_call: tuple) -> None:
         try:
-            pointers = (*map(id, per_call), *map(_data_ptr, per_call))
+            pointers = tuple(map(_data_ptr, per_call))
             taken = frozenset(_base(t) for t in per_call)
+            alone = _ranges_apart(per_call)
         except (TypeError, RuntimeError, NotImplementedError):
             return
+        if not alone:
+            pointers = (*map(id, per_call), *pointers)
         # (only when the inputs kept apart from the per-call tensors, as `holds` will require of later calls)
-        self._memo = (pointers, taken) if self._apart(inputs, taken) else None
+        self._memo = (pointers, taken, alone) if self._apart(inputs, taken) else None
+
+
+def _ranges_apart(tensors: tuple) -> bool:
+    """Whether each tensor is strided, not empty, and shares no byte with the others, by the byte range from its
+    data pointer to its last element's end."""
+    ranges = []
+    for t in tensors:
+        if t.layout is not torch.strided or t.numel() == 0:
+            return False
+        start = t.data_ptr()
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+        ranges.append((start, start + extent * t.element_size()))
+    ranges.sort()
+    return all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))
 
 
 def fixed_bases(fixed: Any) -> frozenset[int]:

@@ -11,6 +11,7 @@ constant is generated; an entry with any other store keeps the generic replay.
 
 from __future__ import annotations
 
+import keyword
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,12 @@ class _Code:
             return None if index is None else source.expr(base, index)
         if isinstance(source, Item) and type(source.item) not in (int, str):
             return f"_item({base}, {self.constant(source.item)})"
+        # Attributes and int or str items read inline (`r0.layers[3]`), not through getattr(.., MISSING) and _item:
+        # where the helpers would answer MISSING the store itself would fail; inline, the read raises first.
+        if type(source) is Attr and source.attr.isidentifier() and not keyword.iskeyword(source.attr):
+            return f"{base}.{source.attr}"
+        if type(source) is Item:
+            return f"{base}[{source.item!r}]"
         return source.expr(base)
 
 
@@ -85,7 +92,10 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
             expr = f"(_o.detach() if (_o := outputs[{int(value.value)}]).requires_grad else _o)"
         else:
             expr = code.constant(value.value)
-        lines.append(f"    setattr({target}, {effect.key!r}, {expr})")
+        if effect.key.isidentifier() and not keyword.iskeyword(effect.key):  # (a store, not a call of setattr)
+            lines.append(f"    {target}.{effect.key} = {expr}")
+        else:
+            lines.append(f"    setattr({target}, {effect.key!r}, {expr})")
         lines.append(f"    if _EPOCH.value != epoch: return {i + 1}")
     lines.append(f"    return {len(effects)}")
     lines[1:1] = [f"    {local} = {expr}" for expr, local in code.leaves.items()]

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .. import caches
-from ..sources import MISSING, Absolute, Attr, CallContext, Item, SlotItem, Source, mro_attr
+from ..sources import MISSING, Absolute, Attr, CallContext, Closure, Item, SlotItem, Source, mro_attr
 from ..torch_internals import DisableTorchFunction, tensor_guards
 from ..trace.tensormeta import meta_values, tensor_kind, tensor_meta
 from .hook_keys import describe_hooks, hooks_key
@@ -62,16 +62,21 @@ DEFERRED_LINE = "    pass"  # where a guard left to DeferredTensors stands (for 
 
 
 def _assignment(name: str, source: Source, expr: str, base: str, key: str, operands: list[str]) -> list[str]:
-    """`name = expr`, where `expr` is an attribute, item or slot read through its helper (`getattr(.., _MISSING)`,
-    `_item`, `_slot_item`): the same read inline, with the helper's answer (MISSING) on the exceptions it
-    catches. A deep model's per-call check makes several such reads per layer (a KV cache's); inline they
-    cost a third of a helper call. The helpers' other cases come out the same: a MISSING base has no such
-    attribute and no items (AttributeError, TypeError)."""
-    if type(source) is Attr and expr == source.expr(base) and source.attr.isidentifier() \
+    """`name = expr`, where `expr` is an attribute, item, slot or closure cell read through its helper
+    (`getattr(.., _MISSING)`, `_item`, `_slot_item`, `_cell`): the same read inline, with the helper's answer
+    (MISSING) on the exceptions it catches. A deep model's per-call check makes several such reads per layer (a KV
+    cache's); inline they cost a third of a helper call. The helpers' other cases come out the same: a MISSING
+    base has no such attribute and no items (AttributeError, TypeError)."""
+    if type(source) is Attr and source.attr == "cell_contents" and expr == source.expr(base):  # (an empty cell:
+        read, caught = f"{base}.cell_contents", "(AttributeError, ValueError)"  # ValueError, see _cell_contents)
+    elif type(source) is Attr and expr == source.expr(base) and source.attr.isidentifier() \
             and not keyword.iskeyword(source.attr):
         read, caught = f"{base}.{source.attr}", "AttributeError"
     elif type(source) is Item and expr == f"_item({base}, {key})":
         read, caught = f"{base}[{key}]", "(KeyError, IndexError, TypeError)"
+    elif type(source) is Closure and expr == source.expr(base):  # (no closure, too short, an empty cell: MISSING)
+        read = f"fn.__closure__[{source.index}].cell_contents"
+        caught = "(AttributeError, TypeError, IndexError, ValueError)"
     elif type(source) is SlotItem and expr == source.expr(base, *operands):
         index = operands[0]
         read, caught = f"{base}[{index}] if type({index}) is _int else _MISSING", "(KeyError, IndexError, TypeError)"

@@ -50,10 +50,22 @@ class Attr(Source):
 
     def _step(self, ctx, memo):
         obj = self.parent.resolve(ctx, memo)
+        if self.attr == "cell_contents":
+            return _cell_contents(obj)
         return MISSING if obj is MISSING else getattr(obj, self.attr, MISSING)
 
     def expr(self, base_expr: str) -> str:
+        if self.attr == "cell_contents":
+            return f"_cell_contents({base_expr})"
         return f"getattr({base_expr}, {self.attr!r}, _MISSING)"
+
+
+def _cell_contents(cell: Any) -> Any:
+    """A closure cell's value; MISSING for an empty cell (which raises ValueError, not AttributeError)."""
+    try:
+        return cell.cell_contents
+    except (AttributeError, ValueError):
+        return MISSING
 
 
 class TypeOf(Source):
@@ -232,4 +244,4 @@ def module_path(root: Source, qualified_name: str) -> Source:
 
 
 RESOLVE_HELPERS = {"_item": _item, "_slot_item": _slot_item, "_cell": _cell, "_leaf": _leaf, "_type_of": _type_of,
-                   "mro_attr": mro_attr, "_MISSING": MISSING}
+                   "mro_attr": mro_attr, "_MISSING": MISSING, "_cell_contents": _cell_contents}

@@ -109,11 +109,12 @@ def aliases_of(leaves: list[Any]) -> tuple:
     """For each leaf, the index of the first leaf that is the same object (which inputs alias); then, when
     distinct tensors share a storage (`base[:5]` and `base[1:]`, `x` and `x.detach()` or `x.data`), the pairs
     whose bytes may overlap, so an in-place op traced on disjoint inputs is not reused on overlapping ones."""
-    try:  # the common case, all tensors in storages of their own: one storage lookup each, no id pass
-        storages = [s._cdata for s in map(torch.Tensor.untyped_storage, leaves)]
-        if len(set(storages)) == len(storages):
-            return tuple(range(len(storages)))
-    except (RuntimeError, NotImplementedError, TypeError):  # a leaf that is not a tensor or has no storage
+    try:  # the common case: distinct objects, the tensors in storages of their own (one lookup each)
+        tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+        storages = {s._cdata for s in map(torch.Tensor.untyped_storage, tensors)}
+        if len(storages) == len(tensors) and (len(tensors) == len(leaves) or len(set(map(id, leaves))) == len(leaves)):
+            return tuple(range(len(leaves)))
+    except (RuntimeError, NotImplementedError, TypeError):  # a tensor without a storage
         pass
     first: dict[int, int] = {}
     same = tuple(first.setdefault(id(leaf), i) for i, leaf in enumerate(leaves))
