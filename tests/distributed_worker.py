@@ -190,7 +190,7 @@ def fsdp_twins() -> dict:
 
 def steady_step(fn) -> dict:
     """One more training step of a compiled model after its first ones: whether the write epoch moved and how
-    many entries ran their full guard check (FSDP's parameter swaps are checked per call: fsdp_slots.py)."""
+    many entries ran their full guard check (FSDP's parameter swaps are checked per call: fsdp_swaps.py)."""
     from stampout.compile import entries as compiled_entries
     from stampout.watch.tracking import EPOCH
 

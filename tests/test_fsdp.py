@@ -67,7 +67,7 @@ def test_fsdp_sharded_blocks_are_one_region_trace(ranks, backend):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_fsdp_steady_step_checks_per_call_only(ranks, backend):
     """After the first steps, FSDP's parameter swaps (2 per parameter and step, and again in backward) move no
-    write epoch, so no piece runs its full guard check: each checks its swapped slots by identity per call."""
+    write epoch, so no piece runs its full guard check: each checks its swapped parameters by identity per call."""
     for report in ranks(FSDP):
         assert report[backend]["steady"] == {"epoch_moved": False, "full_checks": 0}
 

@@ -296,8 +296,8 @@ class ProgramCapture:
             program = self.program
             if program is not None:
                 program.abandon = False
-            self.slots: list[torch.Tensor] = []
-            self.template = to_template(out, self.slots, input_objects(self.leaves), sizes=True)
+            self.holes: list[torch.Tensor] = []
+            self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True)
             check_no_hidden_tensors(self.template)
             with DisableTorchFunction(), listeners(None, None):
                 if guard_program:
@@ -332,7 +332,7 @@ class ProgramCapture:
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
             self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):],
                                        self.made_modules)
-        nodes = [tracer.root.node_for(t) for t in [*self.slots, *self.plan.extra]]
+        nodes = [tracer.root.node_for(t) for t in [*self.holes, *self.plan.extra]]
         if not self.guard_program:
             warn_unnamed(tracer, self.program)
         tracer.root.sync_inference()

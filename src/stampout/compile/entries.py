@@ -21,7 +21,7 @@ from ..sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Sou
 from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch
-from .fsdp_slots import SwappedSlots
+from .fsdp_swaps import SwappedParams
 from .per_call_aliases import PerCallAliases, fixed_bases, overlaps_fixed
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
@@ -177,8 +177,8 @@ class Entry:
             self._replay = compile_replay([anchored for anchored, _ in self.effects])
             always = anchored(always, self.anchors)
             per_call = [self.anchors.rewrite(source) for source in per_call]
-        # (FSDP's parameter slots among what the cached state read: checked per call, see fsdp_slots.py)
-        self.swapped = SwappedSlots([*protected, *self.fixed_sources, *(p for g in self.anchors.groups for p in g)])
+        # (FSDP's swapped parameters among what the cached state read: checked per call, see fsdp_swaps.py)
+        self.swapped = SwappedParams([*protected, *self.fixed_sources, *(p for g in self.anchors.groups for p in g)])
         deferred: list[Guard] = []
         self.always = compile_guards(always, per_call, deferred)
         self.deferred = DeferredTensors(deferred)  # the per-call tensors' metadata: one C++ check

@@ -350,13 +350,13 @@ def _user_inputs(cap: Capture, fn: Callable, args: tuple, kwargs: dict,
 def _outputs(cap: Capture, gm: fx.GraphModule, where: str) -> tuple[list[OutputSpec], pytree.TreeSpec]:
     """Rewrite the output node in torch.export's layout: one entry per pytree leaf of the program's result."""
     output = gm.graph.find_nodes(op="output")[0]
-    slots = list(output.args[0])
-    leaves, out_spec = pytree.tree_flatten(build(cap.output_template, [_Slot(k) for k in range(len(slots))]))
+    holes = list(output.args[0])
+    leaves, out_spec = pytree.tree_flatten(build(cap.output_template, [_Hole(k) for k in range(len(holes))]))
     values: list[Any] = []
     specs = []
     for leaf in leaves:
-        if isinstance(leaf, _Slot):
-            values.append(slots[leaf.index])
+        if isinstance(leaf, _Hole):
+            values.append(holes[leaf.index])
             specs.append(OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(values[-1].name), None))
         elif isinstance(leaf, _CONSTANT):
             values.append(leaf)
@@ -371,7 +371,7 @@ def _outputs(cap: Capture, gm: fx.GraphModule, where: str) -> tuple[list[OutputS
 
 
 @dataclass
-class _Slot:
+class _Hole:
     """A pytree leaf standing for the program's output tensor number `index`."""
 
     index: int

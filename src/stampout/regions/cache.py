@@ -43,8 +43,8 @@ LiftedInput = ArgInput | SourceInput | SymbolInput
 
 
 class Output(enum.Enum):
-    """How a stamped call gets one output slot: the kind leading a row `(kind, index, *view)` of
-    `ReuseEntry.outputs`."""
+    """How a stamped call gets the value of one hole of the output template: the kind leading a row
+    `(kind, index, *view)` of `ReuseEntry.outputs`."""
 
     OUT = "out"  # subgraph output `index`
     IN = "in"  # subgraph input `index`: the call's operand itself
@@ -57,7 +57,7 @@ class Store(enum.Enum):
     `ReuseEntry.stores`."""
 
     CONST = "const"  # `value` itself
-    SLOT = "slot"  # output slot `value`
+    HOLE = "hole"  # the value of the output template's hole `value`
     OPERAND = "operand"  # subgraph input `value`
     MISSING = "missing"  # the attribute deleted
 
@@ -73,7 +73,7 @@ class ReuseEntry:
     lifted: list[LiftedInput]  # how each subgraph placeholder is obtained
     subgraph: str
     gm: fx.GraphModule
-    outputs: list[tuple]  # per template slot: (Output kind, index, *view)
+    outputs: list[tuple]  # per template hole: (Output kind, index, *view)
     template: Template
     out_meta: dict[tuple, list[OutputMeta]]  # requires_grad pattern of the inputs -> per output; more patterns
     # added as calls need them

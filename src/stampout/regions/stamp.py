@@ -33,24 +33,24 @@ class Stamping:
         if out_meta is None:
             out_meta = entry.out_meta[rg] = self._propagate(entry, values)
         fakes = [self._fake(meta) for meta in out_meta]
-        slots = []
+        holes = []
         for kind, i, *view in entry.outputs:
             if kind is Output.VIEW:  # a view of output i
-                slots.append(torch.as_strided(fakes[i], *view))
+                holes.append(torch.as_strided(fakes[i], *view))
             elif kind is Output.IN_VIEW:  # a view of operand i, at the same place relative to it
                 size, stride, relative = view
                 base = values[i] if isinstance(values[i], FakeTensor) else self.tracer.fake_of(values[i])
-                slots.append(torch.as_strided(base, size, stride, base.storage_offset() + relative))
+                holes.append(torch.as_strided(base, size, stride, base.storage_offset() + relative))
             else:
-                slots.append(fakes[i] if kind is Output.OUT else values[i])
-        self._emit(parent, entry, operands, slots, fakes)
+                holes.append(fakes[i] if kind is Output.OUT else values[i])
+        self._emit(parent, entry, operands, holes, fakes)
         if entry.stores:
-            self._repeat_stores(entry, CallContext(leaves, region.fn), slots, values)
+            self._repeat_stores(entry, CallContext(leaves, region.fn), holes, values)
         self.stats.reuses += 1
         self._record(region, site, Outcome.REUSED, "", entry.subgraph)
-        return build(entry.template, slots)
+        return build(entry.template, holes)
 
-    def _repeat_stores(self, entry: ReuseEntry, ctx: CallContext, slots: list, values: list) -> None:
+    def _repeat_stores(self, entry: ReuseEntry, ctx: CallContext, holes: list, values: list) -> None:
         """What the traced call stored, stored by this stamped call on its own objects (through their
         `__setattr__`, so enclosing traces and the program see the writes; `stored` keeps the objects, whose
         traced values the capture then makes real as it does the traced call's)."""
@@ -62,7 +62,7 @@ class Stamping:
                 if hasattr(obj, name):
                     delattr(obj, name)
                 continue
-            setattr(obj, name, value if kind is Store.CONST else slots[value] if kind is Store.SLOT else values[value])
+            setattr(obj, name, value if kind is Store.CONST else holes[value] if kind is Store.HOLE else values[value])
 
     def _propagate(self, entry: ReuseEntry, values: list[Any]) -> list[OutputMeta]:
         """Output metadata of the entry's subgraph for inputs that differ only in requires_grad (its nested region
@@ -80,7 +80,7 @@ class Stamping:
             self.tracer.meta.adopt(fake)
         return fake
 
-    def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], slots: list,
+    def _emit(self, builder: Builder, entry: ReuseEntry, operands: list[fx.Node], holes: list,
               out_fakes: list) -> None:
         """Append `invoke_subgraph(subgraph, name, *operands)`, one getitem per output, and the views the
         region returned of one of them, to `builder`."""
@@ -92,7 +92,7 @@ class Stamping:
         call.meta["stack_trace"] = f"  File {entry.call_site}\n"
         for out, fake in zip(outs, out_fakes):
             out.meta["val"] = fake
-        for (kind, i, *view), value in zip(entry.outputs, slots):
+        for (kind, i, *view), value in zip(entry.outputs, holes):
             if kind is Output.OUT:
                 builder.bind(value, outs[i])
             elif kind is Output.VIEW:

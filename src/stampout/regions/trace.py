@@ -79,13 +79,13 @@ class Tracing:
     def _finish_trace(self, region, frame, child, parent, out, fp, rg, site, reason, hash_key) -> Any:
         """Close the subgraph, dedup it, make the reuse entry and emit the call into the parent graph."""
         frame.close()
-        slots: list[torch.Tensor] = []
-        template = to_template(out, slots)
-        slot_nodes = [child.node_for(t) for t in slots]
+        holes: list[torch.Tensor] = []
+        template = to_template(out, holes)
+        hole_nodes = [child.node_for(t) for t in holes]
         placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
         outputs: list[tuple[Output, int]] = []
         returned: list[fx.Node] = []
-        for node in slot_nodes:
+        for node in hole_nodes:
             if node in placeholders:
                 outputs.append((Output.IN, placeholders[node]))
             elif node in returned:
@@ -109,11 +109,11 @@ class Tracing:
         for t in escaped:  # tensors the region handed out by side channels: outputs too
             outputs.append((Output.OUT, len(returned)))
             returned.append(child.nodes[id(t)][1])
-        slots.extend(escaped)
-        stores = self._replayable_stores(frame, child, slots)
+        holes.extend(escaped)
+        stores = self._replayable_stores(frame, child, holes)
         if stores and hash_key is not None:  # calls sharing a hash key skip the guards a replay relies on
             frame.mark_ineligible(f"writes {stores[0][0].name()}.{stores[0][1]} (a Python side effect)")
-        returned, outputs = views_of_one_base(returned, outputs, slots)
+        returned, outputs = views_of_one_base(returned, outputs, holes)
         child.sync_inference()
         child.graph.output(tuple(returned))
         gm = without_module_hooks(LazyGraphModule(child.submodules, child.graph, class_name="Region"))
@@ -141,7 +141,7 @@ class Tracing:
                 site, "remove the side effect or the reuse_hash_fn",
             ))
 
-        self._emit(parent, entry, child.operands, slots, [n.meta["val"] for n in returned])
+        self._emit(parent, entry, child.operands, holes, [n.meta["val"] for n in returned])
         outcome = Outcome.DEDUPED if deduped else Outcome.TRACED
         if deduped:
             self.stats.dedups += 1
@@ -151,14 +151,14 @@ class Tracing:
         return out
 
     @staticmethod
-    def _replayable_stores(frame: RegionFrame, child: Builder, slots: list) -> tuple:
+    def _replayable_stores(frame: RegionFrame, child: Builder, holes: list) -> tuple:
         """The trace's attribute stores on objects it can name (`cache.layers[i].keys = zeros(...)`, a flag set
         to True), as stores its stamped calls repeat: the last value per attribute, a constant, a tensor the
         region returns (an escaped output) or one of its inputs. Anything else makes the trace ineligible."""
         if frame.program or not frame.stores:
             return ()
         placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
-        slot_of = {id(t): k for k, t in enumerate(slots)}
+        hole_of = {id(t): k for k, t in enumerate(holes)}
         last: dict[tuple[int, str], tuple] = {}
         for obj, name, value, _, where in frame.stores:
             last[(id(obj), name)] = (obj, name, value, where)
@@ -174,8 +174,8 @@ class Tracing:
                 how = (Store.CONST, value)  # (a symbolic int: a stamped call, with the same symbols, stores the same)
             elif hit is not None and hit[1] in placeholders:
                 how = (Store.OPERAND, placeholders[hit[1]])
-            elif isinstance(value, torch.Tensor) and id(value) in slot_of:
-                how = (Store.SLOT, slot_of[id(value)])
+            elif isinstance(value, torch.Tensor) and id(value) in hole_of:
+                how = (Store.HOLE, hole_of[id(value)])
             else:
                 frame.mark_ineligible(f"stores a {type(value).__name__} on {target.name()}.{name} at {where}")
                 return ()

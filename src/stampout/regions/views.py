@@ -42,7 +42,7 @@ def _view_root(node: fx.Node) -> fx.Node:
     return node
 
 
-def views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: list) -> tuple[list, list]:
+def views_of_one_base(returned: list[fx.Node], outputs: list[tuple], holes: list) -> tuple[list, list]:
     """Outputs that are views of one tensor (`return h[:, :n], h[:, n:]`): the subgraph returns that tensor
     once, and the caller's graph takes the views with `as_strided` (same sizes, strides, offsets). Aliasing
     outputs of a reused subgraph get wrong values from torch 2.13's Inductor; this way there are none, and the
@@ -57,7 +57,7 @@ def views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: list
         root = _view_root(returned[j])
         if root.op == "placeholder":
             base = root.meta["val"]
-            t = slots[k]
+            t = holes[k]
             index = [n for n in root.graph.nodes if n.op == "placeholder"].index(root)
             new_outputs[k] = (Output.IN_VIEW, index, tuple(t.shape), tuple(t.stride()),
                               t.storage_offset() - base.storage_offset())
@@ -75,7 +75,7 @@ def views_of_one_base(returned: list[fx.Node], outputs: list[tuple], slots: list
             continue
         r = index_of(root)
         for k in members:
-            t = slots[k]
+            t = holes[k]
             new_outputs[k] = (Output.VIEW, r, tuple(t.shape), tuple(t.stride()), t.storage_offset())
     for k, (kind, *rest) in enumerate(new_outputs):
         if kind is Output.OUT:

@@ -25,7 +25,7 @@ def fsdp_cast_dtypes(module: torch.nn.Module) -> tuple[torch.dtype | None, torch
 
 
 def patch_fsdp_parameter_swaps(make_swap: Callable[[Callable], Callable]) -> None:
-    """FSDP2 swaps parameters in their slots through `make_swap(its function)` from now on (fsdp_slots.py)."""
+    """FSDP2 swaps parameters through `make_swap(its function)` from now on (fsdp_swaps.py)."""
     target = "torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param"
     owner = importlib.import_module(target.rsplit(".", 1)[0])
     if not getattr(owner.unsafe_setattr_param, "__stampout_swap__", False):

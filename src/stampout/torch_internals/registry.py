@@ -50,7 +50,7 @@ class Patch:
 # memoized), backends/startup.scope (Inductor's header precompiles, skipped where they do not pay, on a thread inside
 # stampout's compiles only, built in the background where they do; any build waits for a header still building),
 # aoti.enable_aoti_regions (AOTInductor's C++ codegen of invoke_subgraph, one trace per subgraph) and
-# fsdp_slots.install (FSDP2's parameter swaps write their slots without bumping the epoch).
+# fsdp_swaps.install (FSDP2's parameter swaps write parameters without bumping the epoch).
 # Each replacement goes through `patch_permanently`: it must name a target of PATCH_TARGETS (checked per torch
 # release) or a public one, and PERMANENT_PATCHES lists what this process changed.
 PERMANENT_PATCHES: list[Patch] = []

@@ -2,13 +2,14 @@
 
 Inputs are flattened into leaves plus a hashable spec for fingerprints. Outputs become a template
 that is rebuilt around new tensors: tuples, lists, dicts, namedtuples, dataclasses and Hugging Face
-`ModelOutput`s, with tensors as slots and everything else kept as it was.
+`ModelOutput`s, with tensors as holes (filled per call) and everything else kept as it was.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 import sys
 import types
@@ -209,76 +210,96 @@ def _reachable(d: int, dims: list[tuple[int, int]]) -> bool:
     return False
 
 
-# Output templates: a tree of tuples; ("slot", i) marks the i-th tensor, ("input", i) the call's i-th input leaf
-# (an object the call was given and returns, such as a KV cache: each call returns its own).
+class Form(enum.IntEnum):
+    """What a node of an output template is: the kind leading its tuple. A template is a tree of tuples
+    `(Form.HOLE, i)` (the i-th value filled in per call: a tensor, or a size the graph computes),
+    `(Form.INPUT, i)` (the call's i-th input leaf: an object the call was given and returns, such as a KV cache;
+    each call returns its own), `(Form.CONST, value)`, or `(form, type, children)` for a container. (An
+    IntEnum: `build` runs on every compiled call and compares these by identity.)"""
+
+    HOLE = 0
+    INPUT = 1
+    CONST = 2
+    SEQ = 3  # tuple, list or torch.Size: children in order
+    NAMEDTUPLE = 4
+    STRUCTSEQ = 5  # torch.return_types.max
+    MODELOUTPUT = 6  # transformers' ModelOutput: (key, child) pairs of its set keys
+    DATACLASS = 7  # (field name, child) pairs of its init fields
+    DICT = 8  # dict or OrderedDict: (key, child) pairs
+
+
+_HOLE, _INPUT, _CONST = Form.HOLE, Form.INPUT, Form.CONST
+_SEQ, _NAMEDTUPLE, _STRUCTSEQ = Form.SEQ, Form.NAMEDTUPLE, Form.STRUCTSEQ
+_DICT = Form.DICT
+_KEYED = frozenset((Form.MODELOUTPUT, Form.DATACLASS, Form.DICT))  # children are (key, child) pairs
 Template = tuple
 
 
-def to_template(value: Any, slots: list[Any], inputs: dict[int, int] | None = None, sizes: bool = False) -> Template:
+def to_template(value: Any, holes: list[Any], inputs: dict[int, int] | None = None, sizes: bool = False) -> Template:
     """The template of `value`, appending each tensor it holds (and with `sizes`, each symbolic size: the
-    graph computes it) to `slots`; `inputs` maps the id of each input object (not a tensor or constant) to
+    graph computes it) to `holes`; `inputs` maps the id of each input object (not a tensor or constant) to
     its leaf index."""
     if isinstance(value, torch.Tensor) or sizes and isinstance(value, SIZES):
-        slots.append(value)
-        return ("slot", len(slots) - 1)
+        holes.append(value)
+        return (Form.HOLE, len(holes) - 1)
     if inputs and id(value) in inputs:
-        return ("input", inputs[id(value)])
-    return _to_template(value, slots, lambda v: to_template(v, slots, inputs, sizes))
+        return (Form.INPUT, inputs[id(value)])
+    return _to_template(value, holes, lambda v: to_template(v, holes, inputs, sizes))
 
 
-def _to_template(value: Any, slots: list[Any], to_template: Any) -> Template:
+def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
     t = type(value)
     if t is tuple or t is list or t is torch.Size:
-        return ("seq", t, tuple(to_template(v) for v in value))
+        return (Form.SEQ, t, tuple(to_template(v) for v in value))
     if _is_namedtuple(value):
-        return ("namedtuple", t, tuple(to_template(v) for v in value))
+        return (Form.NAMEDTUPLE, t, tuple(to_template(v) for v in value))
     if isinstance(value, tuple) and hasattr(t, "n_fields"):  # a structseq: torch.return_types.max
-        return ("structseq", t, tuple(to_template(v) for v in value))
+        return (Form.STRUCTSEQ, t, tuple(to_template(v) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if isinstance(value, dict):  # transformers' ModelOutput: a dict whose set keys are its fields
             items = tuple((k, to_template(v)) for k, v in value.items())
-            return ("modeloutput", t, items)
+            return (Form.MODELOUTPUT, t, items)
         fields = tuple(
             (f.name, to_template(getattr(value, f.name))) for f in dataclasses.fields(value) if f.init
         )
-        return ("dataclass", t, fields)
+        return (Form.DATACLASS, t, fields)
     if t is dict or t is collections.OrderedDict:
-        return ("dict", t, tuple((k, to_template(v)) for k, v in value.items()))
-    return ("const", value)
+        return (Form.DICT, t, tuple((k, to_template(v)) for k, v in value.items()))
+    return (Form.CONST, value)
 
 
 def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
-    """Rebuild the structure of `template` with `values[i]` in slot i and the call's input leaf `leaves[i]`
+    """Rebuild the structure of `template` with `values[i]` in hole i and the call's input leaf `leaves[i]`
     where the template returns input i."""
-    kind = template[0]
-    if kind == "slot":
+    form = template[0]
+    if form is _HOLE:
         return values[template[1]]
-    if kind == "const":
+    if form is _CONST:
         return template[1]
-    if kind == "input":
+    if form is _INPUT:
         return leaves[template[1]]
     t, children = template[1], template[2]
-    if kind == "seq":
+    if form is _SEQ:
         return t(build(c, values, leaves) for c in children)
-    if kind == "namedtuple":
+    if form is _NAMEDTUPLE:
         return t(*(build(c, values, leaves) for c in children))
-    if kind == "structseq":
+    if form is _STRUCTSEQ:
         return t(tuple(build(c, values, leaves) for c in children))
-    if kind in ("modeloutput", "dataclass"):
+    if form is not _DICT:  # a ModelOutput or dataclass
         return t(**{k: build(c, values, leaves) for k, c in children})
     return t((k, build(c, values, leaves)) for k, c in children)
 
 
 def template_constants(template: Template) -> list[Any]:
-    """Every non-slot leaf of a template."""
-    kind = template[0]
-    if kind == "slot" or kind == "input":
+    """Every constant leaf of a template (not a hole or input)."""
+    form = template[0]
+    if form is _HOLE or form is _INPUT:
         return []
-    if kind == "const":
+    if form is _CONST:
         return [template[1]]
     out: list[Any] = []
     for child in template[2]:
-        out.extend(template_constants(child[1] if kind in ("modeloutput", "dataclass", "dict") else child))
+        out.extend(template_constants(child[1] if form in _KEYED else child))
     return out
 
 

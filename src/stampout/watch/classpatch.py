@@ -11,6 +11,7 @@ module inherits from) are left alone: the caller falls back to another way, or t
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,13 @@ def peek(obj: Any, name: str) -> Any:
     return MISSING
 
 
+class Need(enum.Enum):
+    """Why an instance is watched: which part of its class's patch it needs."""
+
+    READ = "read"  # reads and writes reported to the capture on this thread (__getattribute__, __getattr__ too)
+    WRITE = "write"  # writes bump EPOCH while a compiled function guards it
+
+
 class _Patch:
     """One patched class: what its dict held before, and how many watched instances need each part (reads
     are reported only during a capture; writes bump the epoch while a compiled function watches)."""
@@ -88,7 +96,7 @@ class _Patch:
     def __init__(self, cls: type) -> None:
         self.cls = cls
         self.saved: dict[str, Any] = {}
-        self.users = {"read": 0, "write": 0}
+        self.users = {Need.READ: 0, Need.WRITE: 0}
 
 
 _PATCHES: dict[type, _Patch] = {}
@@ -210,8 +218,8 @@ def patchable(cls: type) -> bool:
 _READ_NAMES = ("__getattribute__", "__getattr__")
 
 
-def acquire(cls: type, kind: str) -> bool:
-    """Patch `cls` for one more watched instance (`kind`: "read" or "write"); False when it cannot be."""
+def acquire(cls: type, kind: Need) -> bool:
+    """Patch `cls` for one more watched instance; False when it cannot be."""
     patch = _PATCHES.get(cls)
     if patch is None:
         if not patchable(cls):
@@ -220,7 +228,7 @@ def acquire(cls: type, kind: str) -> bool:
         if not _install(patch, [n for n in wrappers(cls) if n not in _READ_NAMES]):
             return False
         _PATCHES[cls] = patch
-    if kind == "read" and patch.users["read"] == 0 and not _install(patch, list(_READ_NAMES)):
+    if kind is Need.READ and patch.users[Need.READ] == 0 and not _install(patch, list(_READ_NAMES)):
         if not any(patch.users.values()):
             _restore(patch, list(patch.saved))
             del _PATCHES[cls]
@@ -229,12 +237,12 @@ def acquire(cls: type, kind: str) -> bool:
     return True
 
 
-def release(cls: type, kind: str) -> None:
+def release(cls: type, kind: Need) -> None:
     patch = _PATCHES.get(cls)
     if patch is None:
         return
     patch.users[kind] -= 1
-    if kind == "read" and patch.users["read"] <= 0:
+    if kind is Need.READ and patch.users[Need.READ] <= 0:
         _restore(patch, list(_READ_NAMES))
     if not any(n > 0 for n in patch.users.values()):
         _restore(patch, list(patch.saved))

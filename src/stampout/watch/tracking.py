@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from . import classpatch
-from .classpatch import EPOCH, READ_IDS, WRITE_IDS
+from .classpatch import EPOCH, READ_IDS, WRITE_IDS, Need
 
 _SHIMS: dict[type, type | None] = {}
 
@@ -73,7 +73,7 @@ class Watch:
         if key in self._objects:
             return True
         cls = type(obj)
-        if classpatch.acquire(cls, "read"):
+        if classpatch.acquire(cls, Need.READ):
             self._objects[key] = (obj, None)
             READ_IDS.add(key)
             return True
@@ -91,7 +91,7 @@ class Watch:
         for key, (obj, previous) in reversed(list(self._objects.items())):
             READ_IDS.discard(key)
             if previous is None:
-                classpatch.release(type(obj), "read")
+                classpatch.release(type(obj), Need.READ)
             else:
                 _set_class(obj, previous)
         self._objects.clear()
@@ -138,7 +138,7 @@ class WriteWatch:
             return True
         shared = _WRITE_WATCHERS.get(key)
         if shared is None:
-            if classpatch.acquire(type(obj), "write"):
+            if classpatch.acquire(type(obj), Need.WRITE):
                 previous = None
             else:
                 previous = _swap(obj, shim_class)
@@ -159,7 +159,7 @@ class WriteWatch:
             if shared[2] == 0:
                 obj, previous = shared[0], shared[1]
                 if previous is None:
-                    classpatch.release(type(obj), "write")
+                    classpatch.release(type(obj), Need.WRITE)
                 else:
                     _set_class(obj, previous)
                 if isinstance(obj, torch.nn.Module):

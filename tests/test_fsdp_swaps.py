@@ -1,4 +1,4 @@
-"""FSDP2's parameter swaps (fsdp_slots.py): written without bumping the epoch, checked per call by identity.
+"""FSDP2's parameter swaps (fsdp_swaps.py): written without bumping the epoch, checked per call by identity.
 
 The swap function is the one stampout routes FSDP's `unsafe_setattr_param` through; these tests call it
 directly on plain modules (no process group), then a one-rank FSDP model shows a steady step bumps nothing.
@@ -14,12 +14,12 @@ from torch import nn
 
 import stampout
 from stampout.compile import entries as compiled_entries
-from stampout.compile import fsdp_slots
+from stampout.compile import fsdp_swaps
 from stampout.watch.tracking import EPOCH
 
 
 def _fsdp_swap():
-    return fsdp_slots._swapping(lambda m, n, p: setattr(m, n, p))
+    return fsdp_swaps._swapping(lambda m, n, p: setattr(m, n, p))
 
 
 def _refreshes(monkeypatch) -> list[int]:
@@ -35,14 +35,14 @@ def _refreshes(monkeypatch) -> list[int]:
 
 
 def test_a_swapped_parameter_is_read_per_call(monkeypatch):
-    """A slot swapped to another parameter of the same metadata: the next call computes with (and
+    """A parameter swapped for another of the same metadata: the next call computes with (and
     differentiates into) the new one, though no write moved the epoch."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     fn = stampout.compile(model, backend="eager")
     swap = _fsdp_swap()
     x = torch.randn(2, 4)
-    swap(model[0], "weight", model[0].weight)  # (its first swap registers the slot, and bumps)
+    swap(model[0], "weight", model[0].weight)  # (its first swap registers the parameter, and bumps)
     torch.testing.assert_close(fn(x), model(x))
     other = nn.Parameter(torch.randn(4, 4))
     refreshes = _refreshes(monkeypatch)
@@ -53,7 +53,7 @@ def test_a_swapped_parameter_is_read_per_call(monkeypatch):
     torch.testing.assert_close(out, model(x))
     out.sum().backward()
     assert other.grad is not None
-    assert refreshes == [1]  # the slot held another object: the full check ran again, once
+    assert refreshes == [1]  # the module held another object: the full check ran again, once
     fn(x)
     assert refreshes == [1]  # then the per-call check holds again
 
@@ -73,8 +73,8 @@ def test_a_swapped_parameter_of_other_metadata_is_not_reused():
 
 
 @pytest.mark.parametrize("how", ["setattr", "registry", "load_state_dict"])
-def test_other_writes_to_a_swapped_slot_still_bump(how):
-    """Only FSDP's own swaps are quiet: the user's writes to the same slot invalidate as before."""
+def test_other_writes_to_a_swapped_parameter_still_bump(how):
+    """Only FSDP's own swaps are quiet: the user's writes to the same parameter invalidate as before."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4))
     ref = copy.deepcopy(model)
@@ -99,7 +99,7 @@ def test_other_writes_to_a_swapped_slot_still_bump(how):
 def test_a_capture_sees_fsdp_writes_as_before():
     """Inside a capture FSDP's function runs as it was (the write goes through the module's watchers)."""
     calls = []
-    swap = fsdp_slots._swapping(lambda m, n, p: calls.append(n))
+    swap = fsdp_swaps._swapping(lambda m, n, p: calls.append(n))
 
     class Swapping(nn.Module):
         def __init__(self) -> None:
