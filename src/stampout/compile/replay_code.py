@@ -11,12 +11,12 @@ constant is generated; an entry with any other store keeps the generic replay.
 
 from __future__ import annotations
 
-import keyword
 from collections.abc import Callable
 from typing import Any
 
 from ..capture.effects import Effect, EffectOp, ValueKind
 from ..sources import RESOLVE_HELPERS, Absolute, Anchor, Arg, Attr, Closure, Global, Item, SlotItem, Source
+from ..trace.names import written_as_is
 from ..watch.tracking import EPOCH
 
 _STEPS = (Attr, Item, SlotItem)
@@ -65,7 +65,7 @@ class _Code:
             return f"_item({base}, {self.constant(source.item)})"
         # Attributes and int or str items read inline (`r0.layers[3]`), not through getattr(.., MISSING) and _item:
         # where the helpers would answer MISSING the store itself would fail; inline, the read raises first.
-        if type(source) is Attr and source.attr.isidentifier() and not keyword.iskeyword(source.attr):
+        if type(source) is Attr and written_as_is(source.attr):
             return f"{base}.{source.attr}"
         if type(source) is Item:
             return f"{base}[{source.item!r}]"
@@ -92,7 +92,7 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
             expr = f"(_o.detach() if (_o := outputs[{int(value.value)}]).requires_grad else _o)"
         else:
             expr = code.constant(value.value)
-        if effect.key.isidentifier() and not keyword.iskeyword(effect.key):  # (a store, not a call of setattr)
+        if written_as_is(effect.key):  # (a store, not a call of setattr)
             lines.append(f"    {target}.{effect.key} = {expr}")
         else:
             lines.append(f"    setattr({target}, {effect.key!r}, {expr})")

@@ -7,7 +7,6 @@ any other exception propagates. What each kind checks is its rule (guards/rules.
 from __future__ import annotations
 
 import functools
-import keyword
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch
 from .. import caches
 from ..sources import MISSING, Absolute, Attr, CallContext, Closure, Item, SlotItem, Source, mro_attr
 from ..torch_internals import DisableTorchFunction, tensor_guards
+from ..trace.names import written_as_is
 from ..trace.tensormeta import meta_values, tensor_kind, tensor_meta
 from .hook_keys import describe_hooks, hooks_key
 from .rules import HELPERS, Kind
@@ -69,8 +69,7 @@ def _assignment(name: str, source: Source, expr: str, base: str, key: str, opera
     base has no such attribute and no items (AttributeError, TypeError)."""
     if type(source) is Attr and source.attr == "cell_contents" and expr == source.expr(base):  # (an empty cell:
         read, caught = f"{base}.cell_contents", "(AttributeError, ValueError)"  # ValueError, see _cell_contents)
-    elif type(source) is Attr and expr == source.expr(base) and source.attr.isidentifier() \
-            and not keyword.iskeyword(source.attr):
+    elif type(source) is Attr and expr == source.expr(base) and written_as_is(source.attr):
         read, caught = f"{base}.{source.attr}", "AttributeError"
     elif type(source) is Item and expr == f"_item({base}, {key})":
         read, caught = f"{base}[{key}]", "(KeyError, IndexError, TypeError)"

@@ -7,6 +7,7 @@ Sources are relative to a call context whose leaves are `[fn, *flat inputs]`: th
 from __future__ import annotations
 
 import contextlib
+import keyword
 import re
 import types
 from collections.abc import Callable
@@ -18,12 +19,19 @@ from .. import config
 from ..sources import Absolute, Arg, Attr, Item, Source, module_path
 
 
+def written_as_is(name: str) -> bool:
+    """Whether `name` may be written in generated code as `obj.name`: Python's compiler reads an identifier after
+    NFKC normalisation (`obj.\ufb01` is `obj.fi`) where getattr/setattr take the string as it is, so only plain
+    ASCII identifiers that are not keywords qualify; any other name goes through getattr/setattr."""
+    return name.isascii() and name.isidentifier() and not keyword.iskeyword(name)
+
+
 def identifier(text: str, fallback: str = "input") -> str:
     """A valid Python identifier named after `text`, as torch.export names its placeholders: each run of other
     characters becomes one "_" (`layers.0.weight` -> layers_0_weight, `batch['input-ids']` -> batch_input_ids);
     a leading digit gets a "_"; `fallback` when nothing is left."""
     name = text.replace(".", "_")
-    if name.isidentifier() and not name[0].isdigit():
+    if name.isascii() and name.isidentifier() and not name[0].isdigit():  # (ASCII: see written_as_is)
         return name
     name = re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_") or fallback
     return f"_{name}" if name[0].isdigit() else name
