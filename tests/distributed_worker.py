@@ -209,9 +209,11 @@ def fsdp_twins() -> dict:
     compiled = stampout.compile(model, backend="aot_eager")
     got = train(model, compiled, 3, 1)
     fn = compiled._compiled
-    shared = [fn.pieces[f"layers.{i}"]._entries[0].capture is fn.pieces["layers.0"]._entries[0].capture
-              for i in range(4)]
-    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "shared": shared}
+    entries = [fn.pieces[f"layers.{i}"]._entries[0] for i in range(4)]
+    shared = [e.capture is entries[0].capture for e in entries]
+    predicates = [e.always is entries[0].always and e._full is entries[0]._full for e in entries]
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "shared": shared,
+            "predicates": predicates}
 
 
 def steady_step(fn) -> dict:

@@ -117,6 +117,8 @@ def test_fsdp_blocks_take_a_siblings_entry_when_its_guards_pass(ranks):
         stats = report["stats"]
         assert (stats["traces"], stats["reuses"], stats["captures"]) == (2, 2, 5), stats
         assert report["shared"] == [True, True, False, True]
+        # (blocks 1 and 3 also run block 0's generated guard predicates: the same guards, one function each)
+        assert report["predicates"] == [True, True, False, True]
     assert reports[0]["stats"] == reports[1]["stats"]
 
 
