@@ -7,6 +7,8 @@ torch.compile on the same sharded Llama-like (tests/distributed_worker.py: each 
     python bench/distributed.py --src ../main/src     # another checkout's stampout
     python bench/distributed.py --before ../main/src  # and that one too, as a third variant (before/after, same run)
     python bench/distributed.py --repeat 3            # each figure the least of 3 interleaved runs (a busy machine)
+    python bench/distributed.py --model hf            # a transformers Llama (random weights from a config), each
+                                                      # decoder layer and the root fully_shard'ed
 
 Each cell is 2 fresh processes (one per rank). *first* is from the compile call to the end of the first
 `backward()` (capture, compile, one step), wall clock and the rank process's CPU time (*first cpu*: steadier on a
@@ -34,22 +36,23 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
 
 
-def _rank(variant: str, depth: int, backend: str, out: str) -> None:
+def _rank(variant: str, depth: int, backend: str, out: str, model_kind: str) -> None:
     sys.path[:0] = [os.environ.get("STAMPOUT_BENCH_SRC") or os.path.join(_ROOT, "src"), os.path.join(_ROOT, "tests")]
     import torch
     import torch.distributed as dist
-    from distributed_worker import sharded_llama
+    from distributed_worker import sharded_hf_llama, sharded_llama
 
     import stampout
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
-    model = sharded_llama(depth)
+    model = sharded_hf_llama(depth) if model_kind == "hf" else sharded_llama(depth)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
 
     def step(fn) -> None:
-        fn(ids).float().pow(2).mean().backward()
+        out = fn(input_ids=ids, use_cache=False).logits if model_kind == "hf" else fn(ids)
+        out.float().pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
 
@@ -74,7 +77,7 @@ def _rank(variant: str, depth: int, backend: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _cell(variant: str, depth: int, backend: str, src: str | None, timeout: float = 1200) -> dict:
+def _cell(variant: str, depth: int, backend: str, src: str | None, model_kind: str, timeout: float = 1200) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -84,7 +87,8 @@ def _cell(variant: str, depth: int, backend: str, src: str | None, timeout: floa
             out = os.path.join(tmp, f"{rank}.json")
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        STAMPOUT_BENCH_SRC=src or "")
-            procs.append(subprocess.Popen([sys.executable, __file__, "--rank", variant, str(depth), backend, out],
+            procs.append(subprocess.Popen([sys.executable, __file__, "--rank", variant, str(depth), backend, out,
+                                           model_kind],
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
             outs.append(out)
         logs = [p.communicate(timeout=timeout)[0] for p in procs]
@@ -102,11 +106,13 @@ def main() -> int:
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--repeat", type=int, default=1,
                         help="cells per variant and depth, run interleaved; each figure is the least of them")
-    parser.add_argument("--rank", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=("llama", "hf"), default="llama",
+                        help="llama: tests/distributed_worker.py's Llama-like; hf: a transformers LlamaForCausalLM")
+    parser.add_argument("--rank", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
-        variant, depth, backend, out = args.rank
-        _rank(variant, int(depth), backend, out)
+        variant, depth, backend, out, model_kind = args.rank
+        _rank(variant, int(depth), backend, out, model_kind)
         return 0
     rows = []
     srcs = {"stampout": os.path.abspath(args.src) if args.src else None, "torch": None}
@@ -117,7 +123,7 @@ def main() -> int:
         cells: dict[str, dict] = {}
         for _ in range(args.repeat):  # (interleaved, so a busy spell of the machine hits every variant alike)
             for v, src in srcs.items():
-                cell = _cell(v, depth, args.backend, src)
+                cell = _cell(v, depth, args.backend, src, args.model)
                 old = cells.get(v)
                 cells[v] = cell if old is None or "error" in old else old if "error" in cell else {
                     k: min(old[k], cell[k]) for k in cell}
@@ -134,9 +140,9 @@ def main() -> int:
                 print(f"{depth:>5} {v[:3] + '/torch':>9} {a['first'] / b['first']:>9.2f} "
                       f"{a['first_cpu'] / b['first_cpu']:>9.2f} {a['steady'] / b['steady']:>9.2f} "
                       f"{a['steady_cpu'] / b['steady_cpu']:>10.2f}")
-        rows.append({"depth": depth, "backend": args.backend, **{v: c for v, c in cells.items()}})
+        rows.append({"depth": depth, "backend": args.backend, "model": args.model, **{v: c for v, c in cells.items()}})
     os.makedirs(os.path.join(_HERE, "out"), exist_ok=True)
-    with open(os.path.join(_HERE, "out", "distributed.json"), "w") as f:
+    with open(os.path.join(_HERE, "out", f"distributed{'_hf' if args.model == 'hf' else ''}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     return 0
 

@@ -7,8 +7,11 @@ parameter's full gradient, stampout's region stats, and the captured graphs' cod
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
 import os
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -152,18 +155,41 @@ def region_code(cap) -> str:
     return "\n".join(parts)
 
 
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def stampout_warnings() -> Iterator[list[str]]:
+    """The messages stampout's loggers emit at WARNING or above meanwhile."""
+    handler = _Warnings()
+    logger = logging.getLogger("stampout")
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+
+
 def fsdp_compile(backends: str) -> dict:
-    """Per backend: eager vs stampout.compile, 3 SGD steps; and eager vs stampout.capture."""
+    """Per backend: eager vs stampout.compile, 3 SGD steps (and what stampout warned of meanwhile); and eager vs
+    stampout.capture."""
     ref = sharded_llama()
     eager = train(ref, ref, 3, 1)
     report: dict = {}
     for backend in backends.split(","):
         stampout.reset()
         model = sharded_llama()
-        compiled = stampout.compile(model, backend=backend)
-        got = train(model, compiled, 3, 1)
+        with stampout_warnings() as warned:
+            compiled = stampout.compile(model, backend=backend)
+            got = train(model, compiled, 3, 1)
         report[backend] = {"rows": differences(eager, got), "stats": stampout_stats(compiled),
-                           "world": world_after(model, ref), "steady": steady_step(compiled)}
+                           "world": world_after(model, ref), "steady": steady_step(compiled), "warnings": warned}
     report["capture"] = fsdp_capture(ref, eager)
     return report
 
@@ -183,9 +209,11 @@ def fsdp_twins() -> dict:
     compiled = stampout.compile(model, backend="aot_eager")
     got = train(model, compiled, 3, 1)
     fn = compiled._compiled
-    shared = [fn.pieces[f"layers.{i}"]._entries[0].capture is fn.pieces["layers.0"]._entries[0].capture
-              for i in range(4)]
-    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "shared": shared}
+    entries = [fn.pieces[f"layers.{i}"]._entries[0] for i in range(4)]
+    shared = [e.capture is entries[0].capture for e in entries]
+    predicates = [e.always is entries[0].always and e._full is entries[0]._full for e in entries]
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "shared": shared,
+            "predicates": predicates}
 
 
 def steady_step(fn) -> dict:
@@ -403,13 +431,15 @@ def hf_llama(backend: str, how: str = "module") -> dict:
     ref = sharded_hf_llama()
     eager = train(ref, lambda ids: ref(input_ids=ids, use_cache=False).logits, 3, 1)
     model = sharded_hf_llama()
-    if how == "forward":  # (the Hugging Face recipe: FSDP's hooks of the root run in the model's own __call__)
-        model.forward = compiled = stampout.compile(model.forward, backend=backend)
-        call = model
-    else:
-        compiled = call = stampout.compile(model, backend=backend)
-    got = train(model, lambda ids: call(input_ids=ids, use_cache=False).logits, 3, 1)
-    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref)}
+    with stampout_warnings() as warned:
+        if how == "forward":  # (the Hugging Face recipe: FSDP's hooks of the root run in the model's own __call__)
+            model.forward = compiled = stampout.compile(model.forward, backend=backend)
+            call = model
+        else:
+            compiled = call = stampout.compile(model, backend=backend)
+        got = train(model, lambda ids: call(input_ids=ids, use_cache=False).logits, 3, 1)
+    return {"rows": differences(eager, got), "stats": stampout_stats(compiled), "world": world_after(model, ref),
+            "warnings": warned}
 
 
 def stampout_stats(compiled) -> dict:

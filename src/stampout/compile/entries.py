@@ -103,6 +103,12 @@ def _anchored_effect(effect: Effect, anchors: Anchors) -> Effect:
     return dataclasses.replace(effect, target=anchors.rewrite(effect.target), values=values)
 
 
+def _same_guards(ours: list[Guard], theirs: list[Guard]) -> bool:
+    """The same checks: equal sources and kinds, the same expected objects (a sibling's come from one capture)."""
+    return len(ours) == len(theirs) and all(a is b or (a.kind is b.kind and a.expected is b.expected
+                                                       and a.source == b.source) for a, b in zip(ours, theirs))
+
+
 def _tensors(leaves: list[Any]) -> list[torch.Tensor]:
     """The call's tensor inputs (after the function, `leaves[0]`)."""
     return [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
@@ -136,7 +142,8 @@ class Entry:
     those are read from their sources on every call, never reused from an earlier one. That function starts
     from anchors (objects reached through watched modules, resolved after each write), not from the root."""
 
-    def __init__(self, cap: Capture, compiled: Callable, key: CallKey, ctx: CallContext, watch: WriteWatch):
+    def __init__(self, cap: Capture, compiled: Callable, key: CallKey, ctx: CallContext, watch: WriteWatch,
+                 like: Entry | None = None):
         self.capture = cap
         self.compiled = compiled
         self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
@@ -145,6 +152,8 @@ class Entry:
         with DisableTorchFunction():
             guards = self.guards = relax_symbolic(by_class(cap.program.guards, ctx), cap, ctx)
         self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
+        if like is not None and _same_guards(guards, like.guards):  # (`like`: a sibling block's, sharded_twins.py)
+            self._full = like._full = like._full or compile_guards(like.guards)  # (a function of its guards)
         always: list[Guard] = []
         tensors: list[Guard] = []
         self.protected_sources: list[tuple[Source, bool]] = []  # (source, guarded absent?)
@@ -179,9 +188,13 @@ class Entry:
             per_call = [self.anchors.rewrite(source) for source in per_call]
         # (FSDP's swapped parameters among what the cached state read: checked per call, see fsdp_swaps.py)
         self.swapped = SwappedParams([*protected, *self.fixed_sources, *(p for g in self.anchors.groups for p in g)])
-        deferred: list[Guard] = []
-        self.always = compile_guards(always, per_call, deferred)
-        self.deferred = DeferredTensors(deferred)  # the per-call tensors' metadata: one C++ check
+        self._per_call_guards = (always, per_call)
+        if like is not None and _same_guards(always, like._per_call_guards[0]) and per_call == like._per_call_guards[1]:
+            self.always, self.deferred_guards = like.always, like.deferred_guards
+        else:
+            self.deferred_guards = deferred = []
+            self.always = compile_guards(always, per_call, deferred)
+        self.deferred = DeferredTensors(self.deferred_guards)  # the per-call tensors' metadata: one C++ check
         self.per_call_count = len(per_call)
         # Which of the tensor inputs and the tensors read per call (held by input objects: `box.a`, `box.b`) are
         # the same object or overlap, as at capture (the key holds the inputs' own aliasing only): a functionalized
@@ -192,7 +205,7 @@ class Entry:
         self.fixed_overlaps = overlaps_fixed(_tensors(ctx.leaves), fixed_at_capture, fixed_bases(fixed_at_capture))
         if self.per_call_positions:
             read = [cap.lifted[i][0] for i in self.per_call_positions]
-            pinned = self.shapes is None and set(per_call) <= {g.source for g in deferred}
+            pinned = self.shapes is None and set(per_call) <= {g.source for g in self.deferred_guards}
             self.aliases: PerCallAliases | None = PerCallAliases(
                 aliases_of([v for v in (*ctx.leaves[1:], *read) if isinstance(v, torch.Tensor)]), pinned)
         else:

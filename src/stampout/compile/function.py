@@ -179,8 +179,9 @@ class CompiledFunction:
 
     def _recapture(self, args: tuple, kwargs: dict, key: CallKey, ctx: CallContext) -> tuple[Any, tuple]:
         refusal = autograd_refusal(self.fn, own_hooks_outside=self._sharded)
-        if refusal is not None:
-            return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None), ()
+        if refusal is not None:  # (only sharded modules below it: FSDP2's designed split, sharded.py; not a warning)
+            planned = autograd_refusal(self.fn, own_hooks_outside=self._sharded, sharded_boundaries=True) is None
+            return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None, planned), ()
         if (twin := twin_entry(self, args, kwargs, key, ctx)) is not None:  # (a sharded block like a sibling)
             return twin
         self._watch.release()  # capture watches reads with its own shims
@@ -270,16 +271,16 @@ class CompiledFunction:
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
 
-    def _run_eagerly(self, key: CallKey, why: str, stopped: BaseException | None) -> EagerEntry:
-        """The entry for inputs whose program stampout cannot guard or keep the gradients of (`why`): it runs
-        eagerly, at module granularity where the capture `stopped` inside a child; fullgraph=True refuses."""
+    def _run_eagerly(self, key: CallKey, why: str, stopped: BaseException | None, planned: bool = False) -> EagerEntry:
+        """The entry for inputs whose program stampout cannot guard or keep the gradients of (`why`): it runs eagerly,
+        at module granularity where the capture `stopped` inside a child (`planned`: by design); fullgraph refuses."""
         if self.fullgraph:
             raise CaptureError(message(
                 f"{_name(self.fn)} cannot be compiled whole (fullgraph=True): {why}", user_location(),
                 "remove what the message names from the compiled code, or pass fullgraph=False to run such calls "
                 "eagerly",
             ))
-        log.warning("%s runs eagerly for these inputs: %s", _name(self.fn), why)
+        (log.info if planned else log.warning)("%s runs eagerly for these inputs: %s", _name(self.fn), why)
         return self._add(EagerEntry(key, why, split(self, self._piece, why, stopped)))
 
     def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:

@@ -35,7 +35,7 @@ def twin_entry(fn: Any, args: tuple, kwargs: dict, key: CallKey, ctx: CallContex
         for theirs in sibling._entries:
             if theirs.capture is None or theirs.key is None or theirs.key_for(key, ctx.leaves[1:]) != theirs.key:
                 continue
-            entry = Entry(theirs.capture, theirs.compiled, key, ctx, fn._watch)
+            entry = Entry(theirs.capture, theirs.compiled, key, ctx, fn._watch, like=theirs)
             lifted = entry.admits(ctx)  # (no state yet: the full guard check runs first)
             if lifted is None:
                 fn._watch.release()  # (what that entry watched; the capture that follows watches its own)
