@@ -29,6 +29,7 @@ from ..torch_internals import LazyGraphModule as _LazyGraphModule
 from ..trace import higher_order
 from ..trace.frames import swallowed, user_location
 from ..trace.names import TensorNames, identifier
+from ..trace.recording import refuse_shared_memory
 from ..trace.shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
 from ..trace.structure import aliases_of, flatten_inputs, positional_names, to_template
 from ..trace.tracer import Tracer
@@ -173,6 +174,7 @@ class ProgramCapture:
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, torch.Tensor):
                 continue
+            refuse_shared_memory(tracer.memory, leaf, labels[i])
             if self.dims[i]:
                 fake = symbolic_fake(fake_mode, leaf, names[i], self.dims[i], duck=ranges is None)
                 for dim, (low, high, _) in (ranges or {}).get(id(leaf), {}).items():  # bounds asked for (export)

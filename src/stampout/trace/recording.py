@@ -27,6 +27,7 @@ from ..torch_internals import (
 from .builder import Builder, has_tensor, map_tensors, node_target
 from .caught_kernel_errors import check_not_caught
 from .frames import user_frame, user_location
+from .memory import CapturedMemory
 from .names import identifier
 from .op_facts import may_fail_on_values
 from .structure import holds_traced_tensor
@@ -63,6 +64,16 @@ def _function_apply(cls: type) -> Callable:
     return target
 
 
+def refuse_shared_memory(memory: CapturedMemory, t: torch.Tensor, name: str) -> None:
+    """A capture cannot read two tensors in distinct storages over the same memory: their fakes would be apart."""
+    other = memory.claim(t, name)
+    if other is not None:
+        raise CaptureError(message(
+            f"{other} and {name} share memory through two different storages (torch.from_numpy or frombuffer of "
+            "the same array, say): the captured graph would take them as apart", user_location(),
+            "make one a view of the other (t[...], t.view(...)) or pass a copy (.clone())"))
+
+
 class Recording:
     """Torch calls and lifted tensors as nodes of the graph being built (a part of `Tracer`, which sets the
     attributes below)."""
@@ -73,6 +84,7 @@ class Recording:
     symbols: Symbols | None
     dynamic_tensors: dict[int, tuple[torch.Tensor, tuple[int, ...], str]]
     lifted: list[tuple[fx.Node, torch.Tensor, Source | None]]
+    memory: CapturedMemory
     fake_of: Callable[[torch.Tensor], torch.Tensor]  # (FakeRuns.fake_of)
     meta_fake: Callable[[torch.Tensor], FakeTensor]  # (FakeRuns.meta_fake)
 
@@ -94,6 +106,7 @@ class Recording:
                 "stampout.compile runs such a module eagerly; hold a plain tensor (t.as_subclass(torch.Tensor)) "
                 "to capture it"))
         name = found[0] if found is not None else f"lifted_tensor_{len(self.lifted)}"
+        refuse_shared_memory(self.memory, t, found[1].name() if found and found[1] is not None else name)
         if self.regions is not None:
             self.regions.note_root_lift(t)
         # A stamped region lifts many parameters: their placeholders' meta['val'] is filled when `gm` is

@@ -51,6 +51,7 @@ from .code import is_user_file
 from .constants import ConstantValues
 from .fakes import FakeRuns
 from .frames import outside_stampout, python_hooks_off, user_location
+from .memory import CapturedMemory
 from .meta import NOT_HANDLED, MetaRunner
 from .op_facts import NEEDS_VALUE, UNGUARDED_READS, VIEW_PROPERTIES, draws_random, saved_hooks_keep_values
 from .recording import _HOOK_REGISTRATIONS, Recording
@@ -118,6 +119,7 @@ class Tracer(FakeRuns, Recording):
         self.root = Builder(self)
         self.builders: list[Builder] = [self.root]
         self.lifted: list[tuple[fx.Node, torch.Tensor, Source | None]] = []  # outer lifted real tensors
+        self.memory = CapturedMemory()  # the real tensors made fakes (inputs, lifted), by their memory
         self._fakes: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self._autocast_nodes: list[fx.Node] = []
         self.constants = ConstantValues(self._frame_ids)
