@@ -23,6 +23,7 @@ from ..regions.call import RegionCalls
 from ..regions.frame import ProgramIneligible, RegionFrame
 from ..torch_internals import (
     DisableTorchFunction,
+    FakeTensor,
     FakeTensorMode,
 )
 from ..torch_internals import LazyGraphModule as _LazyGraphModule
@@ -389,7 +390,9 @@ class ProgramCapture:
                         holder[key] = v.get(ctx, [])
                     elif isinstance(holder, dict):
                         holder.setdefault(key, None)  # its real value comes from the graph, below
-        if real and (self.plan.extra or self.held):  # the caller's objects end up as one eager call leaves them
+        written = any(isinstance(f, FakeTensor) and f._version > 0 for f in self.fake_leaves)  # (`x.add_(1)`)
+        if real and (self.plan.extra or self.held or written):  # the caller's objects and tensors end up as one
+            # eager call leaves them (a tensor argument written in place as one an input object holds)
             make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
                        mutated_in_place(self.tracer, self.leaves, cap))
