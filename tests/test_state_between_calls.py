@@ -386,3 +386,25 @@ def test_family_parametrization_removed_after_compile() -> None:
     check_call(model, fn, sample(grad=True), what="parametrized")
     parametrize.remove_parametrizations(model[1].mlp.fc, "weight", leave_parametrized=False)
     check_call(model, fn, sample(grad=True), what="parametrization removed")
+
+
+class PlainTensorAttribute(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.mask = torch.ones(D)  # a tensor kept as a plain attribute (not a buffer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.mask
+
+
+@pytest.mark.parametrize("write", [lambda m, t: m.__dict__.__setitem__("mask", t),
+                                   lambda m, t: object.__setattr__(m, "mask", t)], ids=["dict_item", "object_setattr"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_calls_see_a_plain_tensor_attribute_replaced_bypassing_setattr(write, backend) -> None:
+    torch.manual_seed(0)
+    model = PlainTensorAttribute()
+    fn = stampout.compile(model, backend=backend)
+    check_call(model, fn, sample(grad=True), what="first")
+    write(model, torch.full((D,), -2.0))
+    check_call(model, fn, sample(grad=True), what="after the write")

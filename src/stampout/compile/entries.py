@@ -40,11 +40,11 @@ new_key = tuple.__new__  # a CallKey without NamedTuple's keyword __new__ (every
 
 
 def _values_in_dict(guard: Guard) -> bool:
-    """A protected guard on a value a module holds in its `__dict__` (a constant, a config object; not a
-    parameter, a submodule, `training` or the absence of a per-instance `forward`): its module's dict is
-    version-checked on every call, so writes that bypass `__setattr__` are seen."""
+    """A protected guard on a value a module holds in its `__dict__` (a constant, a config object, a tensor kept as
+    a plain attribute; not a parameter, a submodule, `training` or the absence of a per-instance `forward`): its
+    module's dict is version-checked on every call, so writes that bypass `__setattr__` are seen."""
     source = guard.source
-    if guard.kind in (Kind.TENSOR, Kind.HOOKS, Kind.TYPE, Kind.NO_OVERRIDE):
+    if guard.kind in (Kind.HOOKS, Kind.TYPE, Kind.NO_OVERRIDE):
         return False
     return not (isinstance(source, Attr) and source.attr == "training")
 
@@ -157,7 +157,7 @@ class Entry:
                 protected.append(guard.source)
                 if guard.kind is Kind.TENSOR:
                     tensors.append(guard)
-                elif _values_in_dict(guard):
+                if _values_in_dict(guard):
                     self.protected_sources.append((guard.source, guard.kind is Kind.ABSENT))
             self.fixed_sources: list[Source | None] = []  # per lifted input; None: read per call
             per_call: list[Source] = []
