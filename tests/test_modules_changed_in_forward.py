@@ -154,3 +154,31 @@ def test_capture_of_spectral_norm_leaves_its_power_iteration_buffers_alone():
     torch.testing.assert_close(cap(x), ref(x))
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, ref.state_dict()[k])
+
+
+class CountsSteps(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "augmented":
+            self.steps += 1  # (in place, then stored back: `self.steps = self.steps.__iadd__(1)`)
+        else:
+            self.steps.add_(1)
+        return x * self.steps
+
+
+@pytest.mark.parametrize("how", ["augmented", "add_"])
+def test_a_buffer_counted_up_in_forward_is_left_to_the_captures_calls(how):
+    # (`self.steps += 1` was made real by running the graph at capture and kept, so capture then a call counted
+    # two steps where one eager call counts one; `add_` was left to the Capture's calls, as BatchNorm's statistics)
+    model, x = CountsSteps(how), torch.ones(2)
+    ref = copy.deepcopy(model)
+    cap = stampout.capture(model, x)
+    assert model.steps.item() == 0 and model.steps is model._buffers["steps"]
+    assert type(model.steps) is torch.Tensor
+    for _ in range(2):
+        torch.testing.assert_close(cap(x), ref(x))
+        torch.testing.assert_close(model.steps, ref.steps)

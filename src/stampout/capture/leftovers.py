@@ -57,13 +57,21 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
     found: list[tuple[Any, Any, str]] = []
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
+    reals = {id(fake): t for t, fake in tracer._fakes.values() if type(t) is not FakeTensor}
 
     def note(obj: Any, key: Any, kind: str, value: Any) -> None:
-        if any_symbolic(value):  # a size of this capture's inputs (or a tuple of them): its value for them
+        real = reals.get(id(value)) if type(value) is FakeTensor else None
+        if any_symbolic(value) or real is not None:  # a size of this capture's inputs (or a tuple of them): its
+            # value for them; the fake of a real tensor the program read (`self.steps += 1` stores the buffer it
+            # wrote in place): that tensor, whose writes are the Capture's calls' to make, as BatchNorm's
+            value = concrete(value) if real is None else real
             if kind == "attr":
-                setattr(obj, key, concrete(value))
+                setattr(obj, key, value)
+            elif kind == "member":
+                obj.discard(key)
+                obj.add(value)
             else:
-                obj[key] = concrete(value)
+                obj[key] = value
             return
         if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
             seen.add((id(obj), key))
