@@ -272,11 +272,16 @@ class Tracer(FakeRuns, Recording):
 
     def _check_rng_untouched(self, func: Callable) -> None:
         """A random op draws from torch's generator at run time, where the program's Python left it during
-        capture: `torch.manual_seed` or `fork_rng` in forward set it, and the graph would not."""
+        capture: `torch.manual_seed` or `fork_rng` in forward set it, and the graph would not. Each random op
+        moves the real generator on by one draw (fakes draw nothing), so a state the program saved before it and
+        set again after (`st = torch.get_rng_state()`, draw, `torch.set_rng_state(st)`, draw) differs too; the
+        capture puts the generator back after."""
         if self._compiling():  # (compile: the profile hook saw the Generator call, the program runs eagerly)
             return
         with DisableTorchFunction(), unset_fake_temporarily():
             same = torch.equal(torch.random.get_rng_state(), self.rng_state)
+            torch.empty(1).random_()
+            self.rng_state = torch.random.get_rng_state()
         if not same:
             raise CaptureError(message(
                 f"the program sets torch's random number generator (torch.manual_seed, set_rng_state, fork_rng) "
