@@ -182,3 +182,23 @@ def test_a_buffer_counted_up_in_forward_is_left_to_the_captures_calls(how):
     for _ in range(2):
         torch.testing.assert_close(cap(x), ref(x))
         torch.testing.assert_close(model.steps, ref.steps)
+
+
+class HalvesItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.w.data = self.w.data * 0.5  # (reads the parameter's .data: a torch error on the real tensor before)
+        return x * self.w
+
+
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_parameters_data_read_and_replaced_in_forward_matches_eager(how):
+    model, x = HalvesItsWeight(), torch.ones(4)
+    ref = copy.deepcopy(model)
+    run = stampout.capture(model, x) if how == "capture" else stampout.compile(model, backend="eager")
+    for _ in range(2):
+        torch.testing.assert_close(run(x), ref(x))
+        torch.testing.assert_close(model.w, ref.w)
