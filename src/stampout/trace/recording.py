@@ -139,7 +139,7 @@ class Recording:
                 "and tensors held by the module",
             ))
         if self.regions is not None:
-            self.regions.note_hook(f"registers a gradient hook ({_HOOK_REGISTRATIONS[func]}) at {where}")
+            self.regions.note_unkept(f"registers a gradient hook ({_HOOK_REGISTRATIONS[func]}) at {where}")
         out = func(self.fake_of(tensor), hook)
         builder = self.builder
         node = builder.graph.call_method(_HOOK_REGISTRATIONS[func], (builder.node_for(tensor), builder.literal(hook)))

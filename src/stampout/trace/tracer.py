@@ -222,7 +222,10 @@ class Tracer(FakeRuns, Recording):
         if func is _T.__iter__:  # record the unbind that iteration performs
             return iter(self._on_call(_T.unbind, (args[0], 0), {}))
         if is_property_set(func) and func.__self__.__name__ == "data" and isinstance(args[0], torch.Tensor):
-            # `param.data = t` (loading, pruning): replayed by the graph at its place in the order
+            # `param.data = t` (loading, pruning): replayed by the graph at its place in the order (a graph
+            # AOTAutograd functionalizes drops it: compile runs such a program eagerly)
+            if self.regions is not None:
+                self.regions.note_unkept(f"sets a tensor's .data (at {user_location()})")
             builder = self.builder
             target = builder.node_for(args[0])
             value = builder.literal(map_tensors(args[1], builder.node_for))
