@@ -94,8 +94,10 @@ class Recording:
             return self.regions.lift_into_subgraph(builder, t)
         if isinstance(t, FakeTensor):
             raise CaptureError(message(
-                f"a fake tensor of shape {tuple(t.shape)} reached the graph without being recorded",
-                user_location(), "report this as a stampout bug, with the model",
+                f"a tensor of shape {tuple(t.shape)} made by no torch call the capture sees reached the graph (made "
+                "over a Python object's memory: torch.from_numpy, torch.frombuffer?)", user_location(),
+                "make that tensor outside the captured code (a buffer, an argument), or use stampout.compile, which "
+                "runs such code eagerly; if it is none of these, report it as a stampout bug, with the model",
             ))
         found = self.names.find(t)
         if type(t) is not torch.Tensor and has_own_torch_function(t):
