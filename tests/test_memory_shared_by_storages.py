@@ -88,3 +88,17 @@ def test_aliases_of_tells_storages_over_one_memory_by_their_bytes():
     assert aliases_of([whole, tail]) == (0, 1, ((0, 1),))
     assert aliases_of([head, tail]) == (0, 1)  # (the halves of one array do not overlap)
     assert aliases_of([torch.zeros(4), torch.zeros(4)]) == (0, 1)
+
+
+def test_the_remembered_per_call_answer_does_not_cover_an_input_over_part_of_a_held_tensor():
+    # (the same held tensor at the same address, call after call: the per-call check remembers its answer and
+    # then only asks whether the inputs' memory is apart from the held tensors')
+    compiled = stampout.compile(write_held_read_input, backend="aot_eager")
+    a, b = torch.zeros(6), torch.zeros(6)
+    held, expected_held = Box(a), Box(b)
+    for _ in range(3):
+        compiled(torch.zeros(4), held)
+        write_held_read_input(torch.zeros(4), expected_held)
+    out = compiled(torch.from_numpy(a.numpy()[2:]), held)
+    torch.testing.assert_close(out, write_held_read_input(torch.from_numpy(b.numpy()[2:]), expected_held))
+    torch.testing.assert_close(a, b)
