@@ -203,3 +203,33 @@ def test_a_parameters_data_read_and_replaced_in_forward_matches_eager(how):
     for _ in range(2):
         torch.testing.assert_close(run(x), ref(x))
         torch.testing.assert_close(model.w, ref.w)
+
+
+class CarriesState(nn.Module):
+    """State carried from call to call and replaced out of place: an EMA buffer, a recurrent hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("ema", torch.zeros(4))
+        self.h = torch.zeros(2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.ema = 0.9 * self.ema + 0.1 * x.mean(0)
+        self.h = torch.tanh(self.lin(x) + self.h).detach()
+        return self.h - self.ema
+
+
+def test_state_replaced_out_of_place_is_carried_by_each_capture_call():
+    # (the capture stored the graph's value, so its first call updated the state a second time, and later calls
+    # stored nothing: the graph kept reading the value made at capture)
+    torch.manual_seed(0)
+    model = CarriesState()
+    ref = copy.deepcopy(model)
+    xs = [torch.randn(2, 4) for _ in range(3)]
+    cap = stampout.capture(model, xs[0])
+    torch.testing.assert_close((model.ema, model.h), (ref.ema, ref.h))  # (the capture ran no tensor op)
+    for x in xs:
+        torch.testing.assert_close(cap(x), ref(x))
+        torch.testing.assert_close((model.ema, model.h), (ref.ema, ref.h))
+    assert "ema" in model._buffers and type(model.ema) is torch.Tensor

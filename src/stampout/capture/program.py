@@ -54,7 +54,7 @@ from .held_inputs import (
     object_fields,
     rebuild_inputs,
 )
-from .leftovers import hooks_of, left_over_fakes, make_real, methods_of, modules_of
+from .leftovers import carried_state, hooks_of, left_over_fakes, make_real, methods_of, modules_of
 from .lost_gradients import autograd_refusal
 from .options import CaptureOptions, refuse_lazy
 from .result import Capture
@@ -379,9 +379,11 @@ class ProgramCapture:
         `real`, the caller's objects left as one eager call leaves them."""
         stores, left, args, kwargs = self.stores, self.left, self.args, self.kwargs
         outs = sum(v.kind == "out" for *_, v in stores)
-        cap.stores = stores + [(None, key, kind, Value("out", outs + k)) for k, (_, key, kind) in enumerate(left)]
-        cap.unreplayable = self.unreplayable
         ctx = CallContext([self.fn, *self.leaves], None, (args, kwargs))
+        carried = carried_state(cap, left, ctx)
+        cap.stores = stores + [(Absolute(obj, f"{type(obj).__name__}.{key}") if k in carried else None, key, kind,
+                                Value("out", outs + k)) for k, (obj, key, kind) in enumerate(left)]
+        cap.unreplayable = self.unreplayable
         if real:  # the caller's containers were not the program's (it ran on copies): stored into as eager does
             for s, key, _, v in stores:  # (in the program's order: a dict keeps eager's key order)
                 if in_input_container(s):
@@ -395,7 +397,8 @@ class ProgramCapture:
             # eager call leaves them (a tensor argument written in place as one an input object holds)
             make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind == "out"] + left, args, kwargs,
-                       mutated_in_place(self.tracer, self.leaves, cap))
+                       mutated_in_place(self.tracer, self.leaves, cap),
+                       {outs + k: t for k, t in carried.items()})
         if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
             copy_back_given_containers(self.held, ctx)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
