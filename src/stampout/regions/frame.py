@@ -172,7 +172,9 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     def _adopt_module(self, value: torch.nn.Module, source: Source, from_arg: bool, where: str) -> None:
         # (an argument's class is in the fingerprint too; the guard lets the guard code read it fast)
         self.guard(source, Kind.TYPE, accepted_types(value), where)
-        self.guard(source, Kind.HOOKS, hooks_key(value), where)
+        hooks = hooks_key(value)
+        self.guard(source, Kind.HOOKS, hooks, where)
+        self.note_hooks(value, hooks, source)
         if not self._name(value, source, where):
             return
         self.watch.watch(value)
@@ -308,4 +310,5 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)
             if meta_key(raw_meta(self.leaves[i])) != meta_key(meta):
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
+        self._close_hooks()
         self._close_containers()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..guards.guard import Kind, is_constant
+from ..guards.hook_keys import HOOK_DICTS, hooks_key
 from ..guards.sources import MISSING, Arg, Attr, Item, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
@@ -37,6 +38,8 @@ class FrameWrites:
         self.made: set[int] = set()  # objects first seen as the value of such an attribute (made during the call)
         self.containers: list[tuple[Any, Source, tuple]] = []
         self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
+        self.hooked: list[tuple[Any, tuple, Source, tuple]] = []  # (module, its hooks when read, source, copies
+        # of its hook dicts then): hook dicts are no watched state, so they are compared at the end
         # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
         self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
 
@@ -115,6 +118,19 @@ class FrameWrites:
         # (stores on objects it can name are replayed by its stamped calls when their values allow it:
         # RegionCalls decides when the trace ends)
 
+    def note_hooks(self, module: Any, hooks: tuple, source: Source) -> None:
+        """A module the trace reads, with its hooks then (`hooks`, as guarded)."""
+        d = module.__dict__
+        self.hooked.append((module, hooks, source, tuple(dict(d[n]) if d.get(n) else None for n in HOOK_DICTS)))
+
+    def _close_hooks(self) -> None:
+        """A hook registered or removed on a module the trace read (`self.lin.register_forward_hook(..)` in
+        forward): a Python side effect no stamped or compiled call repeats."""
+        for module, hooks, source, _ in self.hooked:
+            if hooks_key(module) != hooks:
+                self.mark_ineligible(f"registers or removes a hook of {source.name()} (a Python side effect a "
+                                     "stamped or compiled call would not repeat)")
+
     def _close_containers(self) -> None:
         for value, source, before, _ in self.containers:
             if contents(value) != before:
@@ -144,6 +160,11 @@ def undo(program: Any) -> None:
         obj.setstate(state)
     for container, _, _, before in reversed(program.containers):
         put_back(container, before)
+    for module, _, _, saved in reversed(program.hooked):
+        for name, before in zip(HOOK_DICTS, saved):
+            hooks = module.__dict__.get(name)
+            if hooks is not None:
+                put_back(hooks, before or {})
     for obj, name, _, old, _ in reversed(program.stores):
         if old is not MISSING:
             setattr(obj, name, old)
