@@ -155,8 +155,15 @@ class Recording:
             return apply(cls, *args, **kwargs)
         fake_args = map_tensors(args, self.fake_of)
         fake_kwargs = map_tensors(kwargs, self.fake_of)
-        with DisableTorchFunction():
-            out = apply(cls, *fake_args, **fake_kwargs)
+        try:
+            with DisableTorchFunction():
+                out = apply(cls, *fake_args, **fake_kwargs)
+        except CaptureError:
+            raise
+        except RuntimeError as error:  # (autograd's checks on the fakes, which are leaves: `mark_dirty` of an input)
+            raise CaptureError(message(
+                f"the custom autograd.Function {cls.__qualname__} cannot run on the capture's tensors: {error}",
+                user_location(), "stampout.compile runs such a call eagerly")) from error
         self.record(_function_apply(cls), args, kwargs, out)
         return out
 
