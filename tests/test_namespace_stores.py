@@ -274,3 +274,22 @@ def test_a_counter_in_a_module_namespace_counts_every_compiled_call(program, bac
     for n in range(1, 5):
         torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), float(n)))
         assert metrics.CALLS == n
+
+
+@pytest.mark.parametrize("how", ["setattr", "vars"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_namespace_changed_through_a_builtin_counts_every_compiled_call(how, backend):
+    # (no bytecode store shows `setattr(metrics, ..)` or `vars(metrics).update(..)`: the namespace is compared
+    # after the trace, and a failed capture puts it back before the call runs eagerly)
+    def program(x: torch.Tensor) -> torch.Tensor:
+        if how == "setattr":
+            setattr(metrics, "CALLS", metrics.CALLS + 1)  # noqa: B010 (the builtin is the point)
+        else:
+            vars(metrics).update(CALLS=metrics.CALLS + 1)
+        return x * metrics.CALLS
+
+    metrics.CALLS = 0
+    fn = stampout.compile(program, backend=backend)
+    for n in range(1, 5):
+        torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), float(n)))
+        assert metrics.CALLS == n

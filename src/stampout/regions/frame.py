@@ -311,4 +311,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             if meta_key(raw_meta(self.leaves[i])) != meta_key(meta):
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
         self._close_hooks()
+        change = self.namespaces.first_change() if self.namespaces else None
+        if change is not None:  # (`setattr(cfg_module, "N", ..)`, `vars(cfg_module).update(..)`: no bytecode shows it)
+            self.mark_ineligible(f"changes {change} in a namespace it reads (a Python side effect stampout does not "
+                                 "replay)")
         self._close_containers()

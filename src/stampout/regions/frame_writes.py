@@ -160,6 +160,8 @@ def undo(program: Any) -> None:
         obj.setstate(state)
     for container, _, _, before in reversed(program.containers):
         put_back(container, before)
+    if program.namespaces:
+        program.namespaces.put_back()
     for module, _, _, saved in reversed(program.hooked):
         for name, before in zip(HOOK_DICTS, saved):
             hooks = module.__dict__.get(name)
