@@ -277,6 +277,9 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         on_class, raw = found_on_class(obj, name)
         if not on_class:
             self.adopt(value, Attr(base, name), where=where)
+            fields = getattr(obj, "__dict__", None)
+            if type(fields) is dict and fields.get(name, MISSING) is value:
+                self.instance_reads.append((fields, name, value, base, id(obj)))
         elif name == "forward" or is_user_class(obj, name):
             # A class attribute (method, property, default): the class's entry, and no instance override.
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
@@ -311,6 +314,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             if meta_key(raw_meta(self.leaves[i])) != meta_key(meta):
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
         self._close_hooks()
+        self._close_instance_reads()
         change = self.namespaces.first_change() if self.namespaces else None
         if change is not None:  # (`setattr(cfg_module, "N", ..)`, `vars(cfg_module).update(..)`: no bytecode shows it)
             self.mark_ineligible(f"changes {change} in a namespace it reads (a Python side effect stampout does not "

@@ -38,6 +38,8 @@ class FrameWrites:
         self.made: set[int] = set()  # objects first seen as the value of such an attribute (made during the call)
         self.containers: list[tuple[Any, Source, tuple]] = []
         self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
+        self.instance_reads: list[tuple[dict, str, Any, Source, int]] = []  # (an object's __dict__, name, value
+        # read, the object's source and id): a write no watch saw (`object.__setattr__(self, ..)`) is found at the end
         self.hooked: list[tuple[Any, tuple, Source, tuple]] = []  # (module, its hooks when read, source, copies
         # of its hook dicts then): hook dicts are no watched state, so they are compared at the end
         # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
@@ -131,6 +133,15 @@ class FrameWrites:
                 self.mark_ineligible(f"registers or removes a hook of {source.name()} (a Python side effect a "
                                      "stamped or compiled call would not repeat)")
 
+    def _close_instance_reads(self) -> None:
+        """An attribute read from an object's `__dict__` and changed behind its `__setattr__` during the trace
+        (`object.__setattr__(self, "n", ..)`): a store no stamped or compiled call repeats."""
+        for fields, name, value, base, owner in self.instance_reads:
+            if fields.get(name, MISSING) is not value and (owner, name) not in self._written:
+                self.mark_ineligible(f"changes {base.name()}.{name} behind its __setattr__ (object.__setattr__, "
+                                     "__dict__): a Python side effect stampout does not replay")
+                return
+
     def _close_containers(self) -> None:
         for value, source, before, _ in self.containers:
             if contents(value) != before:
@@ -162,6 +173,9 @@ def undo(program: Any) -> None:
         put_back(container, before)
     if program.namespaces:
         program.namespaces.put_back()
+    for fields, name, value, _, owner in reversed(program.instance_reads):  # (writes no watch saw)
+        if fields.get(name, MISSING) is not value and (owner, name) not in program._written:
+            fields[name] = value
     for module, _, _, saved in reversed(program.hooked):
         for name, before in zip(HOOK_DICTS, saved):
             hooks = module.__dict__.get(name)
