@@ -76,3 +76,20 @@ def test_a_region_reading_grad_is_traced_per_call():
         cap = stampout.capture(model, _x())
     assert cap.stats.reuses == 0
     torch.testing.assert_close(cap(_x()), model(_x()))
+
+
+def _tags_its_output(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y.tag = "scaled"  # (a Python attribute on a tensor the program computed and returns)
+    return y
+
+
+def test_attributes_set_on_an_output_tensor_are_refused_by_capture_and_kept_by_compile():
+    # (each call of a captured graph returns a new tensor: the attribute was silently missing)
+    with pytest.raises(stampout.CaptureError, match=r"Python attributes on an output tensor \(\.tag\)"):
+        stampout.capture(_tags_its_output, torch.ones(3))
+    fn = stampout.compile(_tags_its_output, backend="aot_eager")
+    for _ in range(2):
+        out = fn(torch.ones(3))
+        assert out.tag == "scaled"
+        torch.testing.assert_close(out, torch.full((3,), 2.0))

@@ -15,6 +15,7 @@ from ..errors import CaptureError, message
 from ..guards.guard import is_constant
 from ..guards.sources import Arg, Attr, Input, Item, Source
 from ..regions.frame import RegionFrame
+from ..regions.objects import fake_fields
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES
@@ -172,6 +173,24 @@ def held_map(leaves: list[Any], labels: list[str], depth: int = 3) -> Held:
 def held_by_inputs(leaves: list[Any], labels: list[str]) -> list[Any]:
     """The objects and containers the call's input objects reach (what the program may change on them)."""
     return list(held_map(leaves, labels))
+
+
+def check_no_output_fields(slots: list[Any], tracer: Tracer) -> None:
+    """An output tensor the program computed and set Python attributes on (`y.tag = ...`; not an input or a
+    parameter handed back): each call's output is a new tensor without them, so the capture refuses (compile runs
+    such a program eagerly)."""
+    internal = fake_fields()
+    for t in slots:
+        fields = getattr(t, "__dict__", None)
+        if not fields or tracer.root.node_for(t).op == "placeholder":
+            continue
+        names = [k for k in fields if k not in internal and not k.startswith("_")]
+        if names:
+            raise CaptureError(message(
+                f"the program sets Python attributes on an output tensor ({', '.join('.' + k for k in names[:3])}): "
+                "the outputs of a captured graph's calls are new tensors, without them", user_location(),
+                "return those values beside the tensor (a tuple or a dict), or use stampout.compile, which runs such "
+                "a program eagerly"))
 
 
 def check_no_hidden_tensors(template: Any) -> None:

@@ -44,6 +44,7 @@ from .entering import capturing
 from .held_inputs import (
     Held,
     check_no_hidden_tensors,
+    check_no_output_fields,
     copy_back_given_containers,
     held_map,
     hold_input_containers,
@@ -302,6 +303,7 @@ class ProgramCapture:
             self.slots: list[torch.Tensor] = []
             self.template = to_template(out, self.slots, input_objects(self.leaves), sizes=True)
             check_no_hidden_tensors(self.template)
+            check_no_output_fields(self.slots, self.tracer)
             with DisableTorchFunction(), listeners(None, None):
                 if guard_program:
                     registries.plan(program)
