@@ -93,3 +93,36 @@ def test_attributes_set_on_an_output_tensor_are_refused_by_capture_and_kept_by_c
         out = fn(torch.ones(3))
         assert out.tag == "scaled"
         torch.testing.assert_close(out, torch.full((3,), 2.0))
+
+
+class TagsItsOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        y.gain = 2.0
+        return y
+
+
+class ReadsTheTag(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([TagsItsOutput() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+            x = x * getattr(x, "gain", 1.0)
+        return x
+
+
+def test_a_region_that_tags_its_output_is_not_stamped():
+    # (a stamped call's output is a new tensor without the tag: the caller's Python took the other branch)
+    torch.manual_seed(0)
+    model, x = ReadsTheTag(), torch.randn(2, 3)
+    cap = stampout.capture(model, x)
+    assert cap.stats.reuses == 0
+    torch.testing.assert_close(cap(x), model(x))

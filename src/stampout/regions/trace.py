@@ -22,6 +22,7 @@ from ..trace.structure import template_constants, tensors_within, to_template
 from .cache import ArgInput, Output, ReuseEntry, SourceInput, Store, SymbolInput
 from .events import Outcome
 from .frame import RegionFrame
+from .objects import fake_fields
 from .views import output_meta, views_of_one_base
 
 
@@ -80,6 +81,10 @@ class Tracing:
         frame.close()
         slots: list[torch.Tensor] = []
         template = to_template(out, slots)
+        tagged = [k for t in slots for k in (getattr(t, "__dict__", None) or ()) if k not in fake_fields()
+                  and not k.startswith("_")]
+        if tagged:  # (a stamped call's outputs are new tensors)
+            frame.mark_ineligible(f"sets Python attributes on an output tensor (.{tagged[0]})")
         slot_nodes = [child.node_for(t) for t in slots]
         placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
         outputs: list[tuple[Output, int]] = []
