@@ -126,3 +126,41 @@ def test_a_region_that_tags_its_output_is_not_stamped():
     cap = stampout.capture(model, x)
     assert cap.stats.reuses == 0
     torch.testing.assert_close(cap(x), model(x))
+
+
+class ScalesByItsInputsTag(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * x.scale
+
+
+class TagsEachLayersInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([ScalesByItsInputsTag() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = x * 1
+            x.scale = float(i + 1)
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_region_reading_its_input_tensors_tag_is_guarded_by_the_tags_value(how):
+    # (the fingerprint held the tag's name only: the later layers were stamped with the first one's scale)
+    torch.manual_seed(0)
+    model, x = TagsEachLayersInput(), torch.randn(2, 3)
+    if how == "capture":
+        cap = stampout.capture(model, x)
+        assert cap.stats.traces == 3
+        torch.testing.assert_close(cap(x), model(x))
+    else:
+        fn = stampout.compile(model, backend="aot_eager")
+        for _ in range(2):
+            torch.testing.assert_close(fn(x), model(x))
