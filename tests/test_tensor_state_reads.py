@@ -164,3 +164,25 @@ def test_a_region_reading_its_input_tensors_tag_is_guarded_by_the_tags_value(how
         fn = stampout.compile(model, backend="aot_eager")
         for _ in range(2):
             torch.testing.assert_close(fn(x), model(x))
+
+
+class CountsOnItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(2))
+        self.register_buffer("b", torch.ones(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.w.calls = getattr(self.w, "calls", 0) + 1  # (a Python attribute on a parameter, set in forward)
+        self.b.seen = getattr(self.b, "seen", 0) + 2
+        return x * self.w * self.w.calls + self.b.seen
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_attributes_set_on_a_parameter_in_forward_count_every_compiled_call(backend):
+    # (a tensor's __dict__ is no watched state: compiled calls skipped the store and kept the first call's count)
+    model, ref = CountsOnItsWeight(), CountsOnItsWeight()
+    fn = stampout.compile(model, backend=backend)
+    for _ in range(4):
+        torch.testing.assert_close(fn(torch.ones(2)), ref(torch.ones(2)))
+        assert (model.w.calls, model.b.seen) == (ref.w.calls, ref.b.seen)

@@ -211,6 +211,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         if isinstance(t, FakeTensor):
             return
         fields = getattr(t, "__dict__", None)
+        if type(fields) is dict:  # (compared at the end: `self.w.n = ..` in forward is a store no watch sees)
+            self.tensor_fields.append((t, source, dict(fields)))
         if fields and any(not k.startswith("_") for k in fields):
             attrs = Attr(source, "__dict__")
             self.guard(attrs, Kind.KEYS, tuple(fields), where)
@@ -322,6 +324,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
         self._close_hooks()
         self._close_instance_reads()
+        self._close_held_tensor_fields()
         change = self.namespaces.first_change() if self.namespaces else None
         if change is not None:  # (`setattr(cfg_module, "N", ..)`, `vars(cfg_module).update(..)`: no bytecode shows it)
             self.mark_ineligible(f"changes {change} in a namespace it reads (a Python side effect stampout does not "

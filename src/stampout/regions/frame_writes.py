@@ -40,6 +40,8 @@ class FrameWrites:
         self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
         self.instance_reads: list[tuple[dict, str, Any, Source, int]] = []  # (an object's __dict__, name, value
         # read, the object's source and id): a write no watch saw (`object.__setattr__(self, ..)`) is found at the end
+        self.tensor_fields: list[tuple[Any, Source, dict]] = []  # (a real tensor read, its source, its __dict__
+        # then): a Python attribute the trace sets on a parameter or buffer is found at the end
         self.hooked: list[tuple[Any, tuple, Source, tuple]] = []  # (module, its hooks when read, source, copies
         # of its hook dicts then): hook dicts are no watched state, so they are compared at the end
         # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
@@ -142,6 +144,17 @@ class FrameWrites:
                                      "__dict__): a Python side effect stampout does not replay")
                 return
 
+    def _close_held_tensor_fields(self) -> None:
+        """A Python attribute set on (or deleted from) a real tensor the trace read (`self.weight.n = ..`)."""
+        for t, source, before in self.tensor_fields:
+            after = t.__dict__
+            changed = [k for k in {**before, **after} if not k.startswith("_")
+                       and before.get(k, MISSING) is not after.get(k, MISSING)]
+            if changed:
+                self.mark_ineligible(f"sets .{changed[0]} on {source.name()}, a tensor it reads (a Python side "
+                                     "effect stampout does not replay)")
+                return
+
     def _close_containers(self) -> None:
         for value, source, before, _ in self.containers:
             if contents(value) != before:
@@ -176,6 +189,13 @@ def undo(program: Any) -> None:
     for fields, name, value, _, owner in reversed(program.instance_reads):  # (writes no watch saw)
         if fields.get(name, MISSING) is not value and (owner, name) not in program._written:
             fields[name] = value
+    for t, _, before in reversed(program.tensor_fields):
+        fields = t.__dict__
+        for k in [k for k in {**before, **fields} if not k.startswith("_")]:
+            if k in before:
+                fields[k] = before[k]
+            else:
+                del fields[k]
     for module, _, _, saved in reversed(program.hooked):
         for name, before in zip(HOOK_DICTS, saved):
             hooks = module.__dict__.get(name)
