@@ -181,7 +181,7 @@ def check_no_output_fields(slots: list[Any], tracer: Tracer) -> None:
     such a program eagerly)."""
     internal = fake_fields()
     for t in slots:
-        fields = getattr(t, "__dict__", None)
+        fields = getattr(t, "__dict__", None) if isinstance(t, torch.Tensor) else None  # (not a SymInt's .node)
         if not fields or tracer.root.node_for(t).op == "placeholder":
             continue
         names = [k for k in fields if k not in internal and not k.startswith("_")]

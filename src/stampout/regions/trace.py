@@ -81,8 +81,8 @@ class Tracing:
         frame.close()
         slots: list[torch.Tensor] = []
         template = to_template(out, slots)
-        tagged = [k for t in slots for k in (getattr(t, "__dict__", None) or ()) if k not in fake_fields()
-                  and not k.startswith("_")]
+        tagged = [k for t in slots if isinstance(t, torch.Tensor) for k in (getattr(t, "__dict__", None) or ())
+                  if k not in fake_fields() and not k.startswith("_")]
         if tagged:  # (a stamped call's outputs are new tensors)
             frame.mark_ineligible(f"sets Python attributes on an output tensor (.{tagged[0]})")
         slot_nodes = [child.node_for(t) for t in slots]
