@@ -50,3 +50,26 @@ def test_a_capture_runs_without_global_hooks_on_its_graph(halving_hook):
     model = nn.Sequential(nn.Linear(D, D), nn.Linear(D, D))
     cap = stampout.capture(model, _x())
     torch.testing.assert_close(cap(_x()), model(_x()))
+
+
+class RegistersItsHook(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.lin.register_forward_hook(lambda module, args, out: out * 2)  # (one more each call: eager's bug, kept)
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_hook_registered_in_forward_each_call_runs_eagerly(backend):
+    # (hook dicts are no watched state: the second call passed the guard on the hooks the first call left and ran
+    # the graph traced with one hook, where eager has two)
+    torch.manual_seed(0)
+    model, x = RegistersItsHook(), torch.randn(2, 4)
+    ref = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    for _ in range(3):
+        torch.testing.assert_close(fn(x), ref(x))
+    assert len(model.lin._forward_hooks) == len(ref.lin._forward_hooks) == 3

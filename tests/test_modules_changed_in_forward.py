@@ -154,3 +154,82 @@ def test_capture_of_spectral_norm_leaves_its_power_iteration_buffers_alone():
     torch.testing.assert_close(cap(x), ref(x))
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, ref.state_dict()[k])
+
+
+class CountsSteps(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "augmented":
+            self.steps += 1  # (in place, then stored back: `self.steps = self.steps.__iadd__(1)`)
+        else:
+            self.steps.add_(1)
+        return x * self.steps
+
+
+@pytest.mark.parametrize("how", ["augmented", "add_"])
+def test_a_buffer_counted_up_in_forward_is_left_to_the_captures_calls(how):
+    # (`self.steps += 1` was made real by running the graph at capture and kept, so capture then a call counted
+    # two steps where one eager call counts one; `add_` was left to the Capture's calls, as BatchNorm's statistics)
+    model, x = CountsSteps(how), torch.ones(2)
+    ref = copy.deepcopy(model)
+    cap = stampout.capture(model, x)
+    assert model.steps.item() == 0 and model.steps is model._buffers["steps"]
+    assert type(model.steps) is torch.Tensor
+    for _ in range(2):
+        torch.testing.assert_close(cap(x), ref(x))
+        torch.testing.assert_close(model.steps, ref.steps)
+
+
+class HalvesItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.w.data = self.w.data * 0.5  # (reads the parameter's .data: a torch error on the real tensor before)
+        return x * self.w
+
+
+@pytest.mark.parametrize("how", ["capture", "eager", "aot_eager"])
+def test_a_parameters_data_read_and_replaced_in_forward_matches_eager(how):
+    # (aot_eager functionalizes the graph's `setattr(w, 'data', ...)` away: such a program runs eagerly)
+    model, x = HalvesItsWeight(), torch.ones(4)
+    ref = copy.deepcopy(model)
+    run = stampout.capture(model, x) if how == "capture" else stampout.compile(model, backend=how)
+    for _ in range(2):
+        torch.testing.assert_close(run(x), ref(x))
+        torch.testing.assert_close(model.w, ref.w)
+
+
+class CarriesState(nn.Module):
+    """State carried from call to call and replaced out of place: an EMA buffer, a recurrent hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("ema", torch.zeros(4))
+        self.h = torch.zeros(2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.ema = 0.9 * self.ema + 0.1 * x.mean(0)
+        self.h = torch.tanh(self.lin(x) + self.h).detach()
+        return self.h - self.ema
+
+
+def test_state_replaced_out_of_place_is_carried_by_each_capture_call():
+    # (the capture stored the graph's value, so its first call updated the state a second time, and later calls
+    # stored nothing: the graph kept reading the value made at capture)
+    torch.manual_seed(0)
+    model = CarriesState()
+    ref = copy.deepcopy(model)
+    xs = [torch.randn(2, 4) for _ in range(3)]
+    cap = stampout.capture(model, xs[0])
+    torch.testing.assert_close((model.ema, model.h), (ref.ema, ref.h))  # (the capture ran no tensor op)
+    for x in xs:
+        torch.testing.assert_close(cap(x), ref(x))
+        torch.testing.assert_close((model.ema, model.h), (ref.ema, ref.h))
+    assert "ema" in model._buffers and type(model.ema) is torch.Tensor

@@ -9,6 +9,7 @@ import functools
 import importlib
 import sys
 
+import pytest
 import stores_namespace as metrics
 import torch
 from helpers import tree_assert_close
@@ -241,3 +242,54 @@ def test_a_compiled_store_into_a_library_module_held_by_a_closure_is_eager_s():
         torch.testing.assert_close(json.rt_closure_last, x * 6)
     finally:
         json.__dict__.pop("rt_closure_last", None)
+
+
+def counts_through_the_global(x: torch.Tensor) -> torch.Tensor:
+    metrics.CALLS += 1  # (an augmented store: LOAD_GLOBAL, COPY, LOAD_ATTR, ..., STORE_ATTR)
+    return x * metrics.CALLS
+
+
+def counts_through_a_local_import(x: torch.Tensor) -> torch.Tensor:
+    import stores_namespace
+
+    stores_namespace.CALLS = stores_namespace.CALLS + 1
+    return x * stores_namespace.CALLS
+
+
+def counts_augmented_through_a_local_import(x: torch.Tensor) -> torch.Tensor:
+    import stores_namespace as m
+
+    m.CALLS += 1
+    return x * m.CALLS
+
+
+@pytest.mark.parametrize("program", [counts_through_the_global, counts_through_a_local_import,
+                                     counts_augmented_through_a_local_import])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_counter_in_a_module_namespace_counts_every_compiled_call(program, backend):
+    # (augmented stores and stores through a name an import in the function bound were not seen as namespace
+    # stores: compiled calls skipped them, and read the count the capture left)
+    metrics.CALLS = 0
+    fn = stampout.compile(program, backend=backend)
+    for n in range(1, 5):
+        torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), float(n)))
+        assert metrics.CALLS == n
+
+
+@pytest.mark.parametrize("how", ["setattr", "vars"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_namespace_changed_through_a_builtin_counts_every_compiled_call(how, backend):
+    # (no bytecode store shows `setattr(metrics, ..)` or `vars(metrics).update(..)`: the namespace is compared
+    # after the trace, and a failed capture puts it back before the call runs eagerly)
+    def program(x: torch.Tensor) -> torch.Tensor:
+        if how == "setattr":
+            setattr(metrics, "CALLS", metrics.CALLS + 1)  # noqa: B010 (the builtin is the point)
+        else:
+            vars(metrics).update(CALLS=metrics.CALLS + 1)
+        return x * metrics.CALLS
+
+    metrics.CALLS = 0
+    fn = stampout.compile(program, backend=backend)
+    for n in range(1, 5):
+        torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), float(n)))
+        assert metrics.CALLS == n

@@ -49,3 +49,21 @@ def test_capture_of_dropout_without_reseeding_still_works():
     got = cap(x)
     torch.set_rng_state(state)
     torch.testing.assert_close(got, model(x))
+
+
+def test_capture_refuses_a_generator_state_saved_and_set_again_between_draws():
+    # (eager draws the same numbers twice; the graph would draw twice on: the state set back equals the state
+    # the capture started from, so comparing with it alone did not see it)
+    def redraws(x):
+        state = torch.get_rng_state()
+        a = torch.rand(x.shape)
+        torch.set_rng_state(state)
+        return x + a - torch.rand(x.shape)
+
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with pytest.raises(stampout.StampoutError, match="sets torch's random number generator"):
+        stampout.capture(redraws, torch.ones(3))
+    assert torch.equal(torch.get_rng_state(), before)
+    fn = stampout.compile(redraws, backend="eager")
+    torch.testing.assert_close(fn(torch.ones(3)), torch.ones(3))

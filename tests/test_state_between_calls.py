@@ -386,3 +386,44 @@ def test_family_parametrization_removed_after_compile() -> None:
     check_call(model, fn, sample(grad=True), what="parametrized")
     parametrize.remove_parametrizations(model[1].mlp.fc, "weight", leave_parametrized=False)
     check_call(model, fn, sample(grad=True), what="parametrization removed")
+
+
+class PlainTensorAttribute(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, D)
+        self.mask = torch.ones(D)  # a tensor kept as a plain attribute (not a buffer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.mask
+
+
+@pytest.mark.parametrize("write", [lambda m, t: m.__dict__.__setitem__("mask", t),
+                                   lambda m, t: object.__setattr__(m, "mask", t)], ids=["dict_item", "object_setattr"])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_calls_see_a_plain_tensor_attribute_replaced_bypassing_setattr(write, backend) -> None:
+    torch.manual_seed(0)
+    model = PlainTensorAttribute()
+    fn = stampout.compile(model, backend=backend)
+    check_call(model, fn, sample(grad=True), what="first")
+    write(model, torch.full((D,), -2.0))
+    check_call(model, fn, sample(grad=True), what="after the write")
+
+
+class CountsBehindSetattr(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        object.__setattr__(self, "calls", self.calls + 1)  # (no watch sees it: nn.Module.__setattr__ is bypassed)
+        return x * self.calls
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_count_kept_behind_setattr_counts_every_compiled_call(backend) -> None:
+    model = CountsBehindSetattr()
+    fn = stampout.compile(model, backend=backend)
+    for n in range(1, 5):
+        torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), float(n)))
+        assert model.calls == n

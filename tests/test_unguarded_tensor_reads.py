@@ -88,3 +88,26 @@ def test_capture_refuses_is_leaf_read_in_a_region():
     stampout.reset()
     with pytest.raises(stampout.CaptureError, match=r"is_leaf[\s\S]*test_unguarded_tensor_reads\.py:\d+"):
         stampout.capture(_two_region_calls(), torch.ones(3, requires_grad=True))
+
+
+def test_a_tensor_over_a_numpy_arrays_memory_is_refused_by_capture_and_run_eagerly_by_compile():
+    # (capture raised "a fake tensor ... reached the graph without being recorded", "report this as a stampout bug")
+    import numpy as np
+
+    class OverArray(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.arr = np.ones(4, dtype=np.float32)
+            self.buf = bytearray(np.ones(4, dtype=np.float32).tobytes())
+
+        def forward(self, x):
+            return x * torch.from_numpy(self.arr) + torch.frombuffer(self.buf, dtype=torch.float32)
+
+    model, x = OverArray(), torch.ones(4)
+    with pytest.raises(stampout.CaptureError, match="over a Python object's memory"):
+        stampout.capture(model, x)
+    fn = stampout.compile(model, backend="aot_eager")
+    fn(x)
+    model.arr *= 3
+    model.buf[0:4] = np.float32(5.0).tobytes()
+    torch.testing.assert_close(fn(x), model(x))

@@ -572,7 +572,7 @@ def test_fsdp2_model_never_loses_gradients(caplog, tmp_path) -> None:
             torch.testing.assert_close(p.grad.full_tensor(), q.grad, **TOL)
             p.grad, q.grad = None, None
         fn = stampout.compile(model, backend="eager")
-        with caplog.at_level(logging.WARNING, logger="stampout"):
+        with caplog.at_level(logging.INFO, logger="stampout"):  # (FSDP2's designed split: said at INFO)
             out = fn(_x())
         (out ** 2).sum().backward()
         (ref(_x()) ** 2).sum().backward()

@@ -14,6 +14,7 @@ import torch
 from ..errors import CaptureError, message
 from ..guards.guard import is_constant
 from ..regions.frame import RegionFrame
+from ..regions.objects import fake_fields
 from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
@@ -172,6 +173,24 @@ def held_map(leaves: list[Any], labels: list[str], depth: int = 3) -> Held:
 def held_by_inputs(leaves: list[Any], labels: list[str]) -> list[Any]:
     """The objects and containers the call's input objects reach (what the program may change on them)."""
     return list(held_map(leaves, labels))
+
+
+def check_no_output_fields(holes: list[Any], tracer: Tracer) -> None:
+    """An output tensor the program computed and set Python attributes on (`y.tag = ...`; not an input or a
+    parameter handed back): each call's output is a new tensor without them, so the capture refuses (compile runs
+    such a program eagerly)."""
+    internal = fake_fields()
+    for t in holes:
+        fields = getattr(t, "__dict__", None) if isinstance(t, torch.Tensor) else None  # (not a SymInt's .node)
+        if not fields or tracer.root.node_for(t).op == "placeholder":
+            continue
+        names = [k for k in fields if k not in internal and not k.startswith("_")]
+        if names:
+            raise CaptureError(message(
+                f"the program sets Python attributes on an output tensor ({', '.join('.' + k for k in names[:3])}): "
+                "the outputs of a captured graph's calls are new tensors, without them", user_location(),
+                "return those values beside the tensor (a tuple or a dict), or use stampout.compile, which runs such "
+                "a program eagerly"))
 
 
 def check_no_hidden_tensors(template: Any) -> None:

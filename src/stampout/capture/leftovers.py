@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..backends.runner import as_call_modules
-from ..sources import Place
+from ..sources import Attr, CallContext, Place
 from ..torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
 from ..trace.names import root_module
 from ..trace.shapes import any_symbolic, concrete
@@ -57,13 +57,21 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
     found: list[tuple[Any, Any, Place]] = []
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
+    reals = {id(fake): t for t, fake in tracer._fakes.values() if type(t) is not FakeTensor}
 
     def note(obj: Any, key: Any, kind: Place, value: Any) -> None:
-        if any_symbolic(value):  # a size of this capture's inputs (or a tuple of them): its value for them
+        real = reals.get(id(value)) if type(value) is FakeTensor else None
+        if any_symbolic(value) or real is not None:  # a size of this capture's inputs (or a tuple of them): its
+            # value for them; the fake of a real tensor the program read (`self.steps += 1` stores the buffer it
+            # wrote in place): that tensor, whose writes are the Capture's calls' to make, as BatchNorm's
+            value = concrete(value) if real is None else real
             if kind is Place.ATTR:
-                setattr(obj, key, concrete(value))
+                setattr(obj, key, value)
+            elif kind is Place.MEMBER:
+                obj.discard(key)
+                obj.add(value)
             else:
-                obj[key] = concrete(value)
+                obj[key] = value
             return
         if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
             seen.add((id(obj), key))
@@ -114,12 +122,35 @@ _REGISTRIES = ("_parameters", "_buffers")
 _INERT = frozenset({bool, int, float, str, type(None), frozenset, torch.nn.Parameter, torch.Tensor})
 
 
+def carried_state(cap: Capture, left: list[tuple[Any, Any, Place]], ctx: CallContext) -> dict[int, torch.Tensor]:
+    """Of the fakes left in the program's state (`left`), those replacing a real tensor the graph read from the
+    same place (`self.ema = 0.9 * self.ema + 0.1 * m`, `self.h = rnn(x, self.h)`): state carried from call to call,
+    by position in `left`, with the tensor read. Like a buffer updated in place, it is the Capture's calls' to
+    update: the capture puts the tensor read back, and each call stores the graph's value."""
+    places = {(id(obj), key): k for k, (obj, key, _) in enumerate(left)}
+    carried: dict[int, torch.Tensor] = {}
+    memo: dict[Any, Any] = {}
+    for t, source in cap.lifted:
+        if not isinstance(source, Attr) or source.base() is None:
+            continue
+        try:
+            holder = source.base().resolve(ctx, memo)
+        except Exception:  # (a path the program's later stores changed: not state read and stored back)
+            continue
+        for place in (holder, *(getattr(holder, "__dict__", {}).get(r) for r in _REGISTRIES)):
+            k = places.get((id(place), source.attr))
+            if k is not None:
+                carried[k] = t
+    return carried
+
+
 def make_real(cap: Capture, left: list[tuple[Any, Any, Place]], args: tuple, kwargs: dict,
-               mutated: list[torch.Tensor]) -> None:
+               mutated: list[torch.Tensor], carried: dict[int, torch.Tensor]) -> None:
     """Run the captured graph once on the capture's inputs and store the real tensors where the fakes are. The
     tensors the graph changes in place (`mutated`: an EMA buffer, BatchNorm's statistics) are put back: a capture
     does not touch real tensors (each call of the Capture updates them), except those the program stores: a
-    tensor it made (`self.length = torch.tensor(0)`, then `add_`) holds the value eager leaves in it."""
+    tensor it made (`self.length = torch.tensor(0)`, then `add_`) holds the value eager leaves in it. State carried
+    from call to call (`carried`, by position in `left`) gets back the tensor the graph read."""
     leaves = flatten_inputs(args, kwargs)[0]
     inputs = [leaves[i] for i in cap.input_tensor_leaves] + [t for t, _ in cap.lifted]  # as read at capture
     # (the program may since have stored fakes where they were found: `cache.layers[0].keys = cat(...)`)
@@ -132,7 +163,8 @@ def make_real(cap: Capture, left: list[tuple[Any, Any, Place]], args: tuple, kwa
         for t, value in saved:
             if t.untyped_storage().data_ptr() not in stored:
                 t.copy_(value)
-    for (obj, key, kind), value in zip(left, outputs[len(outputs) - len(left):]):
+    for k, ((obj, key, kind), value) in enumerate(zip(left, outputs[len(outputs) - len(left):])):
+        value = carried.get(k, value)
         if kind is Place.ATTR:
             setattr(obj, key, value)
         elif kind is Place.MEMBER:  # (a set's fake member, the key, gives way to its real value)

@@ -23,12 +23,14 @@ from ..regions.frame import ProgramIneligible, RegionFrame
 from ..sources import Absolute, CallContext, Source
 from ..torch_internals import (
     DisableTorchFunction,
+    FakeTensor,
     FakeTensorMode,
 )
 from ..torch_internals import LazyGraphModule as _LazyGraphModule
 from ..trace import higher_order
 from ..trace.frames import swallowed, user_location
 from ..trace.names import TensorNames, identifier
+from ..trace.recording import refuse_shared_memory
 from ..trace.shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
 from ..trace.structure import aliases_of, flatten_inputs, positional_names, to_template
 from ..trace.tracer import Tracer
@@ -42,6 +44,7 @@ from .entering import capturing
 from .held_inputs import (
     Held,
     check_no_hidden_tensors,
+    check_no_output_fields,
     copy_back_given_containers,
     held_map,
     hold_input_containers,
@@ -52,7 +55,7 @@ from .held_inputs import (
     object_fields,
     rebuild_inputs,
 )
-from .leftovers import hooks_of, left_over_fakes, make_real, methods_of, modules_of
+from .leftovers import carried_state, hooks_of, left_over_fakes, make_real, methods_of, modules_of
 from .lost_gradients import autograd_refusal
 from .options import CaptureOptions, refuse_lazy
 from .result import Capture
@@ -173,6 +176,7 @@ class ProgramCapture:
         for i, leaf in enumerate(leaves):
             if not isinstance(leaf, torch.Tensor):
                 continue
+            refuse_shared_memory(tracer.memory, leaf, labels[i])
             if self.dims[i]:
                 fake = symbolic_fake(fake_mode, leaf, names[i], self.dims[i], duck=ranges is None)
                 for dim, (low, high, _) in (ranges or {}).get(id(leaf), {}).items():  # bounds asked for (export)
@@ -299,6 +303,7 @@ class ProgramCapture:
             self.holes: list[torch.Tensor] = []
             self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True)
             check_no_hidden_tensors(self.template)
+            check_no_output_fields(self.holes, self.tracer)
             with DisableTorchFunction(), listeners(None, None):
                 if guard_program:
                     registries.plan(program)
@@ -376,10 +381,11 @@ class ProgramCapture:
         `real`, the caller's objects left as one eager call leaves them."""
         stores, left, args, kwargs = self.stores, self.left, self.args, self.kwargs
         outs = sum(v.kind is ValueKind.OUT for *_, v in stores)
-        cap.stores = stores + [(None, key, kind, Value(ValueKind.OUT, outs + k))
-                               for k, (_, key, kind) in enumerate(left)]
-        cap.unreplayable = self.unreplayable
         ctx = CallContext([self.fn, *self.leaves], None, (args, kwargs))
+        carried = carried_state(cap, left, ctx)
+        cap.stores = stores + [(Absolute(obj, f"{type(obj).__name__}.{key}") if k in carried else None, key, kind,
+                                Value(ValueKind.OUT, outs + k)) for k, (obj, key, kind) in enumerate(left)]
+        cap.unreplayable = self.unreplayable
         if real:  # the caller's containers were not the program's (it ran on copies): stored into as eager does
             for s, key, _, v in stores:  # (in the program's order: a dict keeps eager's key order)
                 if in_input_container(s):
@@ -388,10 +394,13 @@ class ProgramCapture:
                         holder[key] = v.get(ctx, [])
                     elif isinstance(holder, dict):
                         holder.setdefault(key, None)  # its real value comes from the graph, below
-        if real and (self.plan.extra or self.held):  # the caller's objects end up as one eager call leaves them
+        written = any(isinstance(f, FakeTensor) and f._version > 0 for f in self.fake_leaves)  # (`x.add_(1)`)
+        if real and (self.plan.extra or self.held or written):  # the caller's objects and tensors end up as one
+            # eager call leaves them (a tensor argument written in place as one an input object holds)
             make_real(cap, [(s.resolve(ctx, {}), key, kind)
                              for s, key, kind, v in stores if v.kind is ValueKind.OUT] + left, args, kwargs,
-                       mutated_in_place(self.tracer, self.leaves, cap))
+                       mutated_in_place(self.tracer, self.leaves, cap),
+                       {outs + k: t for k, t in carried.items()})
         if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
             copy_back_given_containers(self.held, ctx)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.

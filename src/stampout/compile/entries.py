@@ -22,7 +22,7 @@ from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch
 from .fsdp_swaps import SwappedParams
-from .per_call_aliases import PerCallAliases, fixed_bases, overlaps_fixed
+from .per_call_aliases import PerCallAliases, fixed_spans, overlaps_fixed
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
 from .replay_code import compile_replay
@@ -41,11 +41,11 @@ new_key = tuple.__new__  # a CallKey without NamedTuple's keyword __new__ (every
 
 
 def _values_in_dict(guard: Guard) -> bool:
-    """A protected guard on a value a module holds in its `__dict__` (a constant, a config object; not a
-    parameter, a submodule, `training` or the absence of a per-instance `forward`): its module's dict is
-    version-checked on every call, so writes that bypass `__setattr__` are seen."""
+    """A protected guard on a value a module holds in its `__dict__` (a constant, a config object, a tensor kept as
+    a plain attribute; not a parameter, a submodule, `training` or the absence of a per-instance `forward`): its
+    module's dict is version-checked on every call, so writes that bypass `__setattr__` are seen."""
     source = guard.source
-    if guard.kind in (Kind.TENSOR, Kind.HOOKS, Kind.TYPE, Kind.NO_OVERRIDE):
+    if guard.kind in (Kind.HOOKS, Kind.TYPE, Kind.NO_OVERRIDE):
         return False
     return not (isinstance(source, Attr) and source.attr == "training")
 
@@ -124,7 +124,7 @@ class EntryState:
                  unwritten: Callable[[], bool], anchors: tuple) -> None:
         self.epoch = epoch
         self.known: tuple = ()  # the fixed lifted inputs alone, in placeholder order (see _merge_order)
-        self.bases = fixed_bases(fixed)  # where the fixed lifted tensors' storages start (per_call_aliases.py)
+        self.bases = fixed_spans(fixed)  # the memory of the fixed lifted tensors (per_call_aliases.py)
         self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
         self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
         self.tensors = tensors
@@ -168,7 +168,7 @@ class Entry:
                 protected.append(guard.source)
                 if guard.kind is Kind.TENSOR:
                     tensors.append(guard)
-                elif _values_in_dict(guard):
+                if _values_in_dict(guard):
                     self.protected_sources.append((guard.source, guard.kind is Kind.ABSENT))
             self.fixed_sources: list[Source | None] = []  # per lifted input; None: read per call
             per_call: list[Source] = []
@@ -202,7 +202,7 @@ class Entry:
         # Which tensor inputs overlap a parameter or buffer the graph reads (`model(model.lin.weight.detach())`), as
         # at capture: checked per call against the fixed lifted tensors' storages (EntryState.bases).
         fixed_at_capture = [None if s is None else cap.lifted[i][0] for i, s in enumerate(self.fixed_sources)]
-        self.fixed_overlaps = overlaps_fixed(_tensors(ctx.leaves), fixed_at_capture, fixed_bases(fixed_at_capture))
+        self.fixed_overlaps = overlaps_fixed(_tensors(ctx.leaves), fixed_at_capture, fixed_spans(fixed_at_capture))
         if self.per_call_positions:
             read = [cap.lifted[i][0] for i in self.per_call_positions]
             pinned = self.shapes is None and set(per_call) <= {g.source for g in self.deferred_guards}

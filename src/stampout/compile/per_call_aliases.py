@@ -12,7 +12,8 @@ inputs then only need a storage of their own, apart from the remembered ones.
 Where the last call's per-call tensors had non-empty byte ranges that pairwise share no byte, their data pointers
 alone decide (no `id` pass): the same pointers with the same sizes, strides and dtype give the same ranges, still
 pairwise apart, so distinct objects sharing no memory; and, their storage offsets being checked exactly too, the
-same storage starts (pointer less offset), so the inputs' check against the remembered starts stays right.
+same storage starts. (Two storages over one array whose tensors' bytes stay apart may then pass where the full
+check, going by whole storages, would refuse: their elements share no byte, so the graph is right on them.)
 """
 
 from __future__ import annotations
@@ -21,16 +22,10 @@ from typing import Any
 
 import torch
 
+from ..trace.memory import Spans, memory_span, spans_of
 from ..trace.structure import aliases_of, show_aliases
 
 _data_ptr = torch.Tensor.data_ptr
-
-
-def _base(t: torch.Tensor) -> int:
-    """Where `t`'s storage starts (distinct for distinct live storages with bytes); an empty tensor, which
-    overlaps nothing, stands for itself."""
-    storage = t.untyped_storage()
-    return storage.data_ptr() if storage.nbytes() else id(t)
 
 
 class PerCallAliases:
@@ -44,8 +39,8 @@ class PerCallAliases:
     def __init__(self, expected: tuple, pinned: bool) -> None:
         self.expected = expected
         self.pinned = pinned
-        # (data pointers, or ids then data pointers; storage starts; whether the pointers alone decide)
-        self._memo: tuple[tuple[int, ...], frozenset[int], bool] | None = None
+        # (data pointers, or ids then data pointers; the memory they use; whether the pointers alone decide)
+        self._memo: tuple[tuple[int, ...], Spans, bool] | None = None
 
     def holds(self, leaves: list[Any], per_call: tuple) -> bool:
         inputs = [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
@@ -79,23 +74,27 @@ class PerCallAliases:
                 f"{show_aliases(self.expected, names)}, now {show_aliases(actual, names)}")
 
     @staticmethod
-    def _apart(inputs: list[torch.Tensor], taken: frozenset[int]) -> bool:
-        """Each input in a storage of its own, none of them one the per-call tensors use."""
-        try:
-            bases = [_base(t) for t in inputs]
-        except (RuntimeError, NotImplementedError, TypeError):
-            return False
-        return len(set(bases)) == len(bases) and taken.isdisjoint(bases)
+    def _apart(inputs: list[torch.Tensor], taken: Spans) -> bool:
+        """Each input in memory of its own, none of it memory the per-call tensors use."""
+        mine = Spans()
+        for t in inputs:
+            span = memory_span(t)
+            if span is None:  # (no memory of its own: a fake, an empty or a meta tensor)
+                continue
+            if taken.overlap(span) is not None or mine.overlap(span) is not None:
+                return False
+            mine.add(span, t)
+        return True
 
     def _remember(self, inputs: list[torch.Tensor], per_call: tuple) -> None:
         try:
             pointers = tuple(map(_data_ptr, per_call))
-            taken = frozenset(_base(t) for t in per_call)
             alone = _ranges_apart(per_call)
         except (TypeError, RuntimeError, NotImplementedError):
             return
         if not alone:
             pointers = (*map(id, per_call), *pointers)
+        taken = spans_of(per_call)
         # (only when the inputs kept apart from the per-call tensors, as `holds` will require of later calls)
         self._memo = (pointers, taken, alone) if self._apart(inputs, taken) else None
 
@@ -114,28 +113,18 @@ def _ranges_apart(tensors: tuple) -> bool:
     return all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))
 
 
-def fixed_bases(fixed: Any) -> frozenset[int]:
-    """Where the storages of the fixed lifted tensors (parameters, buffers) start, for `overlaps_fixed`."""
-    out = set()
-    for t in fixed:
-        if isinstance(t, torch.Tensor):
-            try:
-                out.add(_base(t))
-            except (RuntimeError, NotImplementedError, TypeError):
-                continue
-    return frozenset(out)
+def fixed_spans(fixed: Any) -> Spans:
+    """The memory of the fixed lifted tensors (parameters, buffers), for `overlaps_fixed`."""
+    return spans_of(fixed)
 
 
-def overlaps_fixed(inputs: list[Any], fixed: Any, bases: frozenset[int]) -> tuple[tuple[int, int], ...]:
+def overlaps_fixed(inputs: list[Any], fixed: Any, spans: Spans) -> tuple[tuple[int, int], ...]:
     """Pairs (input, fixed lifted tensor) whose bytes may overlap: one storage lookup per input, the pairs worked
-    out only for an input whose storage is one of the fixed tensors' (`bases`)."""
+    out only for an input whose memory meets the fixed tensors' (`spans`)."""
     pairs = []
     for i, t in enumerate(inputs):
-        try:
-            shared = _base(t) in bases
-        except (RuntimeError, NotImplementedError, TypeError):
-            continue
-        if shared:
+        span = memory_span(t)
+        if span is not None and spans.overlap(span) is not None:
             fixed_tensors = [(j, f) for j, f in enumerate(fixed) if isinstance(f, torch.Tensor)]
             pairs.extend((i, j) for j, f in fixed_tensors if aliases_of([t, f]) != (0, 1))
     return tuple(pairs)

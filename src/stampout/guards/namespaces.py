@@ -92,6 +92,17 @@ class NamespaceReads:
                 return f"{self._labels[key]}.{changed}"
         return None
 
+    def put_back(self) -> None:
+        """Every name noted as the trace found it (after a failed capture whose program stored into a namespace)."""
+        for namespace, names in self._reads.values():
+            for name, value in names.items():
+                if namespace.get(name, _MISSING) is not value:
+                    namespace[name] = value
+        for namespace, before in self._whole.values():
+            for name in [k for k in namespace if k not in before]:
+                del namespace[name]
+            namespace.update((k, v) for k, v in before.items() if namespace.get(k, _MISSING) is not v)
+
     def describe(self) -> str:
         change = self.first_change()
         return "every name as read" if change is None else f"{change} rebound"

@@ -34,6 +34,7 @@ from .objects import (
     BY_IDENTITY,
     CONTAINERS,
     accepted_types,
+    fake_fields,
     found_on_class,
     hidden_state,
     is_user_class,
@@ -97,6 +98,12 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.mark_ineligible(f"runs with torch.Tensor.{name} replaced by a Python function (stampout traces "
                                  "torch's own methods only)")
         self.adopt_function(fn, None)
+        if not program:  # (a region's input tensor tagged by the caller's Python, `x.scale = s`: its values)
+            internal = fake_fields()
+            for i, _, before in self._input_fields:
+                for k, v in before.items():
+                    if k not in internal and not k.startswith("_"):
+                        self.adopt(v, Item(Attr(Arg(i, labels[i]), "__dict__"), k), where="attributes of an input")
 
     # ---- recording ------------------------------------------------------------------------------
     def guard(self, source: Source, kind: Kind, expected: Any, where: str = "") -> None:
@@ -172,7 +179,9 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     def _adopt_module(self, value: torch.nn.Module, source: Source, from_arg: bool, where: str) -> None:
         # (an argument's class is in the fingerprint too; the guard lets the guard code read it fast)
         self.guard(source, Kind.TYPE, accepted_types(value), where)
-        self.guard(source, Kind.HOOKS, hooks_key(value), where)
+        hooks = hooks_key(value)
+        self.guard(source, Kind.HOOKS, hooks, where)
+        self.note_hooks(value, hooks, source)
         if not self._name(value, source, where):
             return
         self.watch.watch(value)
@@ -202,6 +211,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         if isinstance(t, FakeTensor):
             return
         fields = getattr(t, "__dict__", None)
+        if type(fields) is dict:  # (compared at the end: `self.w.n = ..` in forward is a store no watch sees)
+            self.tensor_fields.append((t, source, dict(fields)))
         if fields and any(not k.startswith("_") for k in fields):
             attrs = Attr(source, "__dict__")
             self.guard(attrs, Kind.KEYS, tuple(fields), where)
@@ -275,6 +286,9 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         on_class, raw = found_on_class(obj, name)
         if not on_class:
             self.adopt(value, Attr(base, name), where=where)
+            fields = getattr(obj, "__dict__", None)
+            if type(fields) is dict and fields.get(name, MISSING) is value:
+                self.instance_reads.append((fields, name, value, base, id(obj)))
         elif name == "forward" or is_user_class(obj, name):
             # A class attribute (method, property, default): the class's entry, and no instance override.
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
@@ -308,4 +322,11 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)
             if meta_key(raw_meta(self.leaves[i])) != meta_key(meta):
                 self.mark_ineligible(f"changes the metadata of its input {i} in place (resize_, transpose_, ...)")
+        self._close_hooks()
+        self._close_instance_reads()
+        self._close_held_tensor_fields()
+        change = self.namespaces.first_change() if self.namespaces else None
+        if change is not None:  # (`setattr(cfg_module, "N", ..)`, `vars(cfg_module).update(..)`: no bytecode shows it)
+            self.mark_ineligible(f"changes {change} in a namespace it reads (a Python side effect stampout does not "
+                                 "replay)")
         self._close_containers()

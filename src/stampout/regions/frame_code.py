@@ -105,6 +105,9 @@ class FrameCode:
             if isinstance(g.get(chain[0]), types.ModuleType):
                 self.mark_ineligible(f"stores {'.'.join(chain)} in a module's namespace (at {code.co_qualname}), "
                                      "a Python side effect stampout does not replay")
+        for chain in facts.imported_stores:
+            self.mark_ineligible(f"stores {'.'.join(chain)} on what an import in {code.co_qualname} returned (a "
+                                 "module's namespace: a Python side effect stampout does not replay)")
         for name in facts.stores:
             self.global_stores.append((g, name))
             self.writes.append(f"global {name} (assigned by {code.co_qualname})")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..guards.guard import Kind, is_constant
+from ..guards.hook_keys import HOOK_DICTS, hooks_key
 from ..sources import MISSING, Arg, Attr, Item, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
@@ -37,6 +38,12 @@ class FrameWrites:
         self.made: set[int] = set()  # objects first seen as the value of such an attribute (made during the call)
         self.containers: list[tuple[Any, Source, tuple]] = []
         self.global_stores: list[tuple[dict, str]] = []  # (globals, name) the code that ran may assign
+        self.instance_reads: list[tuple[dict, str, Any, Source, int]] = []  # (an object's __dict__, name, value
+        # read, the object's source and id): a write no watch saw (`object.__setattr__(self, ..)`) is found at the end
+        self.tensor_fields: list[tuple[Any, Source, dict]] = []  # (a real tensor read, its source, its __dict__
+        # then): a Python attribute the trace sets on a parameter or buffer is found at the end
+        self.hooked: list[tuple[Any, tuple, Source, tuple]] = []  # (module, its hooks when read, source, copies
+        # of its hook dicts then): hook dicts are no watched state, so they are compared at the end
         # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
         self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
 
@@ -115,6 +122,39 @@ class FrameWrites:
         # (stores on objects it can name are replayed by its stamped calls when their values allow it:
         # RegionCalls decides when the trace ends)
 
+    def note_hooks(self, module: Any, hooks: tuple, source: Source) -> None:
+        """A module the trace reads, with its hooks then (`hooks`, as guarded)."""
+        d = module.__dict__
+        self.hooked.append((module, hooks, source, tuple(dict(d[n]) if d.get(n) else None for n in HOOK_DICTS)))
+
+    def _close_hooks(self) -> None:
+        """A hook registered or removed on a module the trace read (`self.lin.register_forward_hook(..)` in
+        forward): a Python side effect no stamped or compiled call repeats."""
+        for module, hooks, source, _ in self.hooked:
+            if hooks_key(module) != hooks:
+                self.mark_ineligible(f"registers or removes a hook of {source.name()} (a Python side effect a "
+                                     "stamped or compiled call would not repeat)")
+
+    def _close_instance_reads(self) -> None:
+        """An attribute read from an object's `__dict__` and changed behind its `__setattr__` during the trace
+        (`object.__setattr__(self, "n", ..)`): a store no stamped or compiled call repeats."""
+        for fields, name, value, base, owner in self.instance_reads:
+            if fields.get(name, MISSING) is not value and (owner, name) not in self._written:
+                self.mark_ineligible(f"changes {base.name()}.{name} behind its __setattr__ (object.__setattr__, "
+                                     "__dict__): a Python side effect stampout does not replay")
+                return
+
+    def _close_held_tensor_fields(self) -> None:
+        """A Python attribute set on (or deleted from) a real tensor the trace read (`self.weight.n = ..`)."""
+        for t, source, before in self.tensor_fields:
+            after = t.__dict__
+            changed = [k for k in {**before, **after} if not k.startswith("_")
+                       and before.get(k, MISSING) is not after.get(k, MISSING)]
+            if changed:
+                self.mark_ineligible(f"sets .{changed[0]} on {source.name()}, a tensor it reads (a Python side "
+                                     "effect stampout does not replay)")
+                return
+
     def _close_containers(self) -> None:
         for value, source, before, _ in self.containers:
             if contents(value) != before:
@@ -144,6 +184,23 @@ def undo(program: Any) -> None:
         obj.setstate(state)
     for container, _, _, before in reversed(program.containers):
         put_back(container, before)
+    if program.namespaces:
+        program.namespaces.put_back()
+    for fields, name, value, _, owner in reversed(program.instance_reads):  # (writes no watch saw)
+        if fields.get(name, MISSING) is not value and (owner, name) not in program._written:
+            fields[name] = value
+    for t, _, before in reversed(program.tensor_fields):
+        fields = t.__dict__
+        for k in [k for k in {**before, **fields} if not k.startswith("_")]:
+            if k in before:
+                fields[k] = before[k]
+            else:
+                del fields[k]
+    for module, _, _, saved in reversed(program.hooked):
+        for name, before in zip(HOOK_DICTS, saved):
+            hooks = module.__dict__.get(name)
+            if hooks is not None:
+                put_back(hooks, before or {})
     for obj, name, _, old, _ in reversed(program.stores):
         if old is not MISSING:
             setattr(obj, name, old)

@@ -54,9 +54,9 @@ class CallHooks:
                     f"takes a Python decision on the value of a tensor computed outside it (at {user_location(4)})"
                 )
 
-    def note_hook(self, reason: str) -> None:
-        """The program registers an autograd hook: a reused trace would register the traced call's function,
-        and a compiled program runs eagerly (AOTAutograd backends do not keep the registration)."""
+    def note_unkept(self, reason: str) -> None:
+        """The program does what AOTAutograd backends do not keep: registers an autograd hook (a reused trace
+        would register the traced call's function) or sets a tensor's `.data`. A compiled program runs eagerly."""
         for frame in self.frames:
             frame.mark_ineligible(reason)
 

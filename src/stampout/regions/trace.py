@@ -23,6 +23,7 @@ from ..trace.tensormeta import output_meta
 from .cache import ArgInput, Output, ReuseEntry, SourceInput, Store, SymbolInput
 from .events import Outcome
 from .frame import RegionFrame
+from .objects import fake_fields
 from .views import views_of_one_base
 
 
@@ -81,6 +82,10 @@ class Tracing:
         frame.close()
         holes: list[torch.Tensor] = []
         template = to_template(out, holes)
+        tagged = [k for t in holes if isinstance(t, torch.Tensor) for k in (getattr(t, "__dict__", None) or ())
+                  if k not in fake_fields() and not k.startswith("_")]
+        if tagged:  # (a stamped call's outputs are new tensors)
+            frame.mark_ineligible(f"sets Python attributes on an output tensor (.{tagged[0]})")
         hole_nodes = [child.node_for(t) for t in holes]
         placeholders = {n: i for i, n in enumerate(n for n in child.graph.nodes if n.op == "placeholder")}
         outputs: list[tuple[Output, int]] = []

@@ -32,6 +32,8 @@ class CodeFacts:
     attribute_stores: tuple[tuple[str, ...], ...]  # `g.a.b = v` / `del g.a.b`: global name, attributes, stored one
     nested: tuple[types.CodeType, ...]  # code objects of functions it defines
     escapes: tuple[str, ...] = ()  # globals it loads as values, not only to read an attribute of them
+    imported_stores: tuple[tuple[str, ...], ...] = ()  # `import m` in the function, then `m.a = v`: local name,
+    # attributes, stored one (a store into what an import returns: a module, or an object a module holds)
 
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
@@ -104,14 +106,32 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     escapes: list[str] = []
     chain: list[str] | None = None
     cell: list[str] | None = None  # (`mod.attr = v` with `mod` a closure cell: only its stores are kept)
+    imported: set[str] = set()  # locals an import statement bound
+    imported_stores: list[tuple[str, ...]] = []
+    previous = None
+    augmented: tuple[list, tuple[str, ...]] | None = None  # (`g.a.n += 1`: COPY of the chain, then its store)
     for ins in dis.get_instructions(code):
-        if ins.opname == "LOAD_DEREF" and ins.argval in code.co_freevars:
+        if ins.opname == "STORE_FAST" and previous in ("IMPORT_NAME", "IMPORT_FROM"):
+            imported.add(ins.argval)
+        previous = ins.opname
+        if ins.starts_line is not None:
+            augmented = None
+        if ins.opname == "COPY" and ins.arg == 1 and (chain is not None or cell is not None):
+            target = chain if chain is not None else cell
+            augmented = (attribute_stores if chain is not None or target[0] not in imported else imported_stores,
+                         tuple(target))
+        elif augmented is not None and ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
+            augmented[0].append((*augmented[1], ins.argval))
+            augmented = None
+        if ins.opname == "LOAD_FAST" and ins.argval in imported:
+            cell = [ins.argval]
+        elif ins.opname == "LOAD_DEREF" and ins.argval in code.co_freevars:
             cell = [ins.argval]
         elif cell is not None and ins.opname in _LOADS_ATTR and len(cell) < 4:
             cell.append(ins.argval)
         else:
             if cell is not None and ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
-                attribute_stores.append((*cell, ins.argval))
+                (imported_stores if cell[0] in imported else attribute_stores).append((*cell, ins.argval))
             cell = None
         if chain is not None and len(chain) == 1 and ins.opname not in _LOADS_ATTR:
             escapes.append(chain[0])  # (`getattr(cfg, name)`, `return cfg`: any attribute may be read)
@@ -136,4 +156,5 @@ def _analyse(code: types.CodeType) -> CodeFacts:
         escapes.append(chain[0])
     nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
     return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores),
-                     tuple(dict.fromkeys(attribute_stores)), nested, tuple(dict.fromkeys(escapes)))
+                     tuple(dict.fromkeys(attribute_stores)), nested, tuple(dict.fromkeys(escapes)),
+                     tuple(dict.fromkeys(imported_stores)))

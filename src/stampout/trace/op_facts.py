@@ -41,7 +41,7 @@ ALWAYS_VIEWS = frozenset({
 })
 
 # Tensor properties that make a new view (`x.mT`): computed on fakes and recorded as `getattr(x, "mT")`.
-VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+VIEW_PROPERTIES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
 
 # Ops whose result is a tuple of views of their first argument.
 SPLITS = frozenset({"split", "chunk", "unbind", "tensor_split", "split_with_sizes"})

@@ -27,6 +27,7 @@ from ..torch_internals import (
 from .builder import Builder, has_tensor, map_tensors, node_target
 from .caught_kernel_errors import check_not_caught
 from .frames import user_frame, user_location
+from .memory import CapturedMemory
 from .names import identifier
 from .op_facts import may_fail_on_values
 from .shapes import Lifted
@@ -64,6 +65,16 @@ def _function_apply(cls: type) -> Callable:
     return target
 
 
+def refuse_shared_memory(memory: CapturedMemory, t: torch.Tensor, name: str) -> None:
+    """A capture cannot read two tensors in distinct storages over the same memory: their fakes would be apart."""
+    other = memory.claim(t, name)
+    if other is not None:
+        raise CaptureError(message(
+            f"{other} and {name} share memory through two different storages (torch.from_numpy or frombuffer of "
+            "the same array, say): the captured graph would take them as apart", user_location(),
+            "make one a view of the other (t[...], t.view(...)) or pass a copy (.clone())"))
+
+
 class Recording:
     """Torch calls and lifted tensors as nodes of the graph being built (a part of `Tracer`, which sets the
     attributes below)."""
@@ -74,6 +85,7 @@ class Recording:
     symbols: Symbols | None
     dynamic_tensors: dict[int, tuple[torch.Tensor, tuple[int, ...], str]]
     lifted: list[tuple[fx.Node, torch.Tensor, Source | None]]
+    memory: CapturedMemory
     fake_of: Callable[[torch.Tensor], torch.Tensor]  # (FakeRuns.fake_of)
     meta_fake: Callable[[torch.Tensor], FakeTensor]  # (FakeRuns.meta_fake)
 
@@ -83,8 +95,10 @@ class Recording:
             return self.regions.lift_into_subgraph(builder, t)
         if isinstance(t, FakeTensor):
             raise CaptureError(message(
-                f"a fake tensor of shape {tuple(t.shape)} reached the graph without being recorded",
-                user_location(), "report this as a stampout bug, with the model",
+                f"a tensor of shape {tuple(t.shape)} made by no torch call the capture sees reached the graph (made "
+                "over a Python object's memory: torch.from_numpy, torch.frombuffer?)", user_location(),
+                "make that tensor outside the captured code (a buffer, an argument), or use stampout.compile, which "
+                "runs such code eagerly; if it is none of these, report it as a stampout bug, with the model",
             ))
         found = self.names.find(t)
         if type(t) is not torch.Tensor and has_own_torch_function(t):
@@ -95,6 +109,7 @@ class Recording:
                 "stampout.compile runs such a module eagerly; hold a plain tensor (t.as_subclass(torch.Tensor)) "
                 "to capture it"))
         name = found[0] if found is not None else f"lifted_tensor_{len(self.lifted)}"
+        refuse_shared_memory(self.memory, t, found[1].name() if found and found[1] is not None else name)
         if self.regions is not None:
             self.regions.note_root_lift(t)
         # A stamped region lifts many parameters: their placeholders' meta['val'] is filled when `gm` is
@@ -127,7 +142,7 @@ class Recording:
                 "and tensors held by the module",
             ))
         if self.regions is not None:
-            self.regions.note_hook(f"registers a gradient hook ({_HOOK_REGISTRATIONS[func]}) at {where}")
+            self.regions.note_unkept(f"registers a gradient hook ({_HOOK_REGISTRATIONS[func]}) at {where}")
         out = func(self.fake_of(tensor), hook)
         builder = self.builder
         node = builder.graph.call_method(_HOOK_REGISTRATIONS[func], (builder.node_for(tensor), builder.literal(hook)))
@@ -141,8 +156,15 @@ class Recording:
             return apply(cls, *args, **kwargs)
         fake_args = map_tensors(args, self.fake_of)
         fake_kwargs = map_tensors(kwargs, self.fake_of)
-        with DisableTorchFunction():
-            out = apply(cls, *fake_args, **fake_kwargs)
+        try:
+            with DisableTorchFunction():
+                out = apply(cls, *fake_args, **fake_kwargs)
+        except CaptureError:
+            raise
+        except RuntimeError as error:  # (autograd's checks on the fakes, which are leaves: `mark_dirty` of an input)
+            raise CaptureError(message(
+                f"the custom autograd.Function {cls.__qualname__} cannot run on the capture's tensors: {error}",
+                user_location(), "stampout.compile runs such a call eagerly")) from error
         self.record(_function_apply(cls), args, kwargs, out)
         return out
 

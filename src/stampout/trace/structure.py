@@ -20,6 +20,7 @@ import torch
 
 from .. import config
 from ..torch_internals import FakeTensor
+from .memory import memory_span, storages_apart
 from .shapes import SIZES, concrete
 
 
@@ -109,11 +110,13 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 def aliases_of(leaves: list[Any]) -> tuple:
     """For each leaf, the index of the first leaf that is the same object (which inputs alias); then, when
     distinct tensors share a storage (`base[:5]` and `base[1:]`, `x` and `x.detach()` or `x.data`), the pairs
-    whose bytes may overlap, so an in-place op traced on disjoint inputs is not reused on overlapping ones."""
+    whose bytes may overlap, so an in-place op traced on disjoint inputs is not reused on overlapping ones. Real
+    tensors share memory by their storages' bytes: two storages over one array (`torch.from_numpy`) overlap."""
     try:  # the common case: distinct objects, the tensors in storages of their own (one lookup each)
         tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
-        storages = {s._cdata for s in map(torch.Tensor.untyped_storage, tensors)}
-        if len(storages) == len(tensors) and (len(tensors) == len(leaves) or len(set(map(id, leaves))) == len(leaves)):
+        storages = list(map(torch.Tensor.untyped_storage, tensors))
+        if len({s._cdata for s in storages}) == len(tensors) and storages_apart(tensors, storages) \
+                and (len(tensors) == len(leaves) or len(set(map(id, leaves))) == len(leaves)):
             return tuple(range(len(leaves)))
     except (RuntimeError, NotImplementedError, TypeError):  # a tensor without a storage
         pass
@@ -147,17 +150,27 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _overlaps(leaves: list[Any], tensors: list[int]) -> tuple[tuple[int, int], ...]:
-    """Pairs (earlier, later) of the distinct tensor leaves at `tensors` whose storage is shared and whose bytes
-    may overlap; one storage lookup per tensor when none is shared (the common case)."""
-    storages = [_storage(leaves[i]) for i in tensors]
-    if len(set(storages)) == len(storages):
+    """Pairs (earlier, later) of the distinct tensor leaves at `tensors` whose memory is shared (one storage, or
+    storages over the same bytes) and whose bytes may overlap."""
+    keys = [_storage(leaves[i]) for i in tensors]
+    spans = [memory_span(leaves[i]) for i in tensors]
+    starts = {key: span[0] for key, span in zip(keys, spans) if span is not None}
+    group: dict[int, int] = {}  # storage -> the first storage of the memory it shares
+    first, reach = None, 0
+    for (start, end), key in sorted((span, key) for span, key in zip(spans, keys) if span is not None):
+        if first is None or start >= reach:
+            first, reach = key, end
+        group[key] = first
+        reach = max(reach, end)
+    if len(set(keys)) == len(keys) and len(set(group.values())) == len(group):
         return ()
-    by_storage: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}
     pairs = []
-    for i, storage in zip(tensors, storages):
-        group = by_storage.setdefault(storage, [])
-        pairs.extend((j, i) for j in group if _may_overlap(leaves[j], leaves[i]))
-        group.append(i)
+    for i, key in zip(tensors, keys):
+        same = members.setdefault(group.get(key, key), [])
+        pairs.extend((j, i) for j in same
+                     if _may_overlap(leaves[j], leaves[i], starts.get(key, 0) - starts.get(_storage(leaves[j]), 0)))
+        same.append(i)
     return tuple(sorted(pairs))
 
 
@@ -169,9 +182,10 @@ def _layout(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     return tuple(t.shape), t.stride(), t.storage_offset()
 
 
-def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two strided views of one storage may share an element: exact for views with the same sizes
-    and strides laid out without self-overlap (the halves of a split); otherwise by their byte ranges."""
+def _may_overlap(a: torch.Tensor, b: torch.Tensor, shift: int = 0) -> bool:
+    """Whether two strided views of one memory may share an element, `b`'s storage starting `shift` bytes after
+    `a`'s: exact for views with the same sizes and strides laid out without self-overlap (the halves of a
+    split); otherwise by their byte ranges."""
     if a.layout is not torch.strided or b.layout is not torch.strided:
         return True
     try:
@@ -186,6 +200,7 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
     (s0, e0) = span(shape_a, stride_a, offset_a, a.element_size())
     (s1, e1) = span(shape_b, stride_b, offset_b, b.element_size())
+    s1, e1 = s1 + shift, e1 + shift
     if not (s0 < e1 and s1 < e0):
         return False
     if shape_a != shape_b or stride_a != stride_b or a.dtype != b.dtype:
@@ -196,7 +211,8 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
         if s <= reach:
             return True
         reach += (n - 1) * s
-    return _reachable(offset_b - offset_a, dims[::-1])
+    distance, part = divmod((offset_b - offset_a) * a.element_size() + shift, a.element_size())
+    return part != 0 or _reachable(distance, dims[::-1])
 
 
 def _reachable(d: int, dims: list[tuple[int, int]]) -> bool:

@@ -51,6 +51,7 @@ from .code import is_user_file
 from .constants import ConstantValues
 from .fakes import FakeRuns
 from .frames import outside_stampout, python_hooks_off, user_location
+from .memory import CapturedMemory
 from .meta import NOT_HANDLED, MetaRunner
 from .op_facts import NEEDS_VALUE, UNGUARDED_READS, VIEW_PROPERTIES, draws_random, saved_hooks_keep_values
 from .recording import _HOOK_REGISTRATIONS, Recording
@@ -118,6 +119,7 @@ class Tracer(FakeRuns, Recording):
         self.root = Builder(self)
         self.builders: list[Builder] = [self.root]
         self.lifted: list[tuple[fx.Node, torch.Tensor, Source | None]] = []  # outer lifted real tensors
+        self.memory = CapturedMemory()  # the real tensors made fakes (inputs, lifted), by their memory
         self._fakes: dict[int, tuple[torch.Tensor, FakeTensor]] = {}
         self._autocast_nodes: list[fx.Node] = []
         self.constants = ConstantValues(self._frame_ids)
@@ -220,7 +222,10 @@ class Tracer(FakeRuns, Recording):
         if func is _T.__iter__:  # record the unbind that iteration performs
             return iter(self._on_call(_T.unbind, (args[0], 0), {}))
         if is_property_set(func) and func.__self__.__name__ == "data" and isinstance(args[0], torch.Tensor):
-            # `param.data = t` (loading, pruning): replayed by the graph at its place in the order
+            # `param.data = t` (loading, pruning): replayed by the graph at its place in the order (a graph
+            # AOTAutograd functionalizes drops it: compile runs such a program eagerly)
+            if self.regions is not None:
+                self.regions.note_unkept(f"sets a tensor's .data (at {user_location()})")
             builder = self.builder
             target = builder.node_for(args[0])
             value = builder.literal(map_tensors(args[1], builder.node_for))
@@ -270,11 +275,16 @@ class Tracer(FakeRuns, Recording):
 
     def _check_rng_untouched(self, func: Callable) -> None:
         """A random op draws from torch's generator at run time, where the program's Python left it during
-        capture: `torch.manual_seed` or `fork_rng` in forward set it, and the graph would not."""
+        capture: `torch.manual_seed` or `fork_rng` in forward set it, and the graph would not. Each random op
+        moves the real generator on by one draw (fakes draw nothing), so a state the program saved before it and
+        set again after (`st = torch.get_rng_state()`, draw, `torch.set_rng_state(st)`, draw) differs too; the
+        capture puts the generator back after."""
         if self._compiling():  # (compile: the profile hook saw the Generator call, the program runs eagerly)
             return
         with DisableTorchFunction(), unset_fake_temporarily():
             same = torch.equal(torch.random.get_rng_state(), self.rng_state)
+            torch.empty(1).random_()
+            self.rng_state = torch.random.get_rng_state()
         if not same:
             raise CaptureError(message(
                 f"the program sets torch's random number generator (torch.manual_seed, set_rng_state, fork_rng) "
