@@ -18,7 +18,7 @@ from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES
-from ..trace.structure import fakes_within, positional_names, template_constants
+from ..trace.structure import ATOMIC, fakes_within, positional_names, template_constants
 from ..trace.tracer import Tracer
 from .effects import Plan, Value, ValueKind, put_back
 
@@ -175,21 +175,22 @@ def held_by_inputs(leaves: list[Any], labels: list[str]) -> list[Any]:
 
 
 def check_no_hidden_tensors(template: Any) -> None:
-    """An output object that carries traced tensors where stampout cannot see them (a KV-cache object, say)
-    would hand fake tensors to the caller: refuse it."""
+    """An output value that carries traced tensors where stampout cannot see them (a KV-cache object, a module it
+    made, a closure, a partial) would hand fake tensors to the caller on every call: refuse it. Every value the
+    output's constants reach is looked at (structure.fakes_within)."""
     for value in template_constants(template):
-        fields = getattr(value, "__dict__", None)
-        if not isinstance(fields, dict):
+        if type(value) in ATOMIC or not fakes_within(value):
             continue
-        for name, field in fields.items():
-            if fakes_within(field):
-                raise CaptureError(message(
-                    f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
-                    "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
-                    user_location(),
-                    "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
-                    "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
-                ))
+        fields = getattr(value, "__dict__", None)
+        names = [k for k, v in fields.items() if fakes_within(v)] if type(fields) is dict else []
+        where = f" whose .{names[0]}" if names else " that"
+        raise CaptureError(message(
+            f"the output holds a {type(value).__name__}{where} carries traced tensors; "
+            "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
+            user_location(),
+            "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
+            "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
+        ))
 
 
 def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple, dict]:
