@@ -200,3 +200,36 @@ def fakes_free_value(held):
     if isinstance(held, list):
         return held[0][0][0]["a"]
     return held()
+
+
+def _closure_state(accumulate):
+    state = torch.zeros(3)
+
+    def f(x):
+        nonlocal state
+        state = state + x if accumulate else x * 2
+        return state * 2
+
+    return f, (lambda: state)
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["rebinds", "accumulates"])
+def test_a_nonlocal_tensor_the_compiled_function_rebinds_is_real_and_eager(accumulate):
+    # A `nonlocal` rebound in the compiled function kept the FakeTensor in the caller's closure cell (and
+    # `state = state + x` then failed the next call with torch's raw AssertionError on a fake input).
+    f, state = _closure_state(accumulate)
+    f_eager, state_eager = _closure_state(accumulate)
+    compiled = stampout.compile(f, backend="aot_eager")
+    for i in range(3):
+        x = torch.full((3,), float(i + 1))
+        torch.testing.assert_close(compiled(x), f_eager(x))
+        assert type(state()) is torch.Tensor and fakes_reached(f) == []
+        torch.testing.assert_close(state(), state_eager())
+
+
+def test_capture_refuses_a_nonlocal_tensor_rebound_and_leaves_the_cell_real():
+    f, state = _closure_state(True)
+    with pytest.raises(stampout.CaptureError, match="closure variable state") as caught:
+        stampout.capture(f, torch.ones(3))
+    assert "test_no_fake_reaches_the_caller.py" in str(caught.value)
+    assert type(state()) is torch.Tensor and torch.equal(state(), torch.zeros(3))

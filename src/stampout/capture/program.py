@@ -220,6 +220,12 @@ class ProgramCapture:
                     handler.snapshot.note(value, 1)
         try:
             self._traced(registries)
+            rebound = handler.snapshot.rebound_cells() if not guard_program else None
+            if rebound:  # (compile: found by restore_world below, and the program runs eagerly)
+                raise CaptureError(message(
+                    f"the program rebinds {rebound[0]} to a traced value: each call of the Capture would "
+                    "leave it as the capture left it", user_location(), "keep the value on an object (an "
+                    "attribute or a list item), or use stampout.compile, which runs such a function eagerly"))
         except BaseException:
             if self.program is not None:  # a failed capture leaves the objects as it found them
                 undo(self.program)

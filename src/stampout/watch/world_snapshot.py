@@ -50,6 +50,7 @@ class Snapshot:
     traced_caches: list[str] = field(default_factory=list)  # functools caches a trace stored a traced value in
     hits: dict[int, int] = field(default_factory=dict)  # id -> hits of the cache when noted
     settings: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # torch.backends.* namespaces, as noted
+    cells: dict[int, tuple[Any, Any, str]] = field(default_factory=dict)  # id -> (closure cell, contents, label)
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
     def note_program(self, fns: list[Any], depth: int = 3) -> None:
@@ -64,6 +65,7 @@ class Snapshot:
             called = []
             facts = code_facts(code)
             cells = _cells(fn)  # (what it closes over: the frame's free variables once it runs)
+            self._note_cells(fn)
             for value in [*(g.get(name) for name in facts.names), *cells.values()]:
                 if value is not None:
                     self.note(value, 1)
@@ -72,6 +74,31 @@ class Snapshot:
             self._note_store_targets(facts.attribute_stores, g, cells)
             if depth:
                 self.note_program(called, depth - 1)
+
+    def _note_cells(self, fn: Any) -> None:
+        """`fn`'s closure cells with what they hold: a `nonlocal` the program rebinds (`state = state + x`) is
+        user state the function keeps, as an attribute is."""
+        code = fn.__code__
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            if id(cell) not in self.cells:
+                label = f"the closure variable {name} of {code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
+                self.cells[id(cell)] = (cell, _contents(cell), label)
+
+    def rebound_cells(self) -> list[str]:
+        """The noted closure cells the program rebound to a value holding a fake tensor or a symbolic size: each
+        given back what it held (the graph computed the value, not the cell: compile runs such a program
+        eagerly, capture refuses it). Their labels."""
+        rebound = []
+        for cell, before, label in self.cells.values():
+            now = _contents(cell)
+            if now is before or not holds_fake(now, whole=True):
+                continue
+            if before is _GONE:
+                del cell.cell_contents
+            else:
+                cell.cell_contents = before
+            rebound.append(label)
+        return rebound
 
     def note_settings(self) -> None:
         """Before the program runs: the namespaces of torch's settings modules (`torch.backends.opt_einsum.enabled`
@@ -287,6 +314,7 @@ class Snapshot:
         (a symbolic size alone becomes its value for the capture's inputs, as eager would have stored it)."""
         repairs = Repairs()
         repairs.caches.extend(self.clear_caches())
+        repairs.places.extend(self.rebound_cells())
         known = self.containers
         for container, before in known.values():
             items = container.items() if type(container) is dict else enumerate(container)
@@ -345,6 +373,13 @@ class Repairs:
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # (an empty cell: a variable not bound yet)
+        return _GONE
 
 
 def _cells(fn: Any) -> dict[str, Any]:
