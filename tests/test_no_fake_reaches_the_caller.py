@@ -233,3 +233,51 @@ def test_capture_refuses_a_nonlocal_tensor_rebound_and_leaves_the_cell_real():
         stampout.capture(f, torch.ones(3))
     assert "test_no_fake_reaches_the_caller.py" in str(caught.value)
     assert type(state()) is torch.Tensor and torch.equal(state(), torch.zeros(3))
+
+
+WRITTEN = {
+    "callable object": lambda y: Fn(y),
+    "lambda": lambda y: (lambda: y),
+    "nested five deep": lambda y: [[[[[y]]]]],
+    "slots": lambda y: Slotted(y),
+    "dict key": lambda y: {y: 1},
+}
+STORED: dict = {}
+
+
+class Stores(nn.Module):
+    def __init__(self, wrap, where):
+        super().__init__()
+        self.lin, self.wrap, self.where = nn.Linear(3, 3), wrap, where
+
+    def forward(self, x, acc):
+        y = self.lin(x) * 2
+        held = self.wrap(y)
+        if self.where == "attribute":
+            self.held = held
+        elif self.where == "global":
+            STORED["held"] = held
+        else:
+            acc.append(held)
+        return y + 1
+
+
+@pytest.mark.parametrize("where", ["attribute", "global", "input list"])
+@pytest.mark.parametrize("name", list(WRITTEN))
+@pytest.mark.parametrize("mode", ["capture", "compile"])
+def test_a_traced_tensor_stored_anywhere_in_user_state_does_not_stay_fake(mode, name, where):
+    # The world repair (watch/world.clear_fakes, Snapshot.repair) looked a few levels into containers and plain
+    # objects: a traced tensor the program stored inside a callable object, a closure, a slotted object, a dict key
+    # or five lists deep stayed a FakeTensor in the module, the global memo or the caller's list.
+    STORED.clear()
+    model, acc = Stores(WRITTEN[name], where), []
+    try:
+        if mode == "capture":
+            stampout.capture(model, torch.ones(3), acc)
+        else:
+            compiled = stampout.compile(model, backend="aot_eager")
+            for _ in range(2):
+                torch.testing.assert_close(compiled(torch.ones(3), acc), model.lin(torch.ones(3)) * 2 + 1)
+    except stampout.StampoutError:
+        pass  # (refused: what matters here is what it left)
+    assert fakes_reached([vars(model), STORED, acc]) == []

@@ -100,15 +100,23 @@ def input_stores(held: Held, before: dict[int, dict], tracer: Tracer, plan: Plan
     return stores, unreplayable
 
 
-def copy_back_given_containers(held: Held, ctx: Any) -> None:
+def copy_back_given_containers(held: Held, ctx: Any) -> list[str]:
     """The lists and dicts the call was given (the program ran on copies of them), as the program left its
-    copies: a capture whose change to them cannot be repeated still leaves them as one eager call does."""
+    copies: a capture whose change to them cannot be repeated still leaves them as one eager call does. An item
+    that still holds a traced tensor (inside an object the graph does not compute: `acc.append(Fn(t))`) is left
+    out; returns the containers that lost one (the capture is refused)."""
+    lost = []
     for obj in held:
         source = held[obj]
         if type(obj) in (list, dict) and in_input_container(source):
             original = source.resolve(ctx, {})
             if original is not obj and type(original) is type(obj):
-                put_back(original, list(obj) if type(obj) is list else dict(obj))
+                items = list(obj.items()) if type(obj) is dict else list(enumerate(obj))
+                kept = [(k, v) for k, v in items if not fakes_within(k) and not fakes_within(v)]
+                if len(kept) < len(items):
+                    lost.append(source.name())
+                put_back(original, [v for _, v in kept] if type(obj) is list else dict(kept))
+    return lost
 
 
 def input_objects(leaves: list[Any]) -> dict[int, int]:

@@ -399,6 +399,10 @@ class ProgramCapture:
                              for s, key, kind, v in stores if v.kind is ValueKind.OUT] + left, args, kwargs,
                        mutated_in_place(self.tracer, self.leaves, cap))
         if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
-            copy_back_given_containers(self.held, ctx)
+            lost = copy_back_given_containers(self.held, ctx)
+            if lost and self.refusal is None:
+                self.refusal = message(f"stampout.capture cannot trace this program: it stores a traced tensor "
+                                       f"inside an object it puts in {lost[0]}, which the graph does not compute",
+                                       user_location(), "store the tensors themselves, or use stampout.compile")
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         restore_world(self.handler, None, self.objects())

@@ -67,13 +67,13 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> li
         for k, v in list(fields.items()):
             if k.startswith("_") or type(v) in ATOMIC or id(v) in cleared:
                 continue
-            if holds_fake(v):
+            if holds_fake(v, whole=True):
                 dirty.append(k)
             elif plain_object(v):
                 cleared[id(v)] = v  # (clean as found: a later holder of it need not look again)
         for key in dirty:
             value = fields[key]
-            if type(value) in (list, dict) and not holds_fake(value, tensors_only=True):  # sizes stored in it
+            if type(value) in (list, dict) and not holds_fake(value, tensors_only=True, whole=True):  # (sizes only)
                 _concrete_items(value)
                 removed.append(f"{type(obj).__name__}.{key}")
                 continue

@@ -316,19 +316,22 @@ class Snapshot:
         repairs.caches.extend(self.clear_caches())
         repairs.places.extend(self.rebound_cells())
         known = self.containers
+
+        def traced(key: Any, value: Any) -> bool:  # (an item that is a container of its own snapshot: on its own)
+            return id(value) not in known and (holds_fake(value, whole=True) or holds_fake(key, whole=True))
+
         for container, before in known.values():
             items = container.items() if type(container) is dict else enumerate(container)
-            # (an item that is a container of its own snapshot is repaired on its own)
-            if not any(id(v) not in known and holds_fake(v) for _, v in list(items)):
+            if not any(traced(k, v) for k, v in list(items)):
                 continue
             if type(container) is dict:
                 name = container.get("__name__") if "__builtins__" in container else None
-                for k in [k for k, v in container.items() if id(v) not in known and holds_fake(v)]:
-                    if not holds_fake(container[k], tensors_only=True):
+                for k in [k for k, v in container.items() if traced(k, v)]:
+                    if not holds_fake(k, whole=True) and not holds_fake(container[k], tensors_only=True, whole=True):
                         container[k] = concrete(container[k])
                     elif k in before and before[k] is container[k]:  # changed inside: its own parts are put back
                         continue
-                    elif k in before and not holds_fake(before[k]):
+                    elif k in before and not holds_fake(before[k], whole=True):
                         container[k] = before[k]
                     else:
                         del container[k]
@@ -348,9 +351,9 @@ def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
     places += [(f"{type(o).__name__}.__dict__", getattr(o, "__dict__", None)) for o in objects]
     for label, place in places:
         if isinstance(place, dict):
-            bad = [k for k, v in list(place.items()) if holds_fake(v)]
+            bad = [k for k, v in list(place.items()) if holds_fake(v, whole=True) or holds_fake(k, whole=True)]
         elif isinstance(place, list):
-            bad = [i for i, v in enumerate(place) if holds_fake(v)]
+            bad = [i for i, v in enumerate(place) if holds_fake(v, whole=True)]
         else:
             continue
         if bad:
