@@ -112,8 +112,10 @@ def test_the_whole_walk_opens_any_object_but_not_the_program():
     s = Slotted()
     s.t = x
     for holder in ((lambda: x), functools.partial(torch.add, x), m, [m], s, {x: 1}, [[[[[[x]]]]]],
-                   [0] * 1000 + [x], types.SimpleNamespace(f=lambda: x)):
+                   [0] * 1000 + [x], types.SimpleNamespace(f=lambda: x), Pair(1, [x])):
         assert found_within(holder, wanted, whole=True) == [x], holder
+    top = torch.max(x.reshape(1, 1), dim=1)  # (a tuple subclass defined in torch: opened all the same)
+    assert len(found_within([top], wanted, whole=True)) == 2
     uses_global = lambda: _GLOBAL_TENSOR  # noqa: E731
     assert found_within(uses_global, wanted, whole=True) == []
     assert found_within([Slotted, types, torch], wanted, whole=True) == []

@@ -408,11 +408,12 @@ def referents(v: Any) -> list[Any]:
         return [*cells, v.__defaults__, v.__kwdefaults__, v.__dict__]
     if t is types.CellType:
         return _contents(v)
+    if isinstance(v, (dict, list, tuple, set, frozenset)):  # (a subclass: a namedtuple, torch.return_types, a
+        fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too)
+        inside = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
+        return [*inside, *(fields.values() if type(fields) is dict else ())]
     if t.__module__.startswith(_OWN) and not isinstance(v, torch.nn.Module):
         return []
-    if isinstance(v, dict):  # (a subclass: OrderedDict, a ModelOutput; its attributes too)
-        fields = getattr(v, "__dict__", None)
-        return [*v.keys(), *v.values(), *(fields.values() if type(fields) is dict else ())]
     return gc.get_referents(v)
 
 
