@@ -281,3 +281,27 @@ def test_a_traced_tensor_stored_anywhere_in_user_state_does_not_stay_fake(mode, 
     except stampout.StampoutError:
         pass  # (refused: what matters here is what it left)
     assert fakes_reached([vars(model), STORED, acc]) == []
+
+
+def _held_tensor(held):
+    if isinstance(held, (Fn, Slotted)):
+        return held.t
+    if isinstance(held, list):
+        return held[0][0][0][0][0]
+    return held()
+
+
+@pytest.mark.parametrize("where", ["attribute", "global"])
+@pytest.mark.parametrize("name", ["callable object", "lambda", "nested five deep", "slots"])
+def test_capture_stores_the_real_tensor_inside_what_the_program_stored(name, where):
+    # leftovers.left_over_fakes and Snapshot.graph_values gave real values to fakes stored directly (or in a plain
+    # object's attribute): one inside a callable object, a closure, a slotted object or five lists deep was taken
+    # out (or stayed fake), where one eager call leaves the object holding its real tensor.
+    STORED.clear()
+    model = Stores(WRITTEN[name], where)
+    x = torch.randn(3)
+    stampout.capture(model, x, [])
+    held = vars(model)["held"] if where == "attribute" else STORED["held"]
+    got = _held_tensor(held)
+    assert type(got) is torch.Tensor
+    torch.testing.assert_close(got, model.lin(x) * 2)

@@ -20,10 +20,10 @@ from ..sources import Place
 from ..torch_internals import FakeTensor
 from ..trace.code import code_facts, is_user_class, is_user_code, is_user_module
 from ..trace.shapes import concrete
-from ..trace.structure import plain_object, tensors_within
+from ..trace.structure import ATOMIC, tensors_within
 from .classpatch import PATCHED_NAMES
 from .functools_caches import held_results, remove_traced_results
-from .world import holds_fake
+from .world import fake_places, holds_fake
 
 _GONE = object()
 
@@ -301,11 +301,11 @@ class Snapshot:
                 if type(value) is FakeTensor and id(value) in nodes:
                     found.append((container, key, Place.ITEM))
                     extra.append(value)
-                elif plain_object(value):  # an object the program put there (`G = Hidden(h)`): its tensors real too
-                    for name, field_value in list(value.__dict__.items()):
-                        if type(field_value) is FakeTensor and id(field_value) in nodes:
-                            found.append((value, name, Place.ATTR))
-                            extra.append(field_value)
+                elif type(value) not in ATOMIC and holds_fake(value, tensors_only=True, whole=True):  # inside an object
+                    for holder, name, kind, fake in fake_places(value):  # the program put there (`G = Hidden(h)`)
+                        if id(fake) in nodes:
+                            found.append((holder, name, kind))
+                            extra.append(fake)
         return found
 
     def repair(self) -> Repairs:
