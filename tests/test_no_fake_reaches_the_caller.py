@@ -305,3 +305,15 @@ def test_capture_stores_the_real_tensor_inside_what_the_program_stored(name, whe
     got = _held_tensor(held)
     assert type(got) is torch.Tensor
     torch.testing.assert_close(got, model.lin(x) * 2)
+
+
+@pytest.mark.parametrize("where", ["attribute", "global"])
+def test_capture_refuses_a_traced_tensor_it_cannot_make_real(where):
+    # A dict keyed by a traced tensor: no store can put the real tensor in the key, so the capture took the dict
+    # out and succeeded, leaving the module (or the memo) unlike one eager call leaves it.
+    STORED.clear()
+    model = Stores(WRITTEN["dict key"], where)
+    with pytest.raises(stampout.CaptureError, match="where no store can give it its real value") as caught:
+        stampout.capture(model, torch.randn(3), [])
+    assert "test_no_fake_reaches_the_caller.py" in str(caught.value)
+    assert fakes_reached([vars(model), STORED]) == []

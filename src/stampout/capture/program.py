@@ -23,6 +23,7 @@ from ..regions.frame import ProgramIneligible, RegionFrame
 from ..sources import Absolute, CallContext, Source
 from ..torch_internals import (
     DisableTorchFunction,
+    FakeTensor,
     FakeTensorMode,
 )
 from ..torch_internals import LazyGraphModule as _LazyGraphModule
@@ -30,7 +31,7 @@ from ..trace import higher_order
 from ..trace.frames import swallowed, user_location
 from ..trace.names import TensorNames, identifier
 from ..trace.shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
-from ..trace.structure import aliases_of, flatten_inputs, positional_names, to_template
+from ..trace.structure import aliases_of, flatten_inputs, found_within, positional_names, to_template
 from ..trace.tracer import Tracer
 from ..watch.functools_caches import CacheReads
 from ..watch.tracking import Watch
@@ -404,5 +405,14 @@ class ProgramCapture:
                 self.refusal = message(f"stampout.capture cannot trace this program: it stores a traced tensor "
                                        f"inside an object it puts in {lost[0]}, which the graph does not compute",
                                        user_location(), "store the tensors themselves, or use stampout.compile")
+        # A tensor the graph computes, still fake where no store can put its real value (a dict key, a tuple): refused.
+        nodes = self.tracer.root.nodes
+        places = [*self.objects(), *self.handler.snapshot.contents()]
+        stuck = found_within(places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True, whole=True)
+        if stuck and self.refusal is None:
+            self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
+                                   "store can give it its real value (a dict key, a tuple, a partial's arguments)",
+                                   user_location(), "store the tensor itself on an object, a list or a dict value, "
+                                   "or use stampout.compile")
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         restore_world(self.handler, None, self.objects())
