@@ -70,7 +70,8 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
             seen.add((id(obj), key))
             found.append((obj, key, kind))
             plan.extra.append(value)
-        elif type(value) not in _INERT and holds_fake(value, tensors_only=True, whole=True):
+        elif (type(value) not in _INERT and not isinstance(value, torch.nn.Module)  # (a module: a holder itself)
+              and holds_fake(value, tensors_only=True, whole=True)):
             for place in fake_places(value):  # (inside a callable object, a closure, a module it made, ...)
                 note(*place)
 

@@ -387,6 +387,7 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool) -> list[Any
 # stampout's own objects other than modules (a shape environment, a graph, a tracer: they hold fakes by design).
 _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
 _OWN = ("torch.", "stampout.")
+_MAPS = (dict, collections.OrderedDict)
 
 
 def referents(v: Any) -> list[Any]:
@@ -408,6 +409,8 @@ def referents(v: Any) -> list[Any]:
         return [*cells, v.__defaults__, v.__kwdefaults__, v.__dict__]
     if t is types.CellType:
         return _contents(v)
+    if isinstance(v, torch.nn.Module):  # (its fields by name, less the flags and the empty hook dicts: quicker)
+        return [x for x in v.__dict__.values() if type(x) not in ATOMIC and (type(x) not in _MAPS or x)]
     if isinstance(v, (dict, list, tuple, set, frozenset)):  # (a subclass: a namedtuple, torch.return_types, a
         fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too)
         inside = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
