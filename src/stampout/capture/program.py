@@ -408,7 +408,8 @@ class ProgramCapture:
         # A tensor the graph computes, still fake where no store can put its real value (a dict key, a tuple): refused.
         nodes = self.tracer.root.nodes
         places = [*self.objects(), *self.handler.snapshot.contents()]
-        stuck = found_within(places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True, whole=True)
+        stuck = real and found_within(places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True,
+                                      whole=True)  # (not real: export puts the objects back itself)
         if stuck and self.refusal is None:
             self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
                                    "store can give it its real value (a dict key, a tuple, a partial's arguments)",
