@@ -81,6 +81,7 @@ OUTPUTS = {
     "slots returned": lambda y: Slotted(y),
     "nested five deep": lambda y: Out([[[[{"k": y}]]]]),
     "iterator": lambda y: Out(iter([y])),
+    "torch distribution": lambda y: torch.distributions.Normal(y, 1.0, validate_args=False),
 }
 
 

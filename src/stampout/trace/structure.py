@@ -383,10 +383,11 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool) -> list[Any
 
 
 # Where the whole walk stops: what holds no user state of the call (classes, Python modules, code, frames: a
-# frame leads up the stack), tensors (a fake is found by `wanted`, a real one is a leaf), and torch's and
-# stampout's own objects other than modules (a shape environment, a graph, a tracer: they hold fakes by design).
+# frame leads up the stack), tensors (a fake is found by `wanted`, a real one is a leaf), and torch's internal
+# objects (torch._*, torch.fx) and stampout's (a shape environment, a graph, a tracer: they hold fakes by design).
 _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
-_OWN = ("torch.", "stampout.")
+_OWN = ("torch.", "stampout.")  # (functions)
+_INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
 _MAPS = (dict, collections.OrderedDict)
 
 
@@ -415,7 +416,7 @@ def referents(v: Any) -> list[Any]:
         fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too)
         inside = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
         return [*inside, *(fields.values() if type(fields) is dict else ())]
-    if t.__module__.startswith(_OWN) and not isinstance(v, torch.nn.Module):
+    if t.__module__.startswith(_INTERNAL):
         return []
     return gc.get_referents(v)
 
