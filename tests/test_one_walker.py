@@ -90,3 +90,32 @@ def test_found_within_opens_containers_and_plain_objects_to_the_configured_depth
     assert found_within(holder, wanted, first=True) == [x]
     deep = [[[[x]]]]
     assert found_within(deep, wanted) == [] and tensors_within(deep) == [x]  # (tensors_within: four levels)
+
+
+_GLOBAL_TENSOR = torch.zeros(1)
+
+
+def test_the_whole_walk_opens_any_object_but_not_the_program():
+    # found_within(whole=True): what a capture hands back or leaves behind, searched entirely (closures, partials,
+    # bound methods, modules, __slots__, dict keys, any depth and size), but not through a function's globals, a
+    # class or a Python module: a walk from one lambda does not visit the whole program.
+    import functools
+
+    wanted = lambda v: isinstance(v, torch.Tensor)  # noqa: E731
+    x = torch.ones(1)
+    m = torch.nn.Module()
+    m.t = x
+
+    class Slotted:
+        __slots__ = ("t",)
+
+    s = Slotted()
+    s.t = x
+    for holder in ((lambda: x), functools.partial(torch.add, x), m, [m], s, {x: 1}, [[[[[[x]]]]]],
+                   [0] * 1000 + [x], types.SimpleNamespace(f=lambda: x), Pair(1, [x])):
+        assert found_within(holder, wanted, whole=True) == [x], holder
+    top = torch.max(x.reshape(1, 1), dim=1)  # (a tuple subclass defined in torch: opened all the same)
+    assert len(found_within([top], wanted, whole=True)) == 2
+    uses_global = lambda: _GLOBAL_TENSOR  # noqa: E731
+    assert found_within(uses_global, wanted, whole=True) == []
+    assert found_within([Slotted, types, torch], wanted, whole=True) == []

@@ -21,6 +21,7 @@ from ..regions.frame_writes import undo as undo  # (capture/program.py's)
 from ..sources import MISSING, Arg, Attr, CallContext, Source
 from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.shapes import any_symbolic
+from ..trace.structure import holds_fake
 
 
 class ValueKind(enum.Enum):
@@ -136,6 +137,8 @@ class Plan:
         if id(value) in sources and id(value) not in self.program.made:  # (not one the call made and stored)
             return Value(ValueKind.SOURCE, sources[id(value)])
         if type(value) in (list, dict) and id(value) not in self._making:  # made by the call
+            if type(value) is dict and self._traced_keys(value, (), where):
+                return None
             self._making.add(id(value))
             pairs = list(value.items()) if type(value) is dict else list(enumerate(value))
             items = [(k, self._value(v, where)) for k, v in pairs]
@@ -146,6 +149,14 @@ class Plan:
             return None
         self.refused = self.refused or f"stores a {type(value).__name__} made during the call (at {where})"
         return None
+
+    def _traced_keys(self, d: dict, before: Any, where: str) -> bool:
+        """Whether a key `d` gained holds a traced tensor (`memo[t] = ...`): no replayed store can make that key
+        again per call (each call's tensor is a new key in eager), so the program is refused."""
+        if any(holds_fake(k, whole=True) for k in list(d) if k not in before):
+            self.refused = self.refused or f"keys a dict by a traced tensor (at {where})"
+            return True
+        return False
 
     def _build(self) -> None:
         program = self.program
@@ -166,6 +177,8 @@ class Plan:
     def _container(self, container: Any, source: Source, before: Any) -> None:
         where = f"{source.name()} (changed in place)"
         if isinstance(container, dict):
+            if self._traced_keys(container, before, where):
+                return
             keys = list(container)
             if keys[:len(before)] != list(before):  # items removed (`del d[k]`, `pop`) or reordered
                 values = [self._value(v, where) for v in container.values()]

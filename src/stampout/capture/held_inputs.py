@@ -19,7 +19,7 @@ from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES
-from ..trace.structure import fakes_within, positional_names, template_constants
+from ..trace.structure import ATOMIC, fakes_within, positional_names, template_constants
 from ..trace.tracer import Tracer
 from .effects import Plan, Value, ValueKind, put_back
 
@@ -101,15 +101,23 @@ def input_stores(held: Held, before: dict[int, dict], tracer: Tracer, plan: Plan
     return stores, unreplayable
 
 
-def copy_back_given_containers(held: Held, ctx: Any) -> None:
+def copy_back_given_containers(held: Held, ctx: Any) -> list[str]:
     """The lists and dicts the call was given (the program ran on copies of them), as the program left its
-    copies: a capture whose change to them cannot be repeated still leaves them as one eager call does."""
+    copies: a capture whose change to them cannot be repeated still leaves them as one eager call does. An item
+    that still holds a traced tensor (inside an object the graph does not compute: `acc.append(Fn(t))`) is left
+    out; returns the containers that lost one (the capture is refused)."""
+    lost = []
     for obj in held:
         source = held[obj]
         if type(obj) in (list, dict) and in_input_container(source):
             original = source.resolve(ctx, {})
             if original is not obj and type(original) is type(obj):
-                put_back(original, list(obj) if type(obj) is list else dict(obj))
+                items = list(obj.items()) if type(obj) is dict else list(enumerate(obj))
+                kept = [(k, v) for k, v in items if not fakes_within(k) and not fakes_within(v)]
+                if len(kept) < len(items):
+                    lost.append(source.name())
+                put_back(original, [v for _, v in kept] if type(obj) is list else dict(kept))
+    return lost
 
 
 def input_objects(leaves: list[Any]) -> dict[int, int]:
@@ -194,21 +202,22 @@ def check_no_output_fields(holes: list[Any], tracer: Tracer) -> None:
 
 
 def check_no_hidden_tensors(template: Any) -> None:
-    """An output object that carries traced tensors where stampout cannot see them (a KV-cache object, say)
-    would hand fake tensors to the caller: refuse it."""
+    """An output value that carries traced tensors where stampout cannot see them (a KV-cache object, a module it
+    made, a closure, a partial) would hand fake tensors to the caller on every call: refuse it. Every value the
+    output's constants reach is looked at (structure.fakes_within)."""
     for value in template_constants(template):
-        fields = getattr(value, "__dict__", None)
-        if not isinstance(fields, dict):
+        if type(value) in ATOMIC or not fakes_within(value):
             continue
-        for name, field in fields.items():
-            if fakes_within(field):
-                raise CaptureError(message(
-                    f"the output holds a {type(value).__name__} whose .{name} carries traced tensors; "
-                    "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
-                    user_location(),
-                    "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
-                    "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
-                ))
+        fields = getattr(value, "__dict__", None)
+        names = [k for k, v in fields.items() if fakes_within(v)] if type(fields) is dict else []
+        where = f" whose .{names[0]}" if names else " that"
+        raise CaptureError(message(
+            f"the output holds a {type(value).__name__}{where} carries traced tensors; "
+            "stampout returns tensors only inside tuples, lists, dicts, dataclasses and ModelOutputs",
+            user_location(),
+            "return the tensors themselves, or pass the object in (for Hugging Face models, pass "
+            "past_key_values=DynamicCache(config=model.config) or a StaticCache, or use_cache=False)",
+        ))
 
 
 def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple, dict]:

@@ -15,8 +15,9 @@ from ..sources import Attr, CallContext, Place
 from ..torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
 from ..trace.names import root_module
 from ..trace.shapes import any_symbolic, concrete
-from ..trace.structure import flatten_inputs, plain_object
+from ..trace.structure import flatten_inputs, holds_fake
 from ..trace.tracer import Tracer
+from ..watch.world import fake_places
 from .effects import Plan
 from .result import Capture
 
@@ -77,6 +78,10 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
             seen.add((id(obj), key))
             found.append((obj, key, kind))
             plan.extra.append(value)
+        elif (type(value) not in _INERT and not isinstance(value, torch.nn.Module)  # (a module: a holder itself)
+              and holds_fake(value, tensors_only=True, whole=True)):
+            for place in fake_places(value):  # (inside a callable object, a closure, a module it made, ...)
+                note(*place)
 
     walked: set[int] = set()
 
@@ -108,8 +113,6 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
                     note(value, k, Place.ITEM, item)
             else:
                 note(holder, key, Place.ATTR, value)
-                if depth < 2 and plain_object(value):  # a config object the module holds (`self.cfg.last = t`)
-                    walk(value, depth + 1)
 
     for holder in holders:
         walk(holder, 0)
@@ -117,6 +120,7 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
 
 
 _REGISTRIES = ("_parameters", "_buffers")
+
 
 
 _INERT = frozenset({bool, int, float, str, type(None), frozenset, torch.nn.Parameter, torch.Tensor})

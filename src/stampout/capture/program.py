@@ -32,7 +32,7 @@ from ..trace.frames import swallowed, user_location
 from ..trace.names import TensorNames, identifier
 from ..trace.recording import refuse_shared_memory
 from ..trace.shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
-from ..trace.structure import aliases_of, flatten_inputs, positional_names, to_template
+from ..trace.structure import aliases_of, flatten_inputs, found_within, positional_names, to_template
 from ..trace.tracer import Tracer
 from ..watch.functools_caches import CacheReads
 from ..watch.tracking import Watch
@@ -224,6 +224,12 @@ class ProgramCapture:
                     handler.snapshot.note(value, 1)
         try:
             self._traced(registries)
+            rebound = handler.snapshot.rebound_cells() if not guard_program else None
+            if rebound:  # (compile: found by restore_world below, and the program runs eagerly)
+                raise CaptureError(message(
+                    f"the program rebinds {rebound[0]} to a traced value: each call of the Capture would "
+                    "leave it as the capture left it", user_location(), "keep the value on an object (an "
+                    "attribute or a list item), or use stampout.compile, which runs such a function eagerly"))
         except BaseException:
             if self.program is not None:  # a failed capture leaves the objects as it found them
                 undo(self.program)
@@ -402,6 +408,20 @@ class ProgramCapture:
                        mutated_in_place(self.tracer, self.leaves, cap),
                        {outs + k: t for k, t in carried.items()})
         if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
-            copy_back_given_containers(self.held, ctx)
+            lost = copy_back_given_containers(self.held, ctx)
+            if lost and self.refusal is None:
+                self.refusal = message(f"stampout.capture cannot trace this program: it stores a traced tensor "
+                                       f"inside an object it puts in {lost[0]}, which the graph does not compute",
+                                       user_location(), "store the tensors themselves, or use stampout.compile")
+        # A tensor the graph computes, still fake where no store can put its real value (a dict key, a tuple): refused.
+        nodes = self.tracer.root.nodes
+        places = [*self.objects(), *self.handler.snapshot.contents()]
+        stuck = real and found_within(places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True,
+                                      whole=True)  # (not real: export puts the objects back itself)
+        if stuck and self.refusal is None:
+            self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
+                                   "store can give it its real value (a dict key, a tuple, a partial's arguments)",
+                                   user_location(), "store the tensor itself on an object, a list or a dict value, "
+                                   "or use stampout.compile")
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         restore_world(self.handler, None, self.objects())

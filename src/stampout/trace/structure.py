@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import enum
 import functools
-import sys
+import gc
 import types
 from collections.abc import Callable
 from typing import Any
@@ -337,11 +337,17 @@ def plain_object(value: Any) -> bool:
 
 
 def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = None, items: int | None = None,
-                 first: bool = False) -> list[Any]:
+                 first: bool = False, whole: bool = False) -> list[Any]:
     """The one walk over the values a value holds: each one `wanted` accepts, in order (`value` itself first;
     what it accepts is not opened; `first`: only the first). It opens lists, tuples, sets, dicts (their values)
     and the attributes of plain objects (plain_object), `depth` levels deep, and leaves shut a container of more
-    than `items` items (both None: config.scan_depth and config.scan_items) and every other value."""
+    than `items` items (both None: config.scan_depth and config.scan_items) and every other value.
+
+    `whole`: everything the value reaches, each object once, at any depth, however many items, through any
+    Python object (`referents`: modules, closures, bound methods, partials, __slots__, dict keys, iterators); for
+    what a capture hands back or leaves behind, where one missed fake is a fake the caller holds."""
+    if whole:
+        return _reached(value, wanted, first)
     depth = config.scan_depth if depth is None else depth
     items = config.scan_items if items is None else items
     found: list[Any] = []
@@ -374,10 +380,74 @@ def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = 
     return found
 
 
+def _reached(value: Any, wanted: Callable[[Any], bool], first: bool) -> list[Any]:
+    found: list[Any] = []
+    seen: dict[int, Any] = {}  # (by id, kept alive meanwhile)
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) in ATOMIC or id(v) in seen:
+            continue
+        seen[id(v)] = v
+        if wanted(v):
+            found.append(v)
+            if first:
+                break
+            continue
+        stack.extend(reversed(referents(v)))
+    return found
+
+
+# Where the whole walk stops: what holds no user state of the call (classes, Python modules, code, frames: a
+# frame leads up the stack), tensors (a fake is found by `wanted`, a real one is a leaf), and torch's internal
+# objects (torch._*, torch.fx) and stampout's (a shape environment, a graph, a tracer: they hold fakes by design).
+_STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
+_OWN = ("torch.", "stampout.")  # (functions)
+_INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
+_MAPS = (dict, collections.OrderedDict)
+
+
+def referents(v: Any) -> list[Any]:
+    """The values `v` holds, as the whole walk opens them: a container's items (a dict's keys and values), a
+    function's closure cells and defaults (not its globals: the whole program), a bound method's object and
+    function, a module's __dict__ (parameters, buffers, submodules, hooks), and for any other object what the
+    garbage collector sees it hold (its __dict__, __slots__, a partial's arguments, an iterator's sequence)."""
+    t = type(v)
+    if t is list or t is tuple or t is set or t is frozenset:
+        return list(v)
+    if t is dict:
+        return [] if "__builtins__" in v else [*v.keys(), *v.values()]  # (a module's globals: the program)
+    if isinstance(v, _STOPS):
+        return []
+    if t is types.FunctionType:
+        if v.__module__ and v.__module__.startswith(_OWN):
+            return []
+        cells = [x for c in v.__closure__ or () for x in _contents(c)]
+        return [*cells, v.__defaults__, v.__kwdefaults__, v.__dict__]
+    if t is types.CellType:
+        return _contents(v)
+    if isinstance(v, torch.nn.Module):  # (its fields by name, less the flags and the empty hook dicts: quicker)
+        return [x for x in v.__dict__.values() if type(x) not in ATOMIC and (type(x) not in _MAPS or x)]
+    if isinstance(v, (dict, list, tuple, set, frozenset)):  # (a subclass: a namedtuple, torch.return_types, a
+        fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too)
+        inside = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
+        return [*inside, *(fields.values() if type(fields) is dict else ())]
+    if t.__module__.startswith(_INTERNAL):
+        return []
+    return gc.get_referents(v)
+
+
+def _contents(cell: Any) -> list[Any]:
+    try:
+        return [cell.cell_contents]
+    except ValueError:  # (an empty cell: a variable not bound yet)
+        return []
+
+
 def tensors_within(value: Any) -> list[torch.Tensor]:
-    """Tensors inside containers and plain objects' attributes, four levels deep, however many items: the
-    tensors a region's code left outside its outputs (regions/trace.py) must all be found."""
-    return found_within(value, lambda v: isinstance(v, torch.Tensor), depth=4, items=sys.maxsize)
+    """Every tensor `value` reaches (the whole walk: see found_within): the tensors a region's code left outside
+    its outputs (regions/trace.py) must all be found, in a callable object or a module it made as well."""
+    return found_within(value, lambda v: isinstance(v, torch.Tensor), whole=True)
 
 
 def _fake(v: Any) -> bool:
@@ -389,15 +459,16 @@ def _fake_or_symbolic(v: Any) -> bool:
 
 
 def fakes_within(value: Any) -> list[Any]:
-    """The FakeTensors inside `value` (as holds_fake looks)."""
-    return found_within(value, _fake)
+    """Every FakeTensor `value` reaches (the whole walk: see found_within)."""
+    return found_within(value, _fake, whole=True)
 
 
-def holds_fake(value: Any, tensors_only: bool = False) -> bool:
-    """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (see found_within)."""
+def holds_fake(value: Any, tensors_only: bool = False, whole: bool = False) -> bool:
+    """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (see found_within;
+    `whole`: anywhere it reaches)."""
     if type(value) in ATOMIC:
         return False
-    return bool(found_within(value, _fake if tensors_only else _fake_or_symbolic, first=True))
+    return bool(found_within(value, _fake if tensors_only else _fake_or_symbolic, first=True, whole=whole))
 
 
 def holds_traced_tensor(fn: Any) -> bool:

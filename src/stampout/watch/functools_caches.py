@@ -33,7 +33,7 @@ def remove_traced_results(wrapper: Any, nodes: dict[int, Any] | None) -> bool:
             return False
         table = next((r for r in held if type(r) is dict), None)
         if wrapper.cache_parameters().get("maxsize", 0) is None and table is not None:
-            for key in [k for k, v in list(table.items()) if holds_fake(v) or holds_fake(k)]:
+            for key in [k for k, v in list(table.items()) if holds_fake(v, whole=True) or holds_fake(k, whole=True)]:
                 del table[key]
         else:
             wrapper.cache_clear()

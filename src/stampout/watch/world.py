@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import random
 import sys
+import types
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .. import config
+from ..sources import Place
+from ..torch_internals import FakeTensor
 from ..trace.shapes import concrete
-from ..trace.structure import ATOMIC, holds_fake, plain_object
+from ..trace.structure import ATOMIC, holds_fake, plain_object, referents
 
 
 @dataclass
@@ -67,13 +70,13 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> li
         for k, v in list(fields.items()):
             if k.startswith("_") or type(v) in ATOMIC or id(v) in cleared:
                 continue
-            if holds_fake(v):
+            if holds_fake(v, whole=True):
                 dirty.append(k)
             elif plain_object(v):
                 cleared[id(v)] = v  # (clean as found: a later holder of it need not look again)
         for key in dirty:
             value = fields[key]
-            if type(value) in (list, dict) and not holds_fake(value, tensors_only=True):  # sizes stored in it
+            if type(value) in (list, dict) and not holds_fake(value, tensors_only=True, whole=True):  # (sizes only)
                 _concrete_items(value)
                 removed.append(f"{type(obj).__name__}.{key}")
                 continue
@@ -92,3 +95,42 @@ def _concrete_items(container: list | dict, depth: int = 0) -> None:
             _concrete_items(item, depth + 1)
         elif holds_fake(item):
             container[key] = concrete(item)
+
+
+def fake_places(value: Any) -> list[tuple[Any, Any, Place, Any]]:
+    """Each place within `value` that holds a fake tensor and can be given its real value, as (holder, key, Place,
+    fake): a dict's or list's item, a set's member, an attribute or __slots__ field, a closure cell's contents.
+    What the whole walk (structure.referents) reaches otherwise (a tuple, a partial's arguments, a dict key) is
+    looked into for more such places but has none itself: a fake held there stays, and the world repair takes
+    out what holds it."""
+    out: list[tuple[Any, Any, Place, Any]] = []
+    seen: dict[int, Any] = {}
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) in ATOMIC or isinstance(v, torch.Tensor) or id(v) in seen:
+            continue
+        seen[id(v)] = v
+        inside = referents(v)
+        if not inside:
+            continue
+        places: list[tuple[Any, Any, Place, Any]] = []
+        if type(v) in (dict, list) or isinstance(v, dict):
+            places = [(v, k, Place.ITEM, x) for k, x in (v.items() if isinstance(v, dict) else enumerate(v))]
+        elif type(v) is set:
+            places = [(v, x, Place.MEMBER, x) for x in v]
+        elif type(v) is types.FunctionType:
+            places = [(c, "cell_contents", Place.ATTR, x) for c in v.__closure__ or () for x in referents(c)]
+        else:
+            fields = getattr(v, "__dict__", None)
+            if type(fields) is dict:
+                places = [(v, k, Place.ATTR, x) for k, x in fields.items()]
+            for klass in type(v).__mro__:
+                for name in klass.__dict__.get("__slots__", ()):
+                    if name not in ("__dict__", "__weakref__") and hasattr(v, name):
+                        places.append((v, name, Place.ATTR, getattr(v, name)))
+        for place in places:
+            if type(place[3]) is FakeTensor:
+                out.append(place)
+        stack.extend(reversed([x for x in inside if type(x) is not FakeTensor]))
+    return out

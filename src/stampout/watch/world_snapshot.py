@@ -20,10 +20,10 @@ from ..sources import Place
 from ..torch_internals import FakeTensor
 from ..trace.code import code_facts, is_user_class, is_user_code, is_user_module
 from ..trace.shapes import concrete
-from ..trace.structure import plain_object, tensors_within
+from ..trace.structure import ATOMIC, tensors_within
 from .classpatch import PATCHED_NAMES
 from .functools_caches import held_results, remove_traced_results
-from .world import holds_fake
+from .world import fake_places, holds_fake
 
 _GONE = object()
 
@@ -50,6 +50,7 @@ class Snapshot:
     traced_caches: list[str] = field(default_factory=list)  # functools caches a trace stored a traced value in
     hits: dict[int, int] = field(default_factory=dict)  # id -> hits of the cache when noted
     settings: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # torch.backends.* namespaces, as noted
+    cells: dict[int, tuple[Any, Any, str]] = field(default_factory=dict)  # id -> (closure cell, contents, label)
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
     def note_program(self, fns: list[Any], depth: int = 3) -> None:
@@ -64,6 +65,7 @@ class Snapshot:
             called = []
             facts = code_facts(code)
             cells = _cells(fn)  # (what it closes over: the frame's free variables once it runs)
+            self._note_cells(fn)
             for value in [*(g.get(name) for name in facts.names), *cells.values()]:
                 if value is not None:
                     self.note(value, 1)
@@ -72,6 +74,31 @@ class Snapshot:
             self._note_store_targets(facts.attribute_stores, g, cells)
             if depth:
                 self.note_program(called, depth - 1)
+
+    def _note_cells(self, fn: Any) -> None:
+        """`fn`'s closure cells with what they hold: a `nonlocal` the program rebinds (`state = state + x`) is
+        user state the function keeps, as an attribute is."""
+        code = fn.__code__
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            if id(cell) not in self.cells:
+                label = f"the closure variable {name} of {code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
+                self.cells[id(cell)] = (cell, _contents(cell), label)
+
+    def rebound_cells(self) -> list[str]:
+        """The noted closure cells the program rebound to a value holding a fake tensor or a symbolic size: each
+        given back what it held (the graph computed the value, not the cell: compile runs such a program
+        eagerly, capture refuses it). Their labels."""
+        rebound = []
+        for cell, before, label in self.cells.values():
+            now = _contents(cell)
+            if now is before or not holds_fake(now, whole=True):
+                continue
+            if before is _GONE:
+                del cell.cell_contents
+            else:
+                cell.cell_contents = before
+            rebound.append(label)
+        return rebound
 
     def note_settings(self) -> None:
         """Before the program runs: the namespaces of torch's settings modules (`torch.backends.opt_einsum.enabled`
@@ -274,11 +301,11 @@ class Snapshot:
                 if type(value) is FakeTensor and id(value) in nodes:
                     found.append((container, key, Place.ITEM))
                     extra.append(value)
-                elif plain_object(value):  # an object the program put there (`G = Hidden(h)`): its tensors real too
-                    for name, field_value in list(value.__dict__.items()):
-                        if type(field_value) is FakeTensor and id(field_value) in nodes:
-                            found.append((value, name, Place.ATTR))
-                            extra.append(field_value)
+                elif type(value) not in ATOMIC and holds_fake(value, tensors_only=True, whole=True):  # inside an object
+                    for holder, name, kind, fake in fake_places(value):  # the program put there (`G = Hidden(h)`)
+                        if id(fake) in nodes:
+                            found.append((holder, name, kind))
+                            extra.append(fake)
         return found
 
     def repair(self) -> Repairs:
@@ -287,20 +314,24 @@ class Snapshot:
         (a symbolic size alone becomes its value for the capture's inputs, as eager would have stored it)."""
         repairs = Repairs()
         repairs.caches.extend(self.clear_caches())
+        repairs.places.extend(self.rebound_cells())
         known = self.containers
+
+        def traced(key: Any, value: Any) -> bool:  # (an item that is a container of its own snapshot: on its own)
+            return id(value) not in known and (holds_fake(value, whole=True) or holds_fake(key, whole=True))
+
         for container, before in known.values():
             items = container.items() if type(container) is dict else enumerate(container)
-            # (an item that is a container of its own snapshot is repaired on its own)
-            if not any(id(v) not in known and holds_fake(v) for _, v in list(items)):
+            if not any(traced(k, v) for k, v in list(items)):
                 continue
             if type(container) is dict:
                 name = container.get("__name__") if "__builtins__" in container else None
-                for k in [k for k, v in container.items() if id(v) not in known and holds_fake(v)]:
-                    if not holds_fake(container[k], tensors_only=True):
+                for k in [k for k, v in container.items() if traced(k, v)]:
+                    if not holds_fake(k, whole=True) and not holds_fake(container[k], tensors_only=True, whole=True):
                         container[k] = concrete(container[k])
                     elif k in before and before[k] is container[k]:  # changed inside: its own parts are put back
                         continue
-                    elif k in before and not holds_fake(before[k]):
+                    elif k in before and not holds_fake(before[k], whole=True):
                         container[k] = before[k]
                     else:
                         del container[k]
@@ -320,9 +351,9 @@ def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
     places += [(f"{type(o).__name__}.__dict__", getattr(o, "__dict__", None)) for o in objects]
     for label, place in places:
         if isinstance(place, dict):
-            bad = [k for k, v in list(place.items()) if holds_fake(v)]
+            bad = [k for k, v in list(place.items()) if holds_fake(v, whole=True) or holds_fake(k, whole=True)]
         elif isinstance(place, list):
-            bad = [i for i, v in enumerate(place) if holds_fake(v)]
+            bad = [i for i, v in enumerate(place) if holds_fake(v, whole=True)]
         else:
             continue
         if bad:
@@ -345,6 +376,13 @@ class Repairs:
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # (an empty cell: a variable not bound yet)
+        return _GONE
 
 
 def _cells(fn: Any) -> dict[str, Any]:
