@@ -337,7 +337,7 @@ def plain_object(value: Any) -> bool:
 
 
 def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = None, items: int | None = None,
-                 first: bool = False, whole: bool = False) -> list[Any]:
+                 first: bool = False, whole: bool = False, clean: dict[int, Any] | None = None) -> list[Any]:
     """The one walk over the values a value holds: each one `wanted` accepts, in order (`value` itself first;
     what it accepts is not opened; `first`: only the first). It opens lists, tuples, sets, dicts (their values)
     and the attributes of plain objects (plain_object), `depth` levels deep, and leaves shut a container of more
@@ -345,9 +345,11 @@ def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = 
 
     `whole`: everything the value reaches, each object once, at any depth, however many items, through any
     Python object (`referents`: modules, closures, bound methods, partials, __slots__, dict keys, iterators); for
-    what a capture hands back or leaves behind, where one missed fake is a fake the caller holds."""
+    what a capture hands back or leaves behind, where one missed fake is a fake the caller holds. `clean` (whole
+    walks of one pass with one `wanted`, over objects the pass does not add to): the objects a walk of it went all
+    through without finding anything, by id; later walks skip them (see Note: clean objects)."""
     if whole:
-        return _reached(value, wanted, first)
+        return _reached(value, wanted, first, clean)
     depth = config.scan_depth if depth is None else depth
     items = config.scan_items if items is None else items
     found: list[Any] = []
@@ -380,13 +382,20 @@ def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = 
     return found
 
 
-def _reached(value: Any, wanted: Callable[[Any], bool], first: bool) -> list[Any]:
+# Note: clean objects
+# A pass that asks of many values whether they hold a fake (each item of every memo container, each field of every
+# object a capture touched) would walk what they share (a model every layer's closure reaches) once per value. A
+# whole walk that ends without finding anything went through all that each object it saw reaches: none of them
+# reaches a wanted value, so a later walk of the same pass may skip them. Valid while the pass adds no wanted value
+# to what it walked (the repairs only take fakes out) and for one `wanted`.
+def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict[int, Any] | None) -> list[Any]:
     found: list[Any] = []
     seen: dict[int, Any] = {}  # (by id, kept alive meanwhile)
+    skip = clean if clean is not None else {}
     stack = [value]
     while stack:
         v = stack.pop()
-        if type(v) in ATOMIC or id(v) in seen:
+        if type(v) in ATOMIC or id(v) in seen or id(v) in skip:
             continue
         seen[id(v)] = v
         if wanted(v):
@@ -395,6 +404,8 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool) -> list[Any
                 break
             continue
         stack.extend(reversed(referents(v)))
+    if clean is not None and not found:
+        clean.update(seen)
     return found
 
 
@@ -463,12 +474,14 @@ def fakes_within(value: Any) -> list[Any]:
     return found_within(value, _fake, whole=True)
 
 
-def holds_fake(value: Any, tensors_only: bool = False, whole: bool = False) -> bool:
+def holds_fake(value: Any, tensors_only: bool = False, whole: bool = False,
+               clean: dict[int, Any] | None = None) -> bool:
     """Whether a FakeTensor (or, unless `tensors_only`, a symbolic size) is inside `value` (see found_within;
-    `whole`: anywhere it reaches)."""
+    `whole`: anywhere it reaches; `clean`: see found_within, for one pass of the same `tensors_only`)."""
     if type(value) in ATOMIC:
         return False
-    return bool(found_within(value, _fake if tensors_only else _fake_or_symbolic, first=True, whole=whole))
+    return bool(found_within(value, _fake if tensors_only else _fake_or_symbolic, first=True, whole=whole,
+                             clean=clean))
 
 
 def holds_traced_tensor(fn: Any) -> bool:

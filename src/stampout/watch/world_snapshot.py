@@ -317,8 +317,11 @@ class Snapshot:
         repairs.places.extend(self.rebound_cells())
         known = self.containers
 
+        clean: dict[int, Any] = {}  # (see structure's Note: clean objects; the repairs below only take fakes out)
+
         def traced(key: Any, value: Any) -> bool:  # (an item that is a container of its own snapshot: on its own)
-            return id(value) not in known and (holds_fake(value, whole=True) or holds_fake(key, whole=True))
+            return id(value) not in known and (holds_fake(value, whole=True, clean=clean)
+                                               or holds_fake(key, whole=True, clean=clean))
 
         for container, before in known.values():
             items = container.items() if type(container) is dict else enumerate(container)
@@ -349,11 +352,13 @@ def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
         return
     places = [("a memo container", c) for c, _ in snapshot.containers.values()]
     places += [(f"{type(o).__name__}.__dict__", getattr(o, "__dict__", None)) for o in objects]
+    clean: dict[int, Any] = {}  # (see structure's Note: clean objects)
     for label, place in places:
         if isinstance(place, dict):
-            bad = [k for k, v in list(place.items()) if holds_fake(v, whole=True) or holds_fake(k, whole=True)]
+            bad = [k for k, v in list(place.items())
+                   if holds_fake(v, whole=True, clean=clean) or holds_fake(k, whole=True, clean=clean)]
         elif isinstance(place, list):
-            bad = [i for i, v in enumerate(place) if holds_fake(v, whole=True)]
+            bad = [i for i, v in enumerate(place) if holds_fake(v, whole=True, clean=clean)]
         else:
             continue
         if bad:
