@@ -14,7 +14,7 @@ import torch
 from ..errors import CaptureError, message
 from ..guards.guard import is_constant
 from ..regions.frame import RegionFrame
-from ..regions.objects import fake_fields
+from ..regions.objects import program_fields
 from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
@@ -187,12 +187,11 @@ def check_no_output_fields(holes: list[Any], tracer: Tracer) -> None:
     """An output tensor the program computed and set Python attributes on (`y.tag = ...`; not an input or a
     parameter handed back): each call's output is a new tensor without them, so the capture refuses (compile runs
     such a program eagerly)."""
-    internal = fake_fields()
     for t in holes:
         fields = getattr(t, "__dict__", None) if isinstance(t, torch.Tensor) else None  # (not a SymInt's .node)
         if not fields or tracer.root.node_for(t).op == "placeholder":
             continue
-        names = [k for k in fields if k not in internal and not k.startswith("_")]
+        names = program_fields(fields)
         if names:
             raise CaptureError(message(
                 f"the program sets Python attributes on an output tensor ({', '.join('.' + k for k in names[:3])}): "

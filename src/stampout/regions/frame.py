@@ -34,12 +34,12 @@ from .objects import (
     BY_IDENTITY,
     CONTAINERS,
     accepted_types,
-    fake_fields,
     found_on_class,
     hidden_state,
     is_user_class,
     is_user_class_object,
     meta_key,
+    program_fields,
     raw_meta,
 )
 
@@ -99,11 +99,9 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                                  "torch's own methods only)")
         self.adopt_function(fn, None)
         if not program:  # (a region's input tensor tagged by the caller's Python, `x.scale = s`: its values)
-            internal = fake_fields()
             for i, _, before in self._input_fields:
-                for k, v in before.items():
-                    if k not in internal and not k.startswith("_"):
-                        self.adopt(v, Item(Attr(Arg(i, labels[i]), "__dict__"), k), where="attributes of an input")
+                for k in program_fields(before):
+                    self.adopt(before[k], Item(Attr(Arg(i, labels[i]), "__dict__"), k), where="attributes of an input")
 
     # ---- recording ------------------------------------------------------------------------------
     def guard(self, source: Source, kind: Kind, expected: Any, where: str = "") -> None:

@@ -15,7 +15,7 @@ from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..watch.classpatch import peek
 from ..watch.tracking import Watch
-from .objects import contents, copy_value, fake_fields
+from .objects import contents, copy_value, fake_fields, program_fields
 
 
 class FrameWrites:
@@ -61,7 +61,7 @@ class FrameWrites:
         internal = fake_fields()
         for i, t, before in self._input_fields:
             after = t.__dict__
-            for name in [k for k in {**before, **after} if k not in internal and not k.startswith("_")]:
+            for name in program_fields({**before, **after}):
                 old, new = before.get(name, MISSING), after.get(name, MISSING)
                 if old is new:
                     continue

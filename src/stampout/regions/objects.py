@@ -93,6 +93,13 @@ def fake_fields() -> frozenset[str]:
         return frozenset(mode.from_tensor(torch.empty(0)).__dict__)
 
 
+def program_fields(fields: Any) -> list[str]:
+    """The names in a tensor's `__dict__` (or several merged) that the program set (`x.scale = s`): not a
+    FakeTensor's own fields, nor private ones."""
+    internal = fake_fields()
+    return [k for k in fields or () if k not in internal and not k.startswith("_")]
+
+
 _STAMPOUT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 

@@ -23,7 +23,7 @@ from ..trace.tensormeta import output_meta
 from .cache import ArgInput, Output, ReuseEntry, SourceInput, Store, SymbolInput
 from .events import Outcome
 from .frame import RegionFrame
-from .objects import fake_fields
+from .objects import program_fields
 from .views import views_of_one_base
 
 
@@ -82,8 +82,7 @@ class Tracing:
         frame.close()
         holes: list[torch.Tensor] = []
         template = to_template(out, holes)
-        tagged = [k for t in holes if isinstance(t, torch.Tensor) for k in (getattr(t, "__dict__", None) or ())
-                  if k not in fake_fields() and not k.startswith("_")]
+        tagged = [k for t in holes if isinstance(t, torch.Tensor) for k in program_fields(getattr(t, "__dict__", None))]
         if tagged:  # (a stamped call's outputs are new tensors)
             frame.mark_ineligible(f"sets Python attributes on an output tensor (.{tagged[0]})")
         hole_nodes = [child.node_for(t) for t in holes]
