@@ -12,6 +12,15 @@ The module's code calls its children as `self.layers[i](x)`. Those calls are sen
 functions through `nn.Module.__call__`, replaced while any piecewise call runs (and restored after the last),
 with a per-thread table of the modules to redirect: no user-visible attribute changes, and calls of the same
 modules from other threads, or from inside a compiled child's own capture, are not redirected.
+
+# Note: the glue of a sharded root
+The root of an FSDP2 stack (and a module between it and the sharded blocks, such as a transformers
+`LlamaModel`) runs its own code eagerly by design (capture/sharded.py). Its leaf children that are not sharded
+themselves — the embedding, the final norm, the LM head, a rotary embedding — are one or two ops each, whose
+parameters the root's own FSDP group has all-gathered already: compiled on their own, each was a capture, guards
+and a backend compile of a graph no faster than the op, a third of a 4-block model's first step. They run
+eagerly, as torchtitan leaves them uncompiled (it compiles the sharded blocks only); a child with children of its
+own (an unsharded stack, a head of several layers) is still compiled.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from typing import Any
 
 from torch import nn
 
+from ..capture.sharded import is_sharded, sharded_below
 from ..errors import AutogradCallError
 from ..trace.frames import user_location
 
@@ -163,9 +173,14 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
     table: dict[int, Callable] = {}
     whole = isinstance(error, AutogradCallError) and culprit is root  # (its children are differentiated twice)
     if root is not None and not whole:
+        glue = sharded_glue(root)
         for child_path, child in callable_children(root):
-            if id(child) not in table:
+            if id(child) not in table and id(child) not in glue:
                 table[id(child)] = by_path[child_path] = make_child(child, prefix + child_path)
+        if glue:
+            log.info("%s: its unsharded leaf children %s run eagerly (the glue of a sharded root)",
+                     compiled.path or type(root).__name__,
+                     ", ".join(prefix + p for p, c in callable_children(root) if id(c) in glue))
     if brk is not None and error is not None:  # (a program that cannot be guarded is logged by compile)
         log.warning("%s; its own code runs eagerly%s", brk.describe(),
                     f", its {len(table)} children are compiled" if table else "")
@@ -175,11 +190,18 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
     return Pieces(table, by_path, brk)
 
 
+def sharded_glue(root: nn.Module) -> set[int]:
+    """The children of `root` that its eager code calls eagerly (see the Note: the glue of a sharded root): where
+    `root` is or holds modules sharded with fully_shard, its leaf children not sharded themselves."""
+    if not (is_sharded(root) or sharded_below(root) is not None):
+        return set()
+    return {id(child) for _, child in callable_children(root)
+            if not is_sharded(child) and next(iter(child.children()), None) is None}
+
+
 def _root_of(fn: Callable) -> nn.Module | None:
     """The module whose own code runs eagerly around its compiled children: `fn` itself, or the sharded module
     whose bound method was compiled (`model.forward = stampout.compile(model.forward)` of an FSDP2 model)."""
-    from ..capture.sharded import is_sharded, sharded_below
-
     if isinstance(fn, nn.Module):
         return fn
     owner = getattr(fn, "__self__", None)
