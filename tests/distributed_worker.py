@@ -464,6 +464,8 @@ def public_view(compiled) -> dict:
     stats, last = compiled.stats, compiled.last_capture
     return {"stats": [stats.captures, stats.traces, stats.reuses], "last_code": last.gm.code if last else None,
             "explain_pieces": compiled.explain().count("\n  piece "),
+            "glue": [line.split("in its code: ")[1] for line in compiled.explain().splitlines()
+                     if "leaf children run eagerly in its code" in line],
             "guard_code": "no compiled entry" not in compiled.guard_code()}
 
 

@@ -103,6 +103,7 @@ def test_fsdp_compiled_root_reports_its_pieces(ranks, backend):
     assert first["stats"] == [1, 1, 3]
     assert "invoke_subgraph" in first["last_code"] and "embedding" not in first["last_code"]
     assert first["explain_pieces"] == 4 and first["guard_code"]
+    assert first["glue"] == ["embed, norm, head"]  # (explain names what runs eagerly in the root's code)
     assert first == second
 
 
@@ -205,6 +206,7 @@ def test_fsdp_hf_llama_per_decoder_layer(ranks):
         # decoder layer 0 alone (layer 1 takes its entry): embed, rotary, norm and head run eagerly (piecewise.py)
         assert stats["captures"] == stats["recaptures"] == 1
         assert stats["public"]["stats"] == [1, 1, 1] and stats["public"]["last_code"] is not None
+        assert stats["public"]["glue"] == ["lm_head", "model.embed_tokens, model.norm, model.rotary_emb"]
         assert report["warnings"] == []
     assert reports[0]["stats"] == reports[1]["stats"]
 
@@ -223,6 +225,7 @@ def test_fsdp_hf_llama_compiled_forward_runs_piecewise(ranks):
         assert (stats["traces"], stats["reuses"], stats["captures"]) == (1, 1, 1), stats
         # (pieces: model, model.layers.0 and .1; embed, rotary, norm and lm_head run eagerly in their parents' code)
         assert stats["public"]["stats"] == [1, 1, 1] and stats["public"]["explain_pieces"] == 3
+        assert stats["public"]["glue"] == ["lm_head", "model.embed_tokens, model.norm, model.rotary_emb"]
         assert report["warnings"] == []  # (the root and LlamaModel run their own code eagerly by design)
     assert reports[0]["stats"] == reports[1]["stats"]
 

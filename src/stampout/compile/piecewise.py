@@ -135,11 +135,17 @@ def failing_module(root: nn.Module, error: BaseException) -> tuple[str, nn.Modul
 class Pieces:
     """A module run eagerly, its children's calls sent to their compiled functions."""
 
-    def __init__(self, table: dict[int, Callable], by_path: dict[str, Any], brk: GraphBreak | None) -> None:
+    def __init__(self, table: dict[int, Callable], by_path: dict[str, Any], brk: GraphBreak | None,
+                 glue: tuple[str, ...] = ()) -> None:
         self.table = table
         self.by_path = by_path  # child path -> its CompiledFunction
         self.graph_break = brk  # the break in this module's own code (None: only a child's is at fault)
+        self.glue = glue  # the paths of the children that run eagerly in its code (see the Note: the glue...)
         self.first = True  # (its first run captures and compiles the children as it goes)
+
+    def describe_glue(self) -> str:
+        """What `explain` adds to its entry's line for the glue, or "" where there is none."""
+        return f"; its unsharded leaf children run eagerly in its code: {', '.join(self.glue)}" if self.glue else ""
 
     def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         if not self.table:
@@ -171,23 +177,25 @@ def split(compiled: Any, make_child: Callable[[nn.Module, str], Any], reason: st
         compiled.breaks.append(brk)
     by_path: dict[str, Any] = {}
     table: dict[int, Callable] = {}
+    glue: list[str] = []
     whole = isinstance(error, AutogradCallError) and culprit is root  # (its children are differentiated twice)
     if root is not None and not whole:
-        glue = sharded_glue(root)
+        leaves = sharded_glue(root)
         for child_path, child in callable_children(root):
-            if id(child) not in table and id(child) not in glue:
+            if id(child) in leaves:
+                glue.append(prefix + child_path)
+            elif id(child) not in table:
                 table[id(child)] = by_path[child_path] = make_child(child, prefix + child_path)
         if glue:
             log.info("%s: its unsharded leaf children %s run eagerly (the glue of a sharded root)",
-                     compiled.path or type(root).__name__,
-                     ", ".join(prefix + p for p, c in callable_children(root) if id(c) in glue))
+                     compiled.path or type(root).__name__, ", ".join(glue))
     if brk is not None and error is not None:  # (a program that cannot be guarded is logged by compile)
         log.warning("%s; its own code runs eagerly%s", brk.describe(),
                     f", its {len(table)} children are compiled" if table else "")
     elif brk is None:
         log.info("%s cannot be captured because of %s: it runs eagerly around its %d compiled children",
                  compiled.path or type(root).__name__, prefix + path, len(table))
-    return Pieces(table, by_path, brk)
+    return Pieces(table, by_path, brk, tuple(glue))
 
 
 def sharded_glue(root: nn.Module) -> set[int]:

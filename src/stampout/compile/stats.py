@@ -57,7 +57,7 @@ def describe_pieces(fn: Any) -> list[str]:
         for entry in piece._entries:
             cap = entry.capture
             if cap is None:
-                parts.append("runs eagerly")
+                parts.append("runs eagerly" + (entry.pieces.describe_glue() if entry.pieces is not None else ""))
             elif id(cap) in owners:
                 parts.append(f"runs the compiled entry of {owners[id(cap)]}")
             else:
