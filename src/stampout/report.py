@@ -66,8 +66,7 @@ def explain_compiled(fn: Any, entries: tuple, pieces: list[str]) -> str:
     lines = [f"stampout.compile of {name}: {fn.stats.captures} captures, {len(entries)} entries"]
     for i, entry in enumerate(entries):
         if entry.capture is None:
-            glue = entry.pieces.describe_glue() if entry.pieces is not None else ""
-            lines.append(f"  [{i}] runs eagerly: {entry.reason}{glue}")
+            lines.append(f"  [{i}] runs eagerly: {entry.reason}{entry.pieces.describe_glue() if entry.pieces else ''}")
         else:
             last = "  (ran last)" if entry.capture is fn.last_capture else ""
             lines.append(f"  [{i}] compiled: {entry.capture.stats}{last}")

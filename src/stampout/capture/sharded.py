@@ -15,7 +15,8 @@ The forward is captured as a region (keyed by its code), so the sharded blocks o
 on its own, sharing one region cache — are one region trace, stamped out for the others. FSDP's per-module
 hook state (`FSDPState._pre_forward`, bound to each module's state) is a per-layer input of that boundary,
 not part of the trace: such hooks are guarded by their function (guards.hook_key). A module whose forward calls
-sharded modules (the root of a stack) runs its own code eagerly, its children compiled (piecewise.py).
+sharded modules (the root of a stack) runs its own code eagerly, its children compiled, its unsharded leaf
+children (embedding, norm, head) run eagerly in its code (piecewise.py's Note: the glue of a sharded root).
 """
 
 from __future__ import annotations
