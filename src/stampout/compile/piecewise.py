@@ -18,7 +18,7 @@ The root of an FSDP2 stack (and a module between it and the sharded blocks, such
 `LlamaModel`) runs its own code eagerly by design (capture/sharded.py). Its leaf children that are not sharded
 themselves — the embedding, the final norm, the LM head, a rotary embedding — are one or two ops each, whose
 parameters the root's own FSDP group has all-gathered already: compiled on their own, each was a capture, guards
-and a backend compile of a graph no faster than the op, a third of a 4-block model's first step. They run
+and a backend compile of a graph no faster than the op, a fifth of a 4-block model's first step. They run
 eagerly, as torchtitan leaves them uncompiled (it compiles the sharded blocks only); a child with children of its
 own (an unsharded stack, a head of several layers) is still compiled.
 """
