@@ -244,6 +244,8 @@ class ProgramCapture:
         program = self.program
         if program is not None and guard_program:
             undo(program)
+            self.plan.check_named(CallContext([self.fn, *self.fake_leaves], frame_function(self.fn),
+                                              (self.fake_args, self.fake_kwargs)))
         elif program is not None:
             concrete_stores(program, held)
         unplant(self.planted)
