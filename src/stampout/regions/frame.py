@@ -36,11 +36,13 @@ from .objects import (
     accepted_types,
     found_on_class,
     hidden_state,
+    instance_fields,
     is_user_class,
     is_user_class_object,
     meta_key,
     program_fields,
     raw_meta,
+    served_by_getattr,
 )
 
 
@@ -278,6 +280,12 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 self.made.add(id(value))  # the trace's own value, not one from outside
             return
         where = user_location(3)
+        if served_by_getattr(obj, name):  # (guarded as the trace of its __getattr__ read it, not by running it)
+            if instance_fields(obj) is not None:
+                self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
+            self.guard(ClassAttr(TypeOf(base), name), Kind.ABSENT, MISSING, where)
+            self._adopt_class(original_class(obj), where)  # (its __getattr__ among the class's methods)
+            return
         if value is MISSING:
             self.guard(Attr(base, name), Kind.ABSENT, MISSING, where)
             return

@@ -88,6 +88,10 @@ class FrameCode:
             self.mark_ineligible(
                 f"runs {code.co_qualname}, a closure over {', '.join(free)} that stampout cannot reach"
             )
+        if "__getattribute__" in code.co_names:  # (`object.__getattribute__(obj, name)`: a slot wrapper, no C-call
+            # event, around the watched class's own lookup; `super().__getattribute__` skips its shim)
+            self.mark_ineligible(f"reads attributes through __getattribute__ in {code.co_qualname} (a read no watch "
+                                 "sees)")
         label = f"{g.get('__name__', '?')}.globals"
         own = own or (g is getattr(self.fn, "__globals__", None))
         where = where or f"global of {code.co_qualname}"
