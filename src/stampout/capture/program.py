@@ -223,7 +223,11 @@ class ProgramCapture:
                 if isinstance(value, functools._lru_cache_wrapper):
                     handler.snapshot.note(value, 1)
         try:
-            self._traced(registries)
+            try:
+                self._traced(registries)
+            finally:  # (closures first reached during the call: their cells are user state too)
+                if self.program is not None:
+                    handler.snapshot.note_cells_read(self.program.cells_read)
             rebound = handler.snapshot.rebound_cells() if not guard_program else None
             if rebound:  # (compile: found by restore_world below, and the program runs eagerly)
                 raise CaptureError(message(
