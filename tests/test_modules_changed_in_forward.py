@@ -237,3 +237,43 @@ def test_state_replaced_out_of_place_is_carried_by_each_capture_call():
         torch.testing.assert_close(cap(x), ref(x))
         torch.testing.assert_close((model.ema, model.h), (ref.ema, ref.h))
     assert "ema" in model._buffers and type(model.ema) is torch.Tensor
+
+
+class SwapsLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        self.a, self.b = self.b, self.a  # (double buffering)
+        return y
+
+
+class SwapsInARegion(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(SwapsLayers() for _ in range(2))
+        for layer in self.layers:
+            layer.forward = stampout.region(layer.forward)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("make", [SwapsLayers, SwapsInARegion], ids=["plain", "region"])
+def test_capture_refuses_a_program_that_moves_the_modules_it_reads_parameters_through(make):
+    """Each call of a Capture reads its parameters by path after the capture's stores (was: `self.a.weight` named
+    the old `self.b`'s weight, and the first `cap(x)` returned another layer's output, silently); compile reads
+    them before it replays the stores, as eager (tests: test_python_effects_each_call's swap)."""
+    torch.manual_seed(0)
+    model = make()
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 4)
+    with pytest.raises(stampout.CaptureError, match=r"rebinds the path self\..*weight") as caught:
+        stampout.capture(model, x)
+    assert "test_modules_changed_in_forward.py" in str(caught.value)
+    reference(x)  # (the refused capture left the model as one eager call leaves it)
+    torch.testing.assert_close(model(x), reference(x))

@@ -78,6 +78,19 @@ from .world import (
 log = logging.getLogger("stampout.capture")
 
 
+def moved_parameter(cap: Capture, ctx: CallContext) -> str | None:
+    """Why the capture is refused, if the program's Python rebound a path through which the graph reads a parameter
+    (`self.a, self.b = self.b, self.a`): each call of the Capture reads its parameters by path, after the capture's
+    stores, so it would compute with the other module's weights (compile's calls read them before replaying)."""
+    memo: dict = {}
+    for tensor, source in cap.lifted:
+        if isinstance(tensor, torch.nn.Parameter) and source is not None and source.resolve(ctx, memo) is not tensor:
+            return message(f"stampout.capture cannot trace this program: it rebinds the path {source.name()} through "
+                           "which the graph reads a parameter, so each call of the Capture would read another one",
+                           user_location(), "keep the modules where they are during the call, or use stampout.compile")
+    return None
+
+
 def capture_program(fn: Callable, args: tuple, kwargs: dict, **options: Any) -> Capture:
     """Capture `fn(*args, **kwargs)`; `options` are the fields of CaptureOptions (`cache=`, `guard_program=True`,
     ...). The hops are ProgramCapture's, in `ProgramCapture.run`."""
@@ -429,5 +442,7 @@ class ProgramCapture:
                                    "store can give it its real value (a dict key, a tuple, a partial's arguments)",
                                    user_location(), "store the tensor itself on an object, a list or a dict value, "
                                    "or use stampout.compile")
+        if real and self.refusal is None:
+            self.refusal = moved_parameter(cap, CallContext([self.fn, *self.leaves], frame_function(self.fn)))
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         restore_world(self.handler, None, self.objects())
