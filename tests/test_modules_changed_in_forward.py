@@ -277,3 +277,23 @@ def test_capture_refuses_a_program_that_moves_the_modules_it_reads_parameters_th
     assert "test_modules_changed_in_forward.py" in str(caught.value)
     reference(x)  # (the refused capture left the model as one eager call leaves it)
     torch.testing.assert_close(model(x), reference(x))
+
+
+def test_a_lazy_module_is_refused_by_capture_and_initialized_eagerly_by_compile():
+    """(Was: capture failed inside the lazy module's initialization with torch's raw RuntimeError on an
+    UninitializedParameter.) compile runs the first call eagerly (it makes the parameters), then captures."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(4), nn.ReLU())
+    with pytest.raises(stampout.CaptureError, match="LazyLinear is not initialized") as caught:
+        stampout.capture(model, torch.randn(2, 4))
+    assert "test_modules_changed_in_forward.py" in str(caught.value)
+    torch.manual_seed(0)
+    model, reference = nn.Sequential(nn.LazyLinear(4), nn.ReLU()), nn.Sequential(nn.LazyLinear(4), nn.ReLU())
+    fn = stampout.compile(model, backend="aot_eager")
+    for i in range(3):
+        x = torch.randn(2, 4)
+        torch.manual_seed(i)
+        got = fn(x)
+        torch.manual_seed(i)
+        torch.testing.assert_close(got, reference(x))
+    assert fn.stats.captures == 1  # (the first call ran eagerly and initialized it)

@@ -55,7 +55,15 @@ from .held_inputs import (
     object_fields,
     rebuild_inputs,
 )
-from .leftovers import carried_state, hooks_of, left_over_fakes, make_real, methods_of, modules_of
+from .leftovers import (
+    carried_state,
+    hooks_of,
+    left_over_fakes,
+    make_real,
+    methods_of,
+    modules_of,
+    uninitialized_module,
+)
 from .lost_gradients import autograd_refusal
 from .options import CaptureOptions, refuse_lazy
 from .result import Capture
@@ -128,6 +136,11 @@ class ProgramCapture:
             raise CaptureError(message(f"stampout cannot capture it: {lazy}", user_location(),
                                        "capture the function that computes one item, or use stampout.compile"))
         self.refuse_lost_gradients()
+        lazy_module = uninitialized_module(self.fn)
+        if lazy_module is not None:  # (compile runs such a call eagerly, then captures the initialized model)
+            raise CaptureError(message(f"stampout cannot capture it: its {lazy_module} is not initialized yet (a lazy "
+                                       "module makes its parameters on its first call)", user_location(),
+                                       "call the model once eagerly before capturing it, or use stampout.compile"))
         self.make_tracer(options.dynamic, options.automatic or {}, options.dynamic_sources or {},
                          options.dynamic_ints or set())
         self.make_fake_inputs(options.ranges, options.dynamic_ints or set())

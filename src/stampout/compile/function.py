@@ -22,6 +22,7 @@ import torch
 from .. import report
 from ..backends import progress, resolve, timing
 from ..capture.arguments import check_arguments, describe, eager_because_lazy, shorten
+from ..capture.leftovers import uninitialized_module
 from ..capture.lost_gradients import autograd_refusal
 from ..capture.program import capture_program, frame_function
 from ..capture.result import Capture
@@ -182,6 +183,8 @@ class CompiledFunction:
         if refusal is not None:  # (only sharded modules below it: FSDP2's designed split, sharded.py; not a warning)
             planned = autograd_refusal(self.fn, own_hooks_outside=self._sharded, sharded_boundaries=True) is None
             return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None, planned), ()
+        if uninitialized_module(self.fn) is not None:  # (a lazy module: this call initializes it, eagerly; the
+            return _EagerOnce(), ()  # next captures the initialized model)
         if (twin := twin_entry(self, args, kwargs, key, ctx)) is not None:  # (a sharded block like a sibling)
             return twin
         self._watch.release()  # capture watches reads with its own shims
