@@ -32,7 +32,7 @@ class ValueKind(enum.Enum):
     OUT = "out"  # the index of an extra graph output
     OUT_CONSTANT = "out_constant"  # the index of an extra graph output, taken without autograd
     SOURCE = "source"  # a source, resolved against the call
-    SEQ = "seq"  # (a tuple or torch.Size class, its items' Values): sizes the graph computes
+    SEQ = "seq"  # (a tuple or torch.Size class, its items' Values): a tuple the call made, sizes the graph computes
     NEW = "new"  # (list or dict, its items' Values, or (key, Value) pairs): a container the call made
     MISSING = "missing"  # nothing: the attribute or item is not there
 
@@ -136,7 +136,7 @@ class Plan:
             self.extra.append(value)
             constant = isinstance(value, FakeTensor) and not value.requires_grad
             return Value(ValueKind.OUT_CONSTANT if constant else ValueKind.OUT, len(self.extra) - 1)
-        if type(value) in (tuple, torch.Size) and any_symbolic(value):
+        if type(value) is tuple or type(value) is torch.Size and any_symbolic(value):  # (an LSTM's `(h, c)` kept)
             items = [self._value(v, where) for v in value]
             return None if any(i is None for i in items) else Value(ValueKind.SEQ, (type(value), tuple(items)))
         if id(value) in sources and id(value) not in self.program.made:  # (not one the call made and stored)
