@@ -297,3 +297,38 @@ def test_a_lazy_module_is_refused_by_capture_and_initialized_eagerly_by_compile(
         torch.manual_seed(i)
         torch.testing.assert_close(got, reference(x))
     assert fn.stats.captures == 1  # (the first call ran eagerly and initialized it)
+
+
+class WalksChildren(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        for name, child in self.named_children():
+            if name != "base":
+                y = y + child(x)
+        return y + sum(p.sum() for p in self.parameters())
+
+
+@pytest.mark.parametrize("change", ["add_module", "register_parameter"])
+def test_a_module_walking_its_registries_sees_what_is_added_between_calls(change):
+    """`self.named_children()` / `self.parameters()` in forward: the names each registry walked holds are guarded
+    (was: a child or parameter added between calls was not walked by the compiled call, silently)."""
+    torch.manual_seed(0)
+    model = WalksChildren()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager")
+    for i in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fn(x), reference(x))
+        torch.manual_seed(i)
+        if change == "add_module":
+            extra = nn.Linear(4, 4)
+            model.add_module(f"extra{i}", extra)
+            reference.add_module(f"extra{i}", copy.deepcopy(extra))
+        else:
+            weight = nn.Parameter(torch.randn(4))
+            model.register_parameter(f"p{i}", weight)
+            reference.register_parameter(f"p{i}", copy.deepcopy(weight))
