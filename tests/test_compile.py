@@ -201,7 +201,7 @@ def test_python_side_effects_are_replayed_on_every_call():
         torch.testing.assert_close(model.last, model.lin(x) * 2)
 
 
-def test_python_side_effect_that_cannot_be_replayed_is_an_error_not_dropped():
+def test_python_side_effect_that_cannot_be_replayed_runs_eagerly_not_dropped(caplog):
     class Keeps(nn.Module):
         def __init__(self):
             super().__init__()
@@ -211,9 +211,17 @@ def test_python_side_effect_that_cannot_be_replayed_is_an_error_not_dropped():
             self.made = object()  # an object made during the call: not replayable
             return self.lin(x)
 
-    with pytest.raises(stampout.GuardError, match=r"stores a object made during the call") as info:
-        stampout.compile(Keeps(), backend="eager")(torch.randn(2, 4))
-    assert "test_compile.py" in str(info.value)
+    model = Keeps()
+    fn = stampout.compile(model, backend="eager")
+    with caplog.at_level(logging.WARNING, logger="stampout.guards"):
+        for _ in range(2):
+            before = getattr(model, "made", None)
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(fn(x), model.lin(x))
+            assert type(model.made) is object and model.made is not before  # (each call stores its own, as eager)
+    assert "stores a object made during the call" in caplog.text and "test_compile.py" in caplog.text
+    with pytest.raises(stampout.CaptureError, match=r"stores a object made during the call"):
+        stampout.compile(Keeps(), backend="eager", fullgraph=True)(torch.randn(2, 4))
 
 
 def test_guard_failure_is_logged(caplog):

@@ -309,3 +309,117 @@ def test_a_traced_tensor_on_an_object_a_functools_cache_returns_is_taken_out(how
     assert all(type(t) is torch.Tensor for t in held), [type(t) for t in held]
     torch.testing.assert_close(model(x), expected)
     torch.testing.assert_close(fn(x), expected)
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.hits = 0
+
+
+class _CountsInDict:
+    def __init__(self) -> None:
+        self.__dict__["hits"] = 0
+        self.__dict__["values"] = {"scale": 2.0}
+
+    def __getattr__(self, name: str):
+        self.__dict__["hits"] += 1
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def seen(self) -> int:
+        return self.hits
+
+
+class _CountsOnAnObject:
+    def __init__(self) -> None:
+        self.stats, self.values = _Stats(), {"scale": 2.0}
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self.stats.hits += 1
+        return self.values[name]
+
+    def seen(self) -> int:
+        return self.stats.hits
+
+
+class _Logs:
+    def __init__(self) -> None:
+        self.log, self.values = [], {"scale": 2.0}
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self.log.append(name)
+        return self.values[name]
+
+    def seen(self) -> int:
+        return len(self.log)
+
+
+class _ReadsThrough(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.cfg.scale
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("cfg_class", [_CountsInDict, _CountsOnAnObject, _Logs])
+def test_a_getattr_with_side_effects_runs_once_per_call_as_in_eager(cfg_class, backend):
+    """A user `__getattr__` that counts or logs: its effect happens once per call, as eager's (was: twice on the
+    first call, stampout's own probes and guards running it; on every call for a log)."""
+    torch.manual_seed(0)
+    model = _ReadsThrough(cfg_class())
+    reference = _ReadsThrough(cfg_class())
+    reference.load_state_dict(model.state_dict())
+    fn = stampout.compile(model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fn(x), reference(x))
+        assert model.cfg.seen() == reference.cfg.seen()
+        model.cfg.values["scale"] += 1.0  # (and a value it serves changed between calls: seen)
+        reference.cfg.values["scale"] += 1.0
+
+
+class _Proxy:
+    def __init__(self) -> None:
+        self._values = {"scale": 2.0}
+
+    def __getattr__(self, name: str):
+        return object.__getattribute__(self, "_values")[name]  # (a read behind the watched lookup)
+
+
+class _Direct:
+    def __init__(self) -> None:
+        self.scale = 2.0
+
+
+class _ReadsBehind(nn.Module):
+    def __init__(self, cfg) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * object.__getattribute__(self.cfg, "scale")
+
+
+@pytest.mark.parametrize("make", [lambda: _ReadsThrough(_Proxy()), lambda: _ReadsBehind(_Direct())],
+                         ids=["proxy __getattr__", "in forward"])
+def test_a_read_through_object_getattribute_is_not_baked(make):
+    """`object.__getattribute__(obj, name)` is a slot wrapper no watch sees: the program runs eagerly (was: the
+    value read at capture, returned by every later call)."""
+    torch.manual_seed(0)
+    model = make()
+    fn = stampout.compile(model, backend="eager")
+    values = model.cfg._values if isinstance(model.cfg, _Proxy) else model.cfg.__dict__
+    for scale in (2.0, 3.0, 5.0):
+        values["scale"] = scale
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(fn(x), model(x))

@@ -228,6 +228,35 @@ def test_a_nonlocal_tensor_the_compiled_function_rebinds_is_real_and_eager(accum
         torch.testing.assert_close(state(), state_eager())
 
 
+class HoldsSteps(nn.Module):
+    """A closure made before the call, first reached during it (an item of a dict the module holds)."""
+
+    def __init__(self, accumulate: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.steps = {"ema": _closure_state(accumulate)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.steps["ema"][0](x))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["rebinds", "accumulates"])
+def test_a_nonlocal_of_a_closure_first_reached_during_the_call_is_real_and_eager(accumulate, backend):
+    """(Was: its cell was not noted, so the world repair found a fake under `model.steps` and deleted the
+    attribute: the next line of the caller failed with AttributeError.)"""
+    torch.manual_seed(0)
+    model, reference = HoldsSteps(accumulate), HoldsSteps(accumulate)
+    reference.load_state_dict(model.state_dict())
+    compiled = stampout.compile(model, backend=backend)
+    for i in range(3):
+        x = torch.full((3,), float(i + 1))
+        torch.testing.assert_close(compiled(x), reference(x))
+        state, state_eager = model.steps["ema"][1], reference.steps["ema"][1]
+        assert type(state()) is torch.Tensor and fakes_reached(model) == []
+        torch.testing.assert_close(state(), state_eager())
+
+
 def test_capture_refuses_a_nonlocal_tensor_rebound_and_leaves_the_cell_real():
     f, state = _closure_state(True)
     with pytest.raises(stampout.CaptureError, match="closure variable state") as caught:

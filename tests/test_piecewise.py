@@ -8,6 +8,7 @@ import threading
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from helpers import named_grads, tree_assert_close
 from torch import nn
 
@@ -191,3 +192,38 @@ def test_qwen2_vl_compiles_around_its_vision_position_ids():
     assert fn.breaks[0].module == "model.visual" and "tensor.item()" in fn.breaks[0].reason
     assert fn.pieces["model"].pieces["model.language_model"].stats.captures >= 1
     assert fn.pieces["lm_head"].stats.captures >= 1
+
+
+class CheckpointedDropout(nn.Module):
+    """Non-reentrant activation checkpointing: its RNG preservation (torch.get_rng_state) runs the module eagerly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(lambda t: self.drop(self.a(t)), x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_children_under_activation_checkpointing_run_as_the_recomputation_runs_them(backend):
+    """The backward recomputes the checkpointed children as plain modules: the forward runs them plainly too (was:
+    compiled pieces in the forward, so torch raised CheckpointError on the dropout mask saved, or recomputed other
+    values)."""
+    torch.manual_seed(0)
+    model = CheckpointedDropout()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    for i in range(3):
+        x = torch.randn(2, 4, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        torch.manual_seed(i)
+        out = fn(x)
+        out.sum().backward()
+        torch.manual_seed(i)
+        expected = reference(x_ref)
+        expected.sum().backward()
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(x.grad, x_ref.grad)
+        torch.testing.assert_close(model.a.weight.grad, reference.a.weight.grad)

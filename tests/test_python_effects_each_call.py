@@ -10,6 +10,7 @@ import copy
 import logging
 import random
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -320,3 +321,132 @@ def test_a_counter_the_module_fills_counts_every_call():
     for _ in range(3):
         fn(_x())
     assert model.stats["calls"] == 3
+
+
+class _Made:
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t + 1
+
+
+class StoresWhatItMakes(nn.Module):
+    """Stores into state that outlives the call an object the call makes: no compiled call can repeat that store."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.kind = kind
+        self.store: dict = {}
+        self.kept: list = []
+        self.refs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if self.kind == "lambda":
+            scale = 2.0
+            self.fn = lambda t: t * scale
+            y = self.fn(y)
+        elif self.kind == "callable object":
+            self.fn = _Made()
+            y = self.fn(y)
+        elif self.kind == "module in a dict":
+            self.store["act"] = nn.ReLU()
+            y = self.store["act"](y)
+        elif self.kind == "hook handle":
+            self.handle = self.lin.register_forward_hook(lambda m, i, o: None)
+            self.handle.remove()
+        elif self.kind == "iterator":
+            self.steps = iter([1.0, 2.0, 3.0])
+            y = y * next(self.steps)
+        elif self.kind == "weak value":
+            made = _Made()
+            self.kept.append(made)
+            self.refs[len(self.kept)] = made
+        elif self.kind == "dict keyed by a traced tensor":
+            self.store[y] = 1
+        return y
+
+
+_MADE_KINDS = ["lambda", "callable object", "module in a dict", "hook handle", "iterator", "weak value",
+               "dict keyed by a traced tensor"]
+
+
+def _made_state(model: StoresWhatItMakes) -> tuple:
+    fn = getattr(model, "fn", None)
+    return (type(fn).__name__, len(model.store), len(model.kept), len(model.refs), hasattr(model, "handle"),
+            next(model.steps, None) if hasattr(model, "steps") else None,
+            [type(v).__name__ for v in model.store.values()])
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("kind", _MADE_KINDS)
+def test_an_object_made_during_the_call_stored_in_state_runs_eagerly(kind, backend, caplog):
+    """(Was: a GuardError on the first call.) The store is not replayable, so the call runs eagerly, as eager."""
+    torch.manual_seed(0)
+    model, reference = StoresWhatItMakes(kind), StoresWhatItMakes(kind)
+    reference.load_state_dict(model.state_dict())
+    fn = stampout.compile(model, backend=backend)
+    with caplog.at_level(logging.WARNING, logger="stampout.guards"):
+        for _ in range(3):
+            x = torch.randn(2, 4)
+            tree_assert_close(fn(x), reference(x), **TOL)
+            assert _made_state(model) == _made_state(reference)
+    assert "StoresWhatItMakes runs eagerly" in caplog.text
+    with pytest.raises(stampout.CaptureError, match="fullgraph=True"):
+        stampout.compile(StoresWhatItMakes(kind), backend=backend, fullgraph=True)(torch.randn(2, 4))
+
+
+class Swaps(nn.Module):
+    """Double buffering: two configs and two submodules swapped each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.p, self.q = Log(), Log()
+        self.p.scale, self.q.scale = 1.0, 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x) * self.p.scale
+        self.a, self.b = self.b, self.a
+        self.p, self.q = self.q, self.p
+        return y
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_swap_of_two_attributes_stays_a_swap(backend):
+    """The replayed stores read their values before the first store, as the program did (was: `self.a` and `self.b`
+    both ended up the old `self.b`, and every later call ran with one layer)."""
+    torch.manual_seed(0)
+    model = Swaps()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    for _ in range(4):
+        x = torch.randn(2, 4)
+        tree_assert_close(fn(x), reference(x), **TOL)
+        assert model.a is not model.b and model.p is not model.q
+        assert (model.p.scale, model.q.scale) == (reference.p.scale, reference.q.scale)
+        torch.testing.assert_close(model.a.weight, reference.a.weight)
+
+
+class BorrowsASlot(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.store: dict = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.store["act"] = nn.ReLU()  # read back through a dict item the call fills, then taken out
+        y = self.store["act"](self.lin(x))
+        del self.store["act"]
+        return y
+
+
+def test_an_object_read_back_through_a_dict_item_the_call_fills_and_empties():
+    """The guards on `type(self.store['act'])` name a place empty before each call (was: AttributeError at the first
+    call, turning that guard into one on the class)."""
+    torch.manual_seed(0)
+    model = BorrowsASlot()
+    fn = stampout.compile(model, backend="eager")
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        tree_assert_close(fn(x), model(x), **TOL)
+        assert model.store == {}

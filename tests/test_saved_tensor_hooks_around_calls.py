@@ -66,3 +66,31 @@ def test_callers_pack_hook_never_sees_a_fake(backend: str) -> None:
     assert seen and not any(issubclass(cls, FakeTensor) for cls in seen), seen
     for e, g in zip(_grads(model, model, x), got, strict=True):
         torch.testing.assert_close(g, e)
+
+
+class ReentrantCheckpoint(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.lin, x, use_reentrant=True)  # (reads the parameters unpassed)
+
+
+def test_reentrant_checkpointing_is_refused_by_capture_and_run_eagerly_by_compile():
+    """(Was: torch's raw AssertionError from the fake mode under stampout.capture.)"""
+    torch.manual_seed(0)
+    model = ReentrantCheckpoint()
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(stampout.CaptureError, match="CheckpointFunction") as caught:
+        stampout.capture(model, x)
+    assert "test_saved_tensor_hooks_around_calls.py" in str(caught.value)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="aot_eager")
+    for _ in range(2):
+        x = torch.randn(2, 4, requires_grad=True)
+        out, expected = fn(x), reference(x)
+        torch.testing.assert_close(out, expected)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(model.lin.weight.grad, reference.lin.weight.grad)

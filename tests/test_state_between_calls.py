@@ -5,6 +5,8 @@ call equals eager on the current state (values and gradients), or raises a `stam
 
 from __future__ import annotations
 
+import copy
+import logging
 import os
 import types
 from collections.abc import Callable
@@ -427,3 +429,40 @@ def test_a_count_kept_behind_setattr_counts_every_compiled_call(backend) -> None
     for n in range(1, 5):
         torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), float(n)))
         assert model.calls == n
+
+
+class KeepsATupleState(nn.Module):
+    """An LSTM cell's `(h, c)` kept between calls as a tuple made during the call, beside a tuple of constants and
+    an existing module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cell = nn.LSTMCell(4, 4)
+        self.state = None
+        self.meta = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, c = self.cell(x, self.state)
+        self.state = (h.detach(), c.detach())
+        self.meta = (x.shape[0], "step", self.cell)
+        return h
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_tuple_state_made_during_the_call_is_replayed_not_run_eagerly(backend, caplog):
+    """A tuple the call makes is stored again by each compiled call, item by item (was: refused as an object made
+    during the call: every call ran eagerly)."""
+    torch.manual_seed(0)
+    model = KeepsATupleState()
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend=backend)
+    with caplog.at_level(logging.WARNING, logger="stampout"):
+        for _ in range(4):
+            x = torch.randn(2, 4)
+            torch.testing.assert_close(fn(x), reference(x))
+            assert type(model.state) is tuple and model.meta[2] is model.cell and model.meta[:2] == reference.meta[:2]
+            for ours, theirs in zip(model.state, reference.state):
+                assert type(ours) is torch.Tensor
+                torch.testing.assert_close(ours, theirs)
+    assert "runs eagerly" not in caplog.text
+    assert fn.stats.captures == 2  # (None, then the tuple)

@@ -407,3 +407,40 @@ def test_numpy_scalars_as_op_arguments_match_eager():
             model = Scaled(c)
             for want, got in zip(model(x), stampout.compile(model, backend="eager")(x)):
                 assert got.dtype == want.dtype and torch.equal(got, want), (c, x.dtype)
+
+
+class _AttrDict(OrderedDict):
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class _Plain(dict):
+    pass
+
+
+class _ReturnsDictSubclasses(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        y = self.lin(x)
+        return _AttrDict(logits=y, n=x.shape[0]), _Plain(doubled=y * 2)
+
+
+def test_a_users_dict_subclass_output_is_rebuilt_not_refused() -> None:
+    """A dict or OrderedDict subclass of the user's, made by the dict's own constructor and holding no attributes,
+    comes back as its class with the call's tensors (was: capture refused it as an object carrying traced tensors,
+    and compile ran the program eagerly on every call)."""
+    torch.manual_seed(0)
+    model = _ReturnsDictSubclasses()
+    x = torch.randn(2, 4, requires_grad=True)
+    cap = stampout.capture(model, x)
+    for got in (cap(x), stampout.compile(model, backend="aot_eager")(x)):
+        expected = model(x)
+        assert type(got[0]) is _AttrDict and type(got[1]) is _Plain and got[0].n == 2
+        torch.testing.assert_close(got[0].logits, expected[0].logits)
+        torch.testing.assert_close(got[1]["doubled"], expected[1]["doubled"])

@@ -63,7 +63,8 @@ def compile(fn: Callable, backend: Any = "inductor", max_entries: int = 8,  # no
 
     Raises:
         StampoutError: at once, for arguments that cannot work (a non-callable, an unknown backend or mode).
-        GuardError: at a call, for Python side effects a compiled call could not repeat.
+        CaptureError: at a call with fullgraph=True, for a part of the program that would run eagerly (one it
+            cannot capture or guard, a Python side effect a compiled call could not repeat).
     """
     patches = inductor_patches(backend, mode, options)
     resolved = resolve(backend)

@@ -4,7 +4,8 @@ A capture runs the program's Python once, on fake tensors. What it stored on obj
 (attribute writes, items appended to or set in lists and dicts) is recorded by the program's frame. After
 the capture those stores are undone (no fake tensor is left on the caller's objects), and every compiled
 call replays them with that call's values: constants as recorded, tensors from extra graph outputs,
-existing objects from their sources. A store that cannot be replayed that way makes `compile` refuse.
+existing objects from their sources. A store that cannot be replayed that way (an object the call made, a dict
+keyed by a traced tensor) makes the program ineligible: `compile` runs it eagerly, with a warning.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..guards.guard import is_constant
 from ..regions.frame_writes import put_back
 from ..regions.frame_writes import undo as undo  # (capture/program.py's)
 from ..sources import MISSING, Arg, Attr, CallContext, Source
-from ..torch_internals import DisableTorchFunction, FakeTensor
+from ..torch_internals import FakeTensor
 from ..trace.shapes import any_symbolic
 from ..trace.structure import holds_fake
 
@@ -31,7 +32,7 @@ class ValueKind(enum.Enum):
     OUT = "out"  # the index of an extra graph output
     OUT_CONSTANT = "out_constant"  # the index of an extra graph output, taken without autograd
     SOURCE = "source"  # a source, resolved against the call
-    SEQ = "seq"  # (a tuple or torch.Size class, its items' Values): sizes the graph computes
+    SEQ = "seq"  # (a tuple or torch.Size class, its items' Values): a tuple the call made, sizes the graph computes
     NEW = "new"  # (list or dict, its items' Values, or (key, Value) pairs): a container the call made
     MISSING = "missing"  # nothing: the attribute or item is not there
 
@@ -84,9 +85,13 @@ class Effect:
     values: tuple[Value, ...]
     where: str
 
-    def replay(self, ctx: CallContext, outputs: list[Any]) -> None:
+    def values_of(self, ctx: CallContext, outputs: list[Any]) -> list[Any]:
+        return [v.get(ctx, outputs) for v in self.values]
+
+    def replay(self, ctx: CallContext, outputs: list[Any], values: list[Any] | None = None) -> None:
+        """The store, with `values` read before (see Entry.replay), else read now."""
         target = self.target.resolve(ctx, {})
-        values = [v.get(ctx, outputs) for v in self.values]
+        values = self.values_of(ctx, outputs) if values is None else values
         if self.op is EffectOp.SETATTR:
             if values[0] is MISSING:
                 if hasattr(target, self.key):
@@ -114,7 +119,7 @@ class Plan:
         self.program = program
         self.effects: list[Effect] = []
         self.extra: list[torch.Tensor] = []
-        self.refused: str | None = None
+        self._named: list[tuple[Source, Any, str]] = []  # (source, the object stored, file:line): see check_named
         self._making: set[int] = set()  # containers made by the call being planned (a cycle is refused)
         if program is not None:
             self._build()
@@ -131,10 +136,11 @@ class Plan:
             self.extra.append(value)
             constant = isinstance(value, FakeTensor) and not value.requires_grad
             return Value(ValueKind.OUT_CONSTANT if constant else ValueKind.OUT, len(self.extra) - 1)
-        if type(value) in (tuple, torch.Size) and any_symbolic(value):
+        if type(value) is tuple or type(value) is torch.Size and any_symbolic(value):  # (an LSTM's `(h, c)` kept)
             items = [self._value(v, where) for v in value]
             return None if any(i is None for i in items) else Value(ValueKind.SEQ, (type(value), tuple(items)))
         if id(value) in sources and id(value) not in self.program.made:  # (not one the call made and stored)
+            self._named.append((sources[id(value)], value, where))
             return Value(ValueKind.SOURCE, sources[id(value)])
         if type(value) in (list, dict) and id(value) not in self._making:  # made by the call
             if type(value) is dict and self._traced_keys(value, (), where):
@@ -147,14 +153,29 @@ class Plan:
                 inside = tuple(items) if type(value) is dict else tuple(v for _, v in items)
                 return Value(ValueKind.NEW, (type(value), inside))
             return None
-        self.refused = self.refused or f"stores a {type(value).__name__} made during the call (at {where})"
+        self._refuse(f"stores a {type(value).__name__} made during the call (at {where})")
         return None
+
+    def _refuse(self, reason: str) -> None:
+        """A store no compiled call can repeat: the program runs eagerly (compile), with `reason` in the warning."""
+        self.program.mark_ineligible(reason)
+
+    def check_named(self, ctx: CallContext) -> None:
+        """After the capture's stores are undone (`ctx`: the captured call's): an object a store replays from its
+        source must be the one that source names before the call, where each compiled call reads it. One the call
+        made and reached again through a place it filled (`self.cache["act"] = nn.ReLU()`, then read back) is
+        not: refused as any object made during the call."""
+        memo: dict = {}
+        for source, value, where in self._named:
+            if source.resolve(ctx, memo) is not value:
+                self._refuse(f"stores a {type(value).__name__} made during the call (at {where})")
+                return
 
     def _traced_keys(self, d: dict, before: Any, where: str) -> bool:
         """Whether a key `d` gained holds a traced tensor (`memo[t] = ...`): no replayed store can make that key
         again per call (each call's tensor is a new key in eager), so the program is refused."""
         if any(holds_fake(k, whole=True) for k in list(d) if k not in before):
-            self.refused = self.refused or f"keys a dict by a traced tensor (at {where})"
+            self._refuse(f"keys a dict by a traced tensor (at {where})")
             return True
         return False
 
@@ -195,7 +216,7 @@ class Plan:
             now = {id(v) for v in container}
             added = [v for v in container if not any(v is b for b in before)]
             if any(id(b) not in now for b in before):  # (a member removed: the call's own set may not hold it)
-                self.refused = self.refused or f"removes members of {where}"
+                self._refuse(f"removes members of {where}")
             elif added:
                 values = [self._value(v, where) for v in added]
                 if all(v is not None for v in values):
@@ -203,7 +224,7 @@ class Plan:
             return
         if not isinstance(container, list):
             if list(container) != list(before):
-                self.refused = self.refused or f"changes {where}"
+                self._refuse(f"changes {where}")
             return
         if len(container) < len(before) or any(a is not b for a, b in zip(container, before)):
             values = [self._value(v, where) for v in container]  # insert, pop, sort, item stores: the whole list
@@ -213,12 +234,6 @@ class Plan:
         values = [self._value(v, where) for v in container[len(before):]]
         if values and all(v is not None for v in values):
             self.effects.append(Effect(EffectOp.EXTEND, source, None, tuple(values), where))
-
-
-def replay(effects: list[Effect], ctx: CallContext, outputs: list[Any]) -> None:
-    with DisableTorchFunction():
-        for effect in effects:
-            effect.replay(ctx, outputs)
 
 
 

@@ -51,6 +51,15 @@ def modules_of(fn: Callable) -> list[Any]:
     return list(root.modules()) if root is not None else []
 
 
+def uninitialized_module(fn: Callable) -> str | None:
+    """The class of a lazy module of the program not initialized yet (`nn.LazyLinear` before its first call): its
+    first call makes its parameters from the input's sizes, which a capture cannot do on fakes."""
+    for m in modules_of(fn):
+        if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
+            return type(m).__name__
+    return None
+
+
 def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, Place]]:
     """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`, `seen.add(t)`):
     (holder, key, Place), each appended to `plan.extra` so the graph computes its real

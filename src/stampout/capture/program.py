@@ -55,7 +55,15 @@ from .held_inputs import (
     object_fields,
     rebuild_inputs,
 )
-from .leftovers import carried_state, hooks_of, left_over_fakes, make_real, methods_of, modules_of
+from .leftovers import (
+    carried_state,
+    hooks_of,
+    left_over_fakes,
+    make_real,
+    methods_of,
+    modules_of,
+    uninitialized_module,
+)
 from .lost_gradients import autograd_refusal
 from .options import CaptureOptions, refuse_lazy
 from .result import Capture
@@ -76,6 +84,19 @@ from .world import (
 )
 
 log = logging.getLogger("stampout.capture")
+
+
+def moved_parameter(cap: Capture, ctx: CallContext) -> str | None:
+    """Why the capture is refused, if the program's Python rebound a path through which the graph reads a parameter
+    (`self.a, self.b = self.b, self.a`): each call of the Capture reads its parameters by path, after the capture's
+    stores, so it would compute with the other module's weights (compile's calls read them before replaying)."""
+    memo: dict = {}
+    for tensor, source in cap.lifted:
+        if isinstance(tensor, torch.nn.Parameter) and source is not None and source.resolve(ctx, memo) is not tensor:
+            return message(f"stampout.capture cannot trace this program: it rebinds the path {source.name()} through "
+                           "which the graph reads a parameter, so each call of the Capture would read another one",
+                           user_location(), "keep the modules where they are during the call, or use stampout.compile")
+    return None
 
 
 def capture_program(fn: Callable, args: tuple, kwargs: dict, **options: Any) -> Capture:
@@ -115,6 +136,11 @@ class ProgramCapture:
             raise CaptureError(message(f"stampout cannot capture it: {lazy}", user_location(),
                                        "capture the function that computes one item, or use stampout.compile"))
         self.refuse_lost_gradients()
+        lazy_module = uninitialized_module(self.fn)
+        if lazy_module is not None:  # (compile runs such a call eagerly, then captures the initialized model)
+            raise CaptureError(message(f"stampout cannot capture it: its {lazy_module} is not initialized yet (a lazy "
+                                       "module makes its parameters on its first call)", user_location(),
+                                       "call the model once eagerly before capturing it, or use stampout.compile"))
         self.make_tracer(options.dynamic, options.automatic or {}, options.dynamic_sources or {},
                          options.dynamic_ints or set())
         self.make_fake_inputs(options.ranges, options.dynamic_ints or set())
@@ -223,7 +249,11 @@ class ProgramCapture:
                 if isinstance(value, functools._lru_cache_wrapper):
                     handler.snapshot.note(value, 1)
         try:
-            self._traced(registries)
+            try:
+                self._traced(registries)
+            finally:  # (closures first reached during the call: their cells are user state too)
+                if self.program is not None:
+                    handler.snapshot.note_cells_read(self.program.cells_read)
             rebound = handler.snapshot.rebound_cells() if not guard_program else None
             if rebound:  # (compile: found by restore_world below, and the program runs eagerly)
                 raise CaptureError(message(
@@ -244,6 +274,8 @@ class ProgramCapture:
         program = self.program
         if program is not None and guard_program:
             undo(program)
+            self.plan.check_named(CallContext([self.fn, *self.fake_leaves], frame_function(self.fn),
+                                              (self.fake_args, self.fake_kwargs)))
         elif program is not None:
             concrete_stores(program, held)
         unplant(self.planted)
@@ -423,5 +455,7 @@ class ProgramCapture:
                                    "store can give it its real value (a dict key, a tuple, a partial's arguments)",
                                    user_location(), "store the tensor itself on an object, a list or a dict value, "
                                    "or use stampout.compile")
+        if real and self.refusal is None:
+            self.refusal = moved_parameter(cap, CallContext([self.fn, *self.leaves], frame_function(self.fn)))
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
         restore_world(self.handler, None, self.objects())

@@ -59,8 +59,8 @@ def by_class(guards: list[Guard], ctx: CallContext) -> list[Guard]:
 
     def on_class(source: Source) -> Source:
         if isinstance(source, TypeOf):
-            cls = source.resolve(ctx, memo)
-            return Absolute(cls, cls.__qualname__)
+            cls = source.resolve(ctx, memo)  # (MISSING: read through a place the call itself filled, now empty)
+            return Absolute(cls, cls.__qualname__) if isinstance(cls, type) else source
         parent = source.base()
         if parent is None:
             return source
@@ -301,11 +301,17 @@ class Entry:
             done = 0
             if epoch is not None and self._replay is not None:  # (generated: replay_code.py)
                 done = self._replay(ctx.leaves, ctx.fn, state.anchors, outputs, epoch)
-            for from_anchors, from_root in self.effects[done:]:
+            # Note: every value is read before the first store, as the program read it before storing (a swap,
+            # `self.a, self.b = self.b, self.a`, stored both from the world the call began with; read per store,
+            # the second read the first's store). The generated replay stores only outputs and constants.
+            rest = self.effects[done:]
+            values = [a.values_of(anchored, outputs) if EPOCH.value == epoch else r.values_of(ctx, outputs)
+                      for a, r in rest]
+            for (from_anchors, from_root), read in zip(rest, values):
                 if EPOCH.value == epoch:
-                    from_anchors.replay(anchored, outputs)
+                    from_anchors.replay(anchored, outputs, read)
                 else:
-                    from_root.replay(ctx, outputs)
+                    from_root.replay(ctx, outputs, read)
 
     def guard_code(self) -> str:
         """The source of the predicates that admit a call: the full check (run after a write to a watched object

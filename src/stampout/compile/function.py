@@ -22,12 +22,13 @@ import torch
 from .. import report
 from ..backends import progress, resolve, timing
 from ..capture.arguments import check_arguments, describe, eager_because_lazy, shorten
+from ..capture.leftovers import uninitialized_module
 from ..capture.lost_gradients import autograd_refusal
 from ..capture.program import capture_program, frame_function
 from ..capture.result import Capture
 from ..capture.sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from ..context import current
-from ..errors import BackendError, CaptureError, GuardError, StampoutError, message
+from ..errors import BackendError, CaptureError, StampoutError, message
 from ..regions.auto import auto_regions
 from ..regions.cache import RegionCache
 from ..regions.fingerprint import fingerprint, requires_grad_pattern, without_sizes
@@ -182,6 +183,8 @@ class CompiledFunction:
         if refusal is not None:  # (only sharded modules below it: FSDP2's designed split, sharded.py; not a warning)
             planned = autograd_refusal(self.fn, own_hooks_outside=self._sharded, sharded_boundaries=True) is None
             return self._run_eagerly(key, f"stampout cannot keep its gradients: {refusal}", None, planned), ()
+        if uninitialized_module(self.fn) is not None:  # (a lazy module: this call initializes it, eagerly; the
+            return _EagerOnce(), ()  # next captures the initialized model)
         if (twin := twin_entry(self, args, kwargs, key, ctx)) is not None:  # (a sharded block like a sibling)
             return twin
         self._watch.release()  # capture watches reads with its own shims
@@ -197,8 +200,6 @@ class CompiledFunction:
             with marking, timing.record(f"capture: {_name(self.fn)}"), timing.phase("capture"):
                 try:
                     cap = self._capture(args, kwargs, structure, automatic, held, ints)
-                except GuardError:
-                    raise
                 except ProgramIneligible as why:  # (the capture stopped there: nothing was drawn or consumed)
                     self._counts.captures += 1
                     return self._run_eagerly(key, f"stampout cannot guard it: it {why.reason}", why), ()
@@ -218,13 +219,6 @@ class CompiledFunction:
         self._counts.traces += cap.stats.traces
         self._counts.reuses += cap.stats.reuses
         program = cap.program
-        if cap.effects.refused:
-            raise GuardError(message(
-                f"{_name(self.fn)} {cap.effects.refused}: a compiled call cannot repeat that Python side effect",
-                user_location(),
-                "keep such Python state updates out of the compiled function (attribute stores of constants and "
-                "tensors, list appends and dict stores are replayed), or use stampout.capture",
-            ))
         if program.ineligible:
             return self._run_eagerly(key, f"stampout cannot guard it: it {program.ineligible[0]}", None), ()
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are

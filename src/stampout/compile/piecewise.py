@@ -37,7 +37,9 @@ from torch import nn
 
 from ..capture.sharded import is_sharded, sharded_below
 from ..errors import AutogradCallError
+from ..torch_internals import top_saved_tensors_default_hooks
 from ..trace.frames import user_location
+from ..trace.op_facts import saved_hooks_keep_values
 
 log = logging.getLogger("stampout.breaks")
 
@@ -66,13 +68,21 @@ def _redirecting_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     table = getattr(_LOCAL, "table", None)
     if table is not None:
         piece = table.get(id(self))
-        if piece is not None:
+        if piece is not None and not _recomputed_later():
             _LOCAL.table = None  # the child's own capture and calls are its business
             try:
                 return piece(*args, **kwargs)
             finally:
                 _LOCAL.table = table
     return _ORIGINAL_CALL(self, *args, **kwargs)
+
+
+def _recomputed_later() -> bool:
+    """Whether this call runs under torch's value-keeping saved-tensor hooks (activation checkpointing): its
+    backward calls the child again as a plain module (no piece table is set then), so the forward runs it plainly
+    too; else the recomputation would differ from what the forward saved (a compiled dropout's mask)."""
+    hooks = top_saved_tensors_default_hooks(False)
+    return hooks is not None and saved_hooks_keep_values(hooks[0])
 
 
 @contextlib.contextmanager

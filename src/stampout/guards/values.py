@@ -6,6 +6,7 @@ No guards here: guards/rules.py holds the rule of each kind.
 
 from __future__ import annotations
 
+from types import MethodType
 from typing import Any
 
 import torch
@@ -60,7 +61,8 @@ def _module_attr(v: Any, name: str) -> Any:
 
 def is_auto_mark(value: Any) -> bool:
     """Whether `value` is the bound region wrapper `stampout.auto_regions` puts on a module for a capture."""
-    return getattr(getattr(value, "__func__", None), "__stampout_auto__", False) is True
+    return type(value) is MethodType and getattr(value.__func__, "__stampout_auto__", False) is True  # (no getattr
+    # on a user's object: its __getattr__ would run, a side effect of the program's)
 
 
 def _length(value: Any) -> Any:

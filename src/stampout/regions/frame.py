@@ -36,11 +36,13 @@ from .objects import (
     accepted_types,
     found_on_class,
     hidden_state,
+    instance_fields,
     is_user_class,
     is_user_class_object,
     meta_key,
     program_fields,
     raw_meta,
+    served_by_getattr,
 )
 
 
@@ -53,6 +55,9 @@ class ProgramIneligible(BaseException):  # noqa: N818 - control flow, not an err
         self.reason = reason
 
 
+# nn.Module's walks of its registries (the children's, or the whole tree's) and the other registry each reads
+_TREE_WALKS = {"children": (), "named_children": (), "modules": (), "named_modules": (), "parameters": ("_parameters",),
+               "named_parameters": ("_parameters",), "buffers": ("_buffers",), "named_buffers": ("_buffers",)}
 _METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.partialmethod)
 
 
@@ -278,6 +283,12 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 self.made.add(id(value))  # the trace's own value, not one from outside
             return
         where = user_location(3)
+        if served_by_getattr(obj, name):  # (guarded as the trace of its __getattr__ read it, not by running it)
+            if instance_fields(obj) is not None:
+                self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
+            self.guard(ClassAttr(TypeOf(base), name), Kind.ABSENT, MISSING, where)
+            self._adopt_class(original_class(obj), where)  # (its __getattr__ among the class's methods)
+            return
         if value is MISSING:
             self.guard(Attr(base, name), Kind.ABSENT, MISSING, where)
             return
@@ -287,6 +298,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             fields = getattr(obj, "__dict__", None)
             if type(fields) is dict and fields.get(name, MISSING) is value:
                 self.instance_reads.append((fields, name, value, base, id(obj)))
+        elif isinstance(obj, torch.nn.Module) and name in _TREE_WALKS:
+            self._guard_tree(obj, base, name, where)
         elif name == "forward" or is_user_class(obj, name):
             # A class attribute (method, property, default): the class's entry, and no instance override.
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
@@ -301,6 +314,20 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 self.adopt(raw.__func__, Attr(entry, "__func__"), where=where)
             else:
                 self.adopt(raw, entry, where=where)
+
+    def _guard_tree(self, module: torch.nn.Module, source: Source, walk: str, where: str) -> None:
+        """The program walks a module's registries (`self.children()`, `self.named_parameters()`): the names in
+        each registry the walk visits are guarded (a child added with `add_module` between calls is walked too)."""
+        registries = ("_modules", *_TREE_WALKS[walk])
+        tree = module.named_modules() if not walk.endswith("children") else [("", module)]
+        for path, m in tree:
+            at = source
+            for part in path.split(".") if path else ():
+                at = Attr(at, part)
+            for registry in registries:
+                names = m.__dict__.get(registry)
+                if type(names) is dict:
+                    self.guard(Attr(at, registry), Kind.KEYS, tuple(names), where)
 
     def leaves_contain(self, value: Any) -> bool:
         return any(leaf is value for leaf in self.leaves)

@@ -32,6 +32,8 @@ class FrameCode:
         self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
         self._guarded_code: set[tuple[types.CodeType, int]] = set()
         self._adopted: dict[int, Callable] = {}  # functions whose cells and defaults are guarded
+        self.cells_read: list[tuple[Any, Callable, Any]] = []  # (closure cell, its function, what it held when
+        # read) of functions reached as values: a cell the program rebinds (`nonlocal`) is user state
         self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
         self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
 
@@ -57,6 +59,8 @@ class FrameCode:
                 continue
             cell = (Closure(i, var) if as_source is None
                     else Attr(Item(Attr(as_source, "__closure__"), i), "cell_contents"))
+            if as_source is not None:
+                self.cells_read.append((closure[i], fn, value))
             self.adopt(value, cell, where=f"closure of {code.co_qualname}")
         if as_source is None:
             self.on_code(code, fn.__globals__, own=True)
@@ -88,6 +92,10 @@ class FrameCode:
             self.mark_ineligible(
                 f"runs {code.co_qualname}, a closure over {', '.join(free)} that stampout cannot reach"
             )
+        if "__getattribute__" in code.co_names:  # (`object.__getattribute__(obj, name)`: a slot wrapper, no C-call
+            # event, around the watched class's own lookup; `super().__getattribute__` skips its shim)
+            self.mark_ineligible(f"reads attributes through __getattribute__ in {code.co_qualname} (a read no watch "
+                                 "sees)")
         label = f"{g.get('__name__', '?')}.globals"
         own = own or (g is getattr(self.fn, "__globals__", None))
         where = where or f"global of {code.co_qualname}"

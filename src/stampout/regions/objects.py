@@ -67,8 +67,8 @@ def accepted_types(obj: Any) -> tuple[type, ...]:
 
 def found_on_class(obj: Any, name: str) -> tuple[bool, Any]:
     """(True, raw class attribute) when `obj.name` came from its class, not from the instance."""
-    d = getattr(obj, "__dict__", None)
-    if isinstance(d, dict) and name in d and not is_auto_mark(d[name]):
+    d = instance_fields(obj)
+    if d is not None and name in d and not is_auto_mark(d[name]):
         return False, None
     for klass in original_class(obj).__mro__:
         raw = klass.__dict__.get(name, MISSING)
@@ -115,6 +115,28 @@ def by_name(value: Any) -> bool:
         filename = value.__code__.co_filename
         return not is_user_file(filename) and not filename.startswith(_STAMPOUT_DIR)
     return isinstance(value, BY_IDENTITY) or isinstance(value, (torch.dtype, torch.device))
+
+
+def served_by_getattr(obj: Any, name: str) -> bool:
+    """Whether `obj.name` comes from (or is refused by) a user class's `__getattr__`: neither the instance nor its
+    class has it. Its Python ran in the trace, which guarded what it read; a guard reading `obj.name` would run it
+    again on every check (a counter it keeps, a log it appends to: side effects eager makes once per read)."""
+    if isinstance(obj, torch.nn.Module):
+        return False  # (its attributes are guarded through its registries: no __getattr__ runs)
+    mro = original_class(obj).__mro__
+    if not any("__getattr__" in k.__dict__ and is_user_class_object(k) for k in mro):
+        return False
+    fields = instance_fields(obj)
+    return not (fields is not None and name in fields) and all(name not in k.__dict__ for k in mro)
+
+
+def instance_fields(obj: Any) -> dict | None:
+    """The instance's `__dict__` without running its class's `__getattr__` (a slotted object has none)."""
+    try:
+        fields = object.__getattribute__(obj, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+    return fields if type(fields) is dict else None
 
 
 def is_user_class(obj: Any, name: str) -> bool:

@@ -74,6 +74,7 @@ class Tracing:
         finally:
             self.pop()
             tracer.builders.pop()
+            self.snapshot.note_cells_read(frame.cells_read)  # (closures first reached in it: user state too)
         with DisableTorchFunction():
             return self._finish_trace(region, frame, child, parent, out, fp, rg, site, reason, hash_key)
 

@@ -161,10 +161,14 @@ class Recording:
                 out = apply(cls, *fake_args, **fake_kwargs)
         except CaptureError:
             raise
-        except RuntimeError as error:  # (autograd's checks on the fakes, which are leaves: `mark_dirty` of an input)
+        except (RuntimeError, AssertionError) as error:  # (autograd's checks on the fakes, which are leaves:
+            # `mark_dirty` of an input; the fake mode's on a tensor the forward reads without being given it: the
+            # parameters of reentrant checkpointing's function)
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise CaptureError(message(
-                f"the custom autograd.Function {cls.__qualname__} cannot run on the capture's tensors: {error}",
-                user_location(), "stampout.compile runs such a call eagerly")) from error
+                f"the custom autograd.Function {cls.__qualname__} cannot run on the capture's tensors: {first}",
+                user_location(), "pass every tensor its forward uses as an argument (use_reentrant=False for "
+                "torch.utils.checkpoint), or use stampout.compile, which runs such a call eagerly")) from error
         self.record(_function_apply(cls), args, kwargs, out)
         return out
 

@@ -279,9 +279,17 @@ def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
             (f.name, to_template(getattr(value, f.name))) for f in dataclasses.fields(value) if f.init
         )
         return (Form.DATACLASS, t, fields)
-    if t is dict or t is collections.OrderedDict:
+    if t is dict or t is collections.OrderedDict or _plain_dict_subclass(value):
         return (Form.DICT, t, tuple((k, to_template(v)) for k, v in value.items()))
     return (Form.CONST, value)
+
+
+def _plain_dict_subclass(value: Any) -> bool:
+    """A user's dict or OrderedDict subclass that `t(pairs)` makes again whole (`class Output(OrderedDict)` with
+    a `__getattr__`): the constructor and `__new__` are the dict's, and the instance holds no attributes."""
+    t = type(value)
+    return (isinstance(value, dict) and t.__init__ in (dict.__init__, collections.OrderedDict.__init__)
+            and t.__new__ in (dict.__new__, collections.OrderedDict.__new__) and not getattr(value, "__dict__", None))
 
 
 def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:

@@ -78,11 +78,22 @@ class Snapshot:
     def _note_cells(self, fn: Any) -> None:
         """`fn`'s closure cells with what they hold: a `nonlocal` the program rebinds (`state = state + x`) is
         user state the function keeps, as an attribute is."""
-        code = fn.__code__
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            if id(cell) not in self.cells:
-                label = f"the closure variable {name} of {code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
-                self.cells[id(cell)] = (cell, _contents(cell), label)
+        for i, cell in enumerate(fn.__closure__ or ()):
+            self._note_cell(cell, fn, i, _contents(cell))
+
+    def _note_cell(self, cell: Any, fn: Any, i: int, before: Any) -> None:
+        if id(cell) not in self.cells:
+            code = fn.__code__
+            label = f"the closure variable {code.co_freevars[i]} of {code.co_qualname} ({code.co_filename}:" \
+                    f"{code.co_firstlineno})"
+            self.cells[id(cell)] = (cell, before, label)
+
+    def note_cells_read(self, cells: list[tuple[Any, Any, Any]]) -> None:
+        """Closure cells of functions a trace reached as values (`self.steps["ema"]`: made before the call, first
+        reached during it), each with its function and what it held when the trace read it, before its code ran."""
+        for cell, fn, before in cells:
+            i = next(i for i, c in enumerate(fn.__closure__) if c is cell)  # (cells compare by their contents)
+            self._note_cell(cell, fn, i, before)
 
     def rebound_cells(self) -> list[str]:
         """The noted closure cells the program rebound to a value holding a fake tensor or a symbolic size: each
