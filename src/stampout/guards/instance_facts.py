@@ -35,13 +35,15 @@ from typing import Any
 
 import torch
 
-from ..sources import MISSING, Absolute, Anchor, Arg, Attr, Item, SlotItem, Source, mro_attr
+from ..sources import MISSING, Absolute, Anchor, Arg, Attr, ClassAttr, Global, Item, SlotItem, Source, mro_attr
 from ..torch_internals import ObjectFacts
 from .guard import Guard, compile_guards
 from .namespaces import class_dict
 from .rules import Kind
 from .values import OBJECT_GETATTRIBUTE
 
+_TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
+_TYPE_DICT = type.__dict__["__dict__"]
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 _PAYS = 16  # calls a memo must hold for to have paid for itself
 _STRIKES = 3  # memos that did not pay, after which an entry makes no more
@@ -78,8 +80,11 @@ class _Memo:
 class _Builder:
     """One memo: which sources the C++ facts vouch for (source -> the object there now), and those facts."""
 
-    def __init__(self, leaves: list[Any], anchors: tuple) -> None:
-        self.leaves, self.anchors = leaves, anchors
+    def __init__(self, leaves: list[Any], fn: Any, anchors: tuple) -> None:
+        self.leaves, self.fn, self.anchors = leaves, fn, anchors
+        self.globals_facts = False
+        self.opaque: dict[Source, type] = {}  # a class's `__dict__`: its items vouched for, the proxy never handed out
+        self.unnoded: set[Source] = set()  # vouched for by dict versions alone: no C++ node reaches them
         self.facts = ObjectFacts()
         self.values: dict[Source, Any] = {}
         self.refused: set[Source] = set()
@@ -112,13 +117,32 @@ class _Builder:
             return self.leaves[source.index] if source.index < len(self.leaves) else _NO
         if kind is Absolute:
             return source.obj
+        if kind is Global:
+            self.unnoded.add(source)
+            return self.fn.__globals__.get(source.var, MISSING) if type(self.fn) is types.FunctionType else _NO
         parent = source.base()
         if parent is None or not self.vouch(parent) or self.values[parent] is MISSING:
             return _NO
+        if parent in self.unnoded and not (parent in self.opaque and kind is Item):
+            return _NO  # (what a node-less object holds: not reached in C++)
+        if kind is ClassAttr or parent in self.opaque:
+            self.unnoded.add(source)
         obj = self.values[parent]
+        if kind is ClassAttr:
+            return mro_attr(obj, source.attr) if isinstance(obj, type) else _NO
+        if kind is Attr and source.attr == "__dict__" and isinstance(obj, type):
+            meta = type(obj)  # (its `__dict__` as type defines it: a proxy of the dict the class facts check)
+            if mro_attr(meta, "__getattribute__") is not _TYPE_GETATTRIBUTE or mro_attr(meta, "__dict__") \
+                    is not _TYPE_DICT:
+                return _NO
+            self.opaque[source] = obj
+            self.unnoded.add(source)
+            return class_dict(obj)
         if kind is Attr:
             return self._attr(obj, source.attr)
         if kind is Item:
+            if parent in self.opaque and type(source.item) is not str:
+                return _NO
             return self._item(obj, source.item)
         if kind is SlotItem and self.vouch(source.index) and type(self.values[source.index]) is int:
             return self._item(obj, self.values[source.index])
@@ -193,15 +217,27 @@ class _Builder:
             d = OBJECT_GETATTRIBUTE(obj, "__dict__")
             self._dict_nodes[source] = inner = self.facts.node(node, "instance dict", None, d)
             self.facts.unchanged_dict(inner, d)
-            if id(cls) not in self.mros:
-                self.mros[id(cls)] = (cls, cls.__mro__)
-                if self._class_root is None:
-                    self._class_root = self.facts.node(None, "tuple", 3, None)
-                for klass in cls.__mro__:
-                    self.class_dicts.append(d := class_dict(klass))
-                    self.facts.unchanged_dict(self.facts.node(self._class_root, "tuple", len(self.class_dicts) - 1, d),
-                                              d)
+            self._class_facts(cls)
         return self._dict_nodes[source]
+
+    def _class_facts(self, cls: type) -> None:
+        """The dicts along `cls`'s MRO unwritten (in C++), and the MRO itself (in Python)."""
+        if id(cls) not in self.mros:
+            self.mros[id(cls)] = (cls, cls.__mro__)
+            if self._class_root is None:
+                self._class_root = self.facts.node(None, "tuple", 3, None)
+            for klass in cls.__mro__:
+                self.class_dicts.append(d := class_dict(klass))
+                self.facts.unchanged_dict(self.facts.node(self._class_root, "tuple", len(self.class_dicts) - 1, d), d)
+
+    def _globals_facts(self) -> None:
+        """The function the same object (so its `__globals__`), that dict unwritten."""
+        if not self.globals_facts:
+            self.globals_facts = True
+            self.facts.same_object(self.facts.node(None, "tuple", 4, self.fn), self.fn)
+            self.absolutes.append(self.fn.__globals__)
+            node = self.facts.node(self._root(2, None), "tuple", len(self.absolutes) - 1, self.fn.__globals__)
+            self.facts.unchanged_dict(node, self.fn.__globals__)
 
     def _contents_of(self, source: Source) -> Any:
         """The node of a container whose items are read, with the facts that fix what they are."""
@@ -218,19 +254,13 @@ class _Builder:
         """Whether the C++ facts fix `guard`'s outcome (it passed on the full pass the memo follows), adding the
         facts it needs."""
         source = guard.source
-        if not self.vouch(source):
+        if not self.vouch(source) or source in self.opaque:
             return False
         value, kind = self.values[source], guard.kind
         if value is MISSING:  # (absent from an unwritten instance dict and its classes, or from an unwritten dict)
             if kind not in (Kind.ABSENT, Kind.NO_OVERRIDE):
                 return False
-            parent = source.base()
-            if type(source) is Attr:
-                self._attributes_of(parent)
-            else:
-                if type(source) is SlotItem:
-                    self.node(source.index)
-                self._contents_of(parent)
+            self.reach(source)
             return True
         if kind is Kind.SAME:
             if not (self.vouch(guard.expected) and self.values[guard.expected] is value):
@@ -240,10 +270,12 @@ class _Builder:
             if type(value) not in _IMMUTABLE:
                 return False
         elif kind in (Kind.LEN, Kind.KEYS):
-            if type(value) not in ((list, tuple, dict) if kind is Kind.LEN else (dict,)):
+            if source in self.unnoded or type(value) not in ((list, tuple, dict) if kind is Kind.LEN else (dict,)):
                 return False
             self._contents_of(source)
         elif kind is Kind.TYPE:
+            if source in self.unnoded:
+                return False
             self.facts.same_class(self.node(source), type(value))
         elif kind is not Kind.ID:
             return False
@@ -254,7 +286,15 @@ class _Builder:
         """The facts on the path to a vouched source: its holder's where that fixes it (an attribute: the instance dict
         holding it; a tuple's item: the tuple; a dict's: the dict), else its own node (a list item: by identity)."""
         parent, kind = source.base(), type(source)
-        if kind is Attr and source.attr != "__dict__":
+        if kind is Global:
+            self._globals_facts()
+        elif kind is ClassAttr:
+            self.node(parent)
+            self._class_facts(self.values[parent])
+        elif parent in self.opaque:
+            self.node(parent.base())
+            self._class_facts(self.opaque[parent])
+        elif kind is Attr and source.attr != "__dict__":
             self._attributes_of(parent)
         elif kind in (Item, SlotItem) and type(self.values[parent]) in (tuple, dict):
             if kind is SlotItem:
@@ -310,9 +350,9 @@ class InstanceFacts:
         return True
 
     def _make(self, leaves: list[Any], fn: Any, anchors: tuple, values: tuple) -> _Memo | None:
-        b = _Builder(leaves, anchors)
+        b = _Builder(leaves, fn, anchors)
         kept = [g for g in self.guards if id(g) not in self.deferred and not b.settles(g)]
-        vouched = all(b.vouch(s) and b.values[s] is not MISSING for s in self.values)
+        vouched = all(b.vouch(s) and b.values[s] is not MISSING and s not in b.opaque for s in self.values)
         if vouched:
             if any(b.values[s] is not v for s, v in zip(self.values, values)):
                 return None  # (not the objects the check returned: nothing to memoize on)
@@ -324,8 +364,9 @@ class InstanceFacts:
         def rewrite(source: Source) -> Source:
             if source in slots:
                 return slots[source]
-            if type(source) not in (Anchor, Absolute) and b.vouch(source) and b.values[source] is not MISSING:
-                b.node(source)  # (the facts that reach it)
+            if type(source) not in (Anchor, Absolute) and source not in b.opaque and b.vouch(source) \
+                    and b.values[source] is not MISSING:
+                b.reach(source)  # (the facts that fix it)
                 extra.append(b.values[source])
                 new: Source = Anchor(len(anchors) + len(extra) - 1, source.name())
             elif isinstance(source, SlotItem):
@@ -342,7 +383,7 @@ class InstanceFacts:
         memo = _Memo()
         memo.rest = compile_guards(rest_guards, None if vouched else [rewrite(s) for s in self.values])
         memo.anchors, memo.facts, memo.values = anchors, b.facts, values
-        memo.roots = (anchors, tuple(b.absolutes), tuple(b.class_dicts))
+        memo.roots = (anchors, tuple(b.absolutes), tuple(b.class_dicts), fn)
         memo.mros = list(b.mros.values())
         memo.combined = (*anchors, *extra)
         memo.alive = list(b.values.values())  # (the C++ facts compare ids: the objects stay alive)
