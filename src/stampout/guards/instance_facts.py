@@ -15,7 +15,9 @@ check, one C++ check (torch_internals.ObjectFacts) can say the reads would find 
     one): no data descriptor, `__getattribute__` or `__getattr__` appeared;
   - a list read by index: its length and each item read, by identity (items change without any dict write);
     a tuple's items are fixed by its identity; a dict read by key: its version;
-  - an input leaf by identity; the anchors tuple by identity (it is re-made after each watched write).
+  - an input leaf by identity; the anchors tuple by identity (it is re-made after each watched write);
+  - a class attribute as the MRO defines it (`mro_attr(Decoder, 'forward')`), an item of a class's `__dict__`:
+    the class facts above; a global: the called function the same object, its globals dict unwritten.
 Guards whose outcome is then fixed are left out of the check that still runs: identity, class (the class is
 in the C++ check), constants of immutable types, lengths and keys of the containers above, absence. The rest
 still run, reading from the vouched objects (`anchors[k]` in the generated code): guards on anything else
