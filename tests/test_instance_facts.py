@@ -219,3 +219,61 @@ def test_new_objects_with_equal_facts_are_admitted_and_read_afresh():
         twins.step(position)
     assert twins.fn.stats.captures == 1
     assert twins.memo_hits() == hits + 2  # (the first call after: a full check, which made a new memo)
+
+
+class StoringBlock(Block):
+    """A dynamic cache's step: the layer's tensors stored anew each call (same shapes), so the layer's dict is written
+    every call and the memo checks it entry by entry, reading the tensors per call."""
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor, cache) -> torch.Tensor:
+        layer = cache.layers[self.idx]
+        layer.keys = layer.keys * 0.5 + x
+        layer.values = layer.values * 0.5 - x
+        att = torch.softmax(self.q(x) @ layer.keys.t() * layer.scale, -1)
+        out = x + att @ layer.values
+        bias = getattr(layer, "bias", None)
+        if bias is not None:
+            out = out + bias
+        return out if layer.causal else -out
+
+
+class StoringTwins(Twins):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model.blocks = nn.ModuleList(StoringBlock(i) for i in range(LAYERS))
+        self.fn = stampout.compile(self.model, backend="aot_eager")
+
+
+def _set_keys_onto_values(twins, cache):
+    layer = cache.layers[1]  # (the next step reads both, then stores new ones)
+    layer.keys.set_(layer.values.untyped_storage(), 0, layer.keys.shape, layer.keys.stride())
+
+
+# The entry-by-entry memo: what it vouches for (the layers, their constants, the classes) changed behind it.
+STORED = {"dict-write": _dict_write, "object-setattr": _object_setattr, "swapped-item": _swapped_item,
+          "attribute-on-class": _attribute_on_class, "class-assigned": _class_assigned,
+          "set-onto-other": _set_keys_onto_values}
+
+
+@pytest.mark.parametrize("change", STORED.values(), ids=STORED.keys())
+def test_a_change_behind_the_entry_by_entry_memo_is_seen(change):
+    twins = StoringTwins()
+    for position in range(8):  # (three memos fail at once, as the dicts are written: then entry by entry)
+        twins.step(position)
+    (entry,) = twins.fn._compiled._entries
+    hits = twins.memo_hits()
+    assert entry.held._mode == 1 and hits >= 2
+    twins.both(change)
+    for position in range(8, 10):
+        twins.step(position)
+    assert twins.fn.stats.captures == 2
+
+
+def test_the_entry_by_entry_memo_answers_while_tensors_are_stored_anew():
+    twins = StoringTwins()
+    for position in range(8):
+        twins.step(position)
+    hits = twins.memo_hits()
+    for position in range(8, 12):
+        twins.step(position)
+    assert twins.fn.stats.captures == 1 and twins.memo_hits() == hits + 4

@@ -25,8 +25,10 @@ still run, reading from the vouched objects (`anchors[k]` in the generated code)
 in-place ops (`set_`, `resize_`, `as_strided_`) change with no dict write (DeferredTensors, the aliasing
 check: the entry's). The values vouched for are the objects the full pass returned, the same objects now.
 
-A memo that fails within a few calls of being made (a dynamic cache stores new tensors into its layers on
-every step) costs more than it saves: after three such, the entry stops making them.
+A memo that fails within a few calls of being made costs more than it saves. A dynamic cache stores new tensors
+into its layers on every step: after three such memos the entry checks instance dicts entry by entry instead
+(each vouched attribute's dict entry by identity, in C++; no absence settled), leaving out their tensors,
+which the remaining check reads from the vouched layers on every call; after three more, no memo at all.
 """
 
 from __future__ import annotations
@@ -82,8 +84,9 @@ class _Memo:
 class _Builder:
     """One memo: which sources the C++ facts vouch for (source -> the object there now), and those facts."""
 
-    def __init__(self, leaves: list[Any], fn: Any, anchors: tuple) -> None:
+    def __init__(self, leaves: list[Any], fn: Any, anchors: tuple, by_item: bool) -> None:
         self.leaves, self.fn, self.anchors = leaves, fn, anchors
+        self.by_item = by_item  # instance dicts checked entry by entry (their tensors read per call), not by version
         self.globals_facts = False
         self.opaque: dict[Source, type] = {}  # a class's `__dict__`: its items vouched for, the proxy never handed out
         self.unnoded: set[Source] = set()  # vouched for by dict versions alone: no C++ node reaches them
@@ -155,14 +158,18 @@ class _Builder:
         if d is None:
             return _NO
         if name == "__dict__":
-            return d
+            return _NO if self.by_item else d
         if name.startswith("__") and name.endswith("__"):
             return _NO
         cls = type(obj)
         found = mro_attr(cls, name)
         if name in d:
-            return _NO if found is not MISSING and _data_descriptor(found) else d[name]
-        return MISSING if found is MISSING and mro_attr(cls, "__getattr__") is MISSING else _NO
+            if found is not MISSING and _data_descriptor(found):
+                return _NO
+            if self.by_item and isinstance(d[name], torch.Tensor):
+                return _NO  # (what a dynamic cache stores anew each step: read per call)
+            return d[name]
+        return MISSING if found is MISSING and mro_attr(cls, "__getattr__") is MISSING and not self.by_item else _NO
 
     @staticmethod
     def _item(container: Any, key: Any) -> Any:
@@ -193,6 +200,8 @@ class _Builder:
             if kind is Attr:
                 owner = self._attributes_of(parent)
                 node = owner if source.attr == "__dict__" else self.facts.node(owner, "dict", source.attr, value)
+                if self.by_item:
+                    self.facts.same_object(node, value)
             else:
                 if kind is SlotItem:
                     self.node(source.index)  # (the index, fixed too)
@@ -218,7 +227,8 @@ class _Builder:
             self.facts.same_class(node, cls)
             d = OBJECT_GETATTRIBUTE(obj, "__dict__")
             self._dict_nodes[source] = inner = self.facts.node(node, "instance dict", None, d)
-            self.facts.unchanged_dict(inner, d)
+            if not self.by_item:
+                self.facts.unchanged_dict(inner, d)
             self._class_facts(cls)
         return self._dict_nodes[source]
 
@@ -296,7 +306,7 @@ class _Builder:
         elif parent in self.opaque:
             self.node(parent.base())
             self._class_facts(self.opaque[parent])
-        elif kind is Attr and source.attr != "__dict__":
+        elif kind is Attr and source.attr != "__dict__" and not self.by_item:
             self._attributes_of(parent)
         elif kind in (Item, SlotItem) and type(self.values[parent]) in (tuple, dict):
             if kind is SlotItem:
@@ -313,7 +323,7 @@ class InstanceFacts:
     """The memo of one entry's per-call check (see the note above): `run(check, leaves, fn, anchors)` answers
     what `check(leaves, fn, anchors)` would."""
 
-    __slots__ = ("guards", "values", "deferred", "_memo", "_strikes", "hits")
+    __slots__ = ("guards", "values", "deferred", "_memo", "_strikes", "_mode", "hits")
 
     def __init__(self, guards: list[Guard], results: list[Source], deferred: list[Guard]) -> None:
         self.guards = guards
@@ -321,6 +331,7 @@ class InstanceFacts:
         self.deferred = {id(g) for g in deferred}
         self._memo: _Memo | None = None
         self._strikes = 0
+        self._mode = 0  # 0: instance dicts by version; 1: entry by entry; 2: no memo
         self.hits = 0  # (calls the memo answered: tests read it)
 
     def run(self, check: Callable, leaves: list[Any], fn: Any, anchors: tuple) -> Any:
@@ -334,8 +345,10 @@ class InstanceFacts:
             self._memo = None
             if memo.hits < _PAYS:
                 self._strikes += 1
+                if self._strikes == _STRIKES:
+                    self._mode, self._strikes = self._mode + 1, 0
         values = check(leaves, fn, anchors)
-        if values is not False and self._strikes < _STRIKES:
+        if values is not False and self._mode < 2:
             self._memo = self._make(leaves, fn, anchors, values)
         return values
 
@@ -352,7 +365,7 @@ class InstanceFacts:
         return True
 
     def _make(self, leaves: list[Any], fn: Any, anchors: tuple, values: tuple) -> _Memo | None:
-        b = _Builder(leaves, fn, anchors)
+        b = _Builder(leaves, fn, anchors, self._mode == 1)
         kept = [g for g in self.guards if id(g) not in self.deferred and not b.settles(g)]
         vouched = all(b.vouch(s) and b.values[s] is not MISSING and s not in b.opaque for s in self.values)
         if vouched:
