@@ -16,6 +16,7 @@ from ..capture.effects import Effect, Value, ValueKind
 from ..capture.result import Capture
 from ..errors import StampoutError
 from ..guards.guard import DeferredTensors, Guard, Kind, compile_guards, first_failure, tensor_kind
+from ..guards.instance_facts import InstanceFacts
 from ..regions.fingerprint import describe_difference, without_sizes
 from ..sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
 from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
@@ -195,6 +196,8 @@ class Entry:
             self.deferred_guards = deferred = []
             self.always = compile_guards(always, per_call, deferred)
         self.deferred = DeferredTensors(self.deferred_guards)  # the per-call tensors' metadata: one C++ check
+        self.held = InstanceFacts(always, per_call, self.deferred_guards)  # (its memo: instance_facts.py)
+        self._last: tuple | None = None  # (the memoized values, state, their tensors, per-call inputs, lifted inputs)
         self.per_call_count = len(per_call)
         # Which of the tensor inputs and the tensors read per call (held by input objects: `box.a`, `box.b`) are
         # the same object or overlap, as at capture (the key holds the inputs' own aliasing only): a functionalized
@@ -267,12 +270,19 @@ class Entry:
             state = self.refresh(ctx)
             if state is None:
                 return None
-        per_call = self.always(ctx.leaves, ctx.fn, state.anchors)
-        if per_call is False:
+        values = self.held.run(self.always, ctx.leaves, ctx.fn, state.anchors)
+        if values is False:
             return None
-        per_call = self.deferred.admit(per_call, self.per_call_count)
-        if per_call is None:
-            return None
+        last = self._last
+        if last is not None and last[0] is values and last[1] is state:  # (the memoized objects: instance_facts.py)
+            if last[2] and not self.deferred.check(last[2]):
+                return None
+            per_call, lifted = last[3], last[4]
+        else:
+            per_call = self.deferred.admit(values, self.per_call_count)
+            if per_call is None:
+                return None
+            lifted = None
         if not state.tensor_guard.check(*state.tensors):
             return None
         if overlaps_fixed(_tensors(ctx.leaves), state.fixed, state.bases) != self.fixed_overlaps:
@@ -280,9 +290,12 @@ class Entry:
         if per_call:
             if self.aliases is not None and not self.aliases.holds(ctx.leaves, per_call):
                 return None
-            lifted = state.known + per_call
-            if self._merge is not None:
-                lifted = self._merge(lifted)
+            if lifted is None:
+                lifted = state.known + per_call
+                if self._merge is not None:
+                    lifted = self._merge(lifted)
+                if values is self.held.memoized():
+                    self._last = (values, state, values[self.per_call_count:], per_call, lifted)
         else:
             lifted = state.fixed
         shapes = self.shapes

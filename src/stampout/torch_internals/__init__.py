@@ -223,6 +223,7 @@ def missing_private_names() -> list[str]:
 # The package's public names, from the submodules that own them (after the registry above: they import it).
 from .checks import (  # noqa: E402, F401
     FLAG_NAMES,
+    ObjectFacts,
     TensorGuards,
     caller_modes,
     dict_sentinel,

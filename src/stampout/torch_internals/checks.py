@@ -80,3 +80,53 @@ def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:
         manager = root.dict_getitem_manager(i, f"dicts[{i}]", d, GuardManagerType.GUARD_MANAGER)
         manager.add_dict_version_guard(d, [f"dict_version(dicts[{i}])"], None)
     return functools.partial(root.check, holder)
+
+
+class ObjectFacts:
+    """One C++ check (Dynamo's guard manager tree) that objects reached from a tuple of roots are as they were:
+    `node(parent, how, key, value)` steps from a node (None: the roots' tuple) by a tuple, list or dict item,
+    or into an object's instance `__dict__`; facts on a node: the same object, class, length, dict version.
+    Each step reads in C without running Python code of the objects (no `__getattr__`, no `__eq__`)."""
+
+    __slots__ = ("_root", "_kind")
+
+    def __init__(self) -> None:
+        from torch._C._dynamo.guards import RootGuardManager
+        from torch._dynamo.guards import GuardManagerType
+
+        self._root = RootGuardManager()
+        self._kind = GuardManagerType.GUARD_MANAGER
+
+    def node(self, parent: Any, how: str, key: Any, value: Any) -> Any:
+        """The node of `value`, found as `parent[key]` (`how`: "tuple", "list", "dict") or, `how` "instance
+        dict", as `parent`'s own `__dict__` (key unused)."""
+        base = self._root if parent is None else parent
+        label = f"{how}[{key!r}]"
+        if how == "tuple":
+            return base.tuple_getitem_manager(key, label, value, self._kind)
+        if how == "list":
+            return base.list_getitem_manager(key, label, value, self._kind)
+        if how == "dict":
+            return base.dict_getitem_manager(key, label, value, self._kind)
+        assert how == "instance dict", how
+        return base.get_generic_dict_manager("__dict__", None, self._kind)
+
+    @staticmethod
+    def same_object(node: Any, value: Any) -> None:
+        node.add_id_match_guard(id(value), [f"id {id(value):#x}"], None)  # (the caller keeps `value` alive)
+
+    @staticmethod
+    def same_class(node: Any, cls: type) -> None:
+        node.add_type_match_guard(id(cls), [f"type {cls.__qualname__}"], None)
+
+    @staticmethod
+    def same_length(node: Any, n: int) -> None:
+        node.add_length_check_guard(n, [f"len {n}"], None)
+
+    @staticmethod
+    def unchanged_dict(node: Any, d: dict) -> None:
+        """The dict at `node` is `d`, unwritten: version tags are unique across dicts, so another dict fails."""
+        node.add_dict_version_guard(d, ["dict version"], None)
+
+    def check(self, roots: tuple) -> bool:
+        return self._root.check(roots)

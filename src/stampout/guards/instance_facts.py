@@ -1,0 +1,405 @@
+"""An entry's per-call check, memoized on the objects it walks: its reads of plain instance state vouched for by
+one C++ check of identities, classes and dict versions.
+
+# Note: instance facts
+The per-call check of a decode step reads, for each of 80 cache layers, `cache.layers[i]`, its class, then
+`is_initialized`, `device`, `cumulative_length`, `keys` and `values`: six Python reads a layer, every call,
+to find the same objects as the call before. Where such a read is a plain attribute of a plain object (its
+class resolves attributes by `object.__getattribute__`, the name is in the instance `__dict__`, no class on
+the MRO makes it a data descriptor), the value is the instance dict's entry, and CPython bumps that dict's
+version tag on every write to it (`obj.k = v`, `obj.__dict__[k] = v`, `object.__setattr__`; a replaced
+`__dict__` is another dict, whose tag differs: tags are unique across dicts). So after a full pass of the
+check, one C++ check (torch_internals.ObjectFacts) can say the reads would find the same objects again:
+  - each object whose attributes were read: the same class, its instance dict unwritten, and the dicts of
+    its class's MRO unwritten (Python, per call: the MRO tuple itself, a `__bases__` assignment makes a new
+    one): no data descriptor, `__getattribute__` or `__getattr__` appeared;
+  - a list read by index: its length and each item read, by identity (items change without any dict write);
+    a tuple's items are fixed by its identity; a dict read by key: its version;
+  - an input leaf by identity; the anchors tuple by identity (it is re-made after each watched write);
+  - a class attribute as the MRO defines it (`mro_attr(Decoder, 'forward')`), an item of a class's `__dict__`:
+    the class facts above; a global: the called function the same object, its globals dict unwritten.
+Guards whose outcome is then fixed are left out of the check that still runs: identity, class (the class is
+in the C++ check), constants of immutable types, lengths and keys of the containers above, absence. The rest
+still run, reading from the vouched objects (`anchors[k]` in the generated code): guards on anything else
+(a config class with its own `__getattribute__`, closures, globals), and every tensor's metadata, which
+in-place ops (`set_`, `resize_`, `as_strided_`) change with no dict write (DeferredTensors, the aliasing
+check: the entry's). The values vouched for are the objects the full pass returned, the same objects now.
+
+A memo that fails within a few calls of being made costs more than it saves. A dynamic cache stores new tensors
+into its layers on every step: after three such memos the entry checks instance dicts entry by entry instead
+(each vouched attribute's dict entry by identity, in C++; no absence settled), leaving out their tensors,
+which the remaining check reads from the vouched layers on every call; after three more, no memo at all.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..sources import MISSING, Absolute, Anchor, Arg, Attr, ClassAttr, Global, Item, SlotItem, Source, mro_attr
+from ..torch_internals import ObjectFacts
+from .guard import Guard, compile_guards
+from .namespaces import class_dict
+from .rules import Kind
+from .values import OBJECT_GETATTRIBUTE
+
+_TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
+_TYPE_DICT = type.__dict__["__dict__"]
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+_PAYS = 16  # calls a memo must hold for to have paid for itself
+_STRIKES = 3  # memos that did not pay, after which an entry makes no more
+
+
+def _data_descriptor(value: Any) -> bool:
+    cls = type(value)
+    return mro_attr(cls, "__set__") is not MISSING or mro_attr(cls, "__delete__") is not MISSING
+
+
+def _instance_dict(obj: Any) -> dict | None:
+    """`obj.__dict__` when its class resolves attributes plainly (object.__getattribute__, the standard `__dict__`
+    slot): the dict every plain attribute read of it looks in; None otherwise."""
+    cls = type(obj)
+    if isinstance(obj, (torch.Tensor, type, types.ModuleType)) or mro_attr(cls, "__getattribute__") \
+            is not OBJECT_GETATTRIBUTE:
+        return None
+    if type(mro_attr(cls, "__dict__")) is not types.GetSetDescriptorType:
+        return None
+    try:
+        d = OBJECT_GETATTRIBUTE(obj, "__dict__")
+    except AttributeError:
+        return None
+    return d if type(d) is dict else None
+
+
+class _Memo:
+    __slots__ = ("anchors", "facts", "roots", "mros", "rest", "combined", "values", "hits", "alive")
+
+    def __init__(self) -> None:
+        self.hits = 0
+
+
+class _Builder:
+    """One memo: which sources the C++ facts vouch for (source -> the object there now), and those facts."""
+
+    def __init__(self, leaves: list[Any], fn: Any, anchors: tuple, by_item: bool) -> None:
+        self.leaves, self.fn, self.anchors = leaves, fn, anchors
+        self.by_item = by_item  # instance dicts checked entry by entry (their tensors read per call), not by version
+        self.globals_facts = False
+        self.opaque: dict[Source, type] = {}  # a class's `__dict__`: its items vouched for, the proxy never handed out
+        self.unnoded: set[Source] = set()  # vouched for by dict versions alone: no C++ node reaches them
+        self.facts = ObjectFacts()
+        self.values: dict[Source, Any] = {}
+        self.refused: set[Source] = set()
+        self.absolutes: list[Any] = []
+        self.class_dicts: list[dict] = []
+        self.mros: dict[int, tuple[type, tuple]] = {}
+        self._nodes: dict[Source, Any] = {}
+        self._dict_nodes: dict[Source, Any] = {}
+        self._roots = [None, None, None]
+        self._class_root: Any = None
+
+    # -- which sources are vouched for
+    def vouch(self, source: Source) -> bool:
+        if source in self.values:
+            return True
+        if source in self.refused:
+            return False
+        value = self._value(source)
+        if value is _NO:
+            self.refused.add(source)
+            return False
+        self.values[source] = value
+        return True
+
+    def _value(self, source: Source) -> Any:
+        kind = type(source)
+        if kind is Anchor:
+            return self.anchors[source.index]
+        if kind is Arg:
+            return self.leaves[source.index] if source.index < len(self.leaves) else _NO
+        if kind is Absolute:
+            return source.obj
+        if kind is Global:
+            self.unnoded.add(source)
+            return self.fn.__globals__.get(source.var, MISSING) if type(self.fn) is types.FunctionType else _NO
+        parent = source.base()
+        if parent is None or not self.vouch(parent) or self.values[parent] is MISSING:
+            return _NO
+        if parent in self.unnoded and not (parent in self.opaque and kind is Item):
+            return _NO  # (what a node-less object holds: not reached in C++)
+        if kind is ClassAttr or parent in self.opaque:
+            self.unnoded.add(source)
+        obj = self.values[parent]
+        if kind is ClassAttr:
+            return mro_attr(obj, source.attr) if isinstance(obj, type) else _NO
+        if kind is Attr and source.attr == "__dict__" and isinstance(obj, type):
+            meta = type(obj)  # (its `__dict__` as type defines it: a proxy of the dict the class facts check)
+            if mro_attr(meta, "__getattribute__") is not _TYPE_GETATTRIBUTE or mro_attr(meta, "__dict__") \
+                    is not _TYPE_DICT:
+                return _NO
+            self.opaque[source] = obj
+            self.unnoded.add(source)
+            return class_dict(obj)
+        if kind is Attr:
+            return self._attr(obj, source.attr)
+        if kind is Item:
+            if parent in self.opaque and type(source.item) is not str:
+                return _NO
+            return self._item(obj, source.item)
+        if kind is SlotItem and self.vouch(source.index) and type(self.values[source.index]) is int:
+            return self._item(obj, self.values[source.index])
+        return _NO
+
+    def _attr(self, obj: Any, name: str) -> Any:
+        d = _instance_dict(obj)
+        if d is None:
+            return _NO
+        if name == "__dict__":
+            return _NO if self.by_item else d
+        if name.startswith("__") and name.endswith("__"):
+            return _NO
+        cls = type(obj)
+        found = mro_attr(cls, name)
+        if name in d:
+            if found is not MISSING and _data_descriptor(found):
+                return _NO
+            if self.by_item and isinstance(d[name], torch.Tensor):
+                return _NO  # (what a dynamic cache stores anew each step: read per call)
+            return d[name]
+        return MISSING if found is MISSING and mro_attr(cls, "__getattr__") is MISSING and not self.by_item else _NO
+
+    @staticmethod
+    def _item(container: Any, key: Any) -> Any:
+        t = type(container)
+        if t in (list, tuple) and type(key) is int:
+            return container[key] if -len(container) <= key < len(container) else _NO
+        if t is dict and type(key) in (str, int):
+            return container.get(key, MISSING)
+        return _NO
+
+    # -- the C++ facts that keep them
+    def node(self, source: Source) -> Any:
+        """The C++ node of a vouched source's object (made with the facts that reach it)."""
+        if source in self._nodes:
+            return self._nodes[source]
+        value, kind = self.values[source], type(source)
+        if kind is Anchor:
+            node = self.facts.node(self._root(1, self.anchors), "tuple", source.index, value)
+        elif kind is Absolute:
+            self.absolutes.append(value)
+            node = self.facts.node(self._root(2, None), "tuple", len(self.absolutes) - 1, value)
+        elif kind is Arg:
+            node = self.facts.node(self._root(0, self.leaves), "list", source.index, value)
+            self.facts.same_object(node, value)
+        else:
+            parent = source.base()
+            container = self.values[parent]
+            if kind is Attr:
+                owner = self._attributes_of(parent)
+                node = owner if source.attr == "__dict__" else self.facts.node(owner, "dict", source.attr, value)
+                if self.by_item:
+                    self.facts.same_object(node, value)
+            else:
+                if kind is SlotItem:
+                    self.node(source.index)  # (the index, fixed too)
+                key = source.item if kind is Item else self.values[source.index]
+                how = type(container).__name__
+                node = self.facts.node(self._contents_of(parent), how, key, value)
+                if how == "list":
+                    self.facts.same_object(node, value)
+        self._nodes[source] = node
+        return node
+
+    def _root(self, index: int, value: Any) -> Any:
+        if self._roots[index] is None:
+            self._roots[index] = self.facts.node(None, "tuple", index, value)
+        return self._roots[index]
+
+    def _attributes_of(self, source: Source) -> Any:
+        """The node of the instance dict of the object at `source`, with its class's facts."""
+        if source not in self._dict_nodes:
+            obj = self.values[source]
+            node = self.node(source)
+            cls = type(obj)
+            self.facts.same_class(node, cls)
+            d = OBJECT_GETATTRIBUTE(obj, "__dict__")
+            self._dict_nodes[source] = inner = self.facts.node(node, "instance dict", None, d)
+            if not self.by_item:
+                self.facts.unchanged_dict(inner, d)
+            self._class_facts(cls)
+        return self._dict_nodes[source]
+
+    def _class_facts(self, cls: type) -> None:
+        """The dicts along `cls`'s MRO unwritten (in C++), and the MRO itself (in Python)."""
+        if id(cls) not in self.mros:
+            self.mros[id(cls)] = (cls, cls.__mro__)
+            if self._class_root is None:
+                self._class_root = self.facts.node(None, "tuple", 3, None)
+            for klass in cls.__mro__:
+                self.class_dicts.append(d := class_dict(klass))
+                self.facts.unchanged_dict(self.facts.node(self._class_root, "tuple", len(self.class_dicts) - 1, d), d)
+
+    def _globals_facts(self) -> None:
+        """The function the same object (so its `__globals__`), that dict unwritten."""
+        if not self.globals_facts:
+            self.globals_facts = True
+            self.facts.same_object(self.facts.node(None, "tuple", 4, self.fn), self.fn)
+            self.absolutes.append(self.fn.__globals__)
+            node = self.facts.node(self._root(2, None), "tuple", len(self.absolutes) - 1, self.fn.__globals__)
+            self.facts.unchanged_dict(node, self.fn.__globals__)
+
+    def _contents_of(self, source: Source) -> Any:
+        """The node of a container whose items are read, with the facts that fix what they are."""
+        if source not in self._dict_nodes:
+            container, node = self.values[source], self.node(source)
+            if type(container) is list:
+                self.facts.same_length(node, len(container))
+            elif type(container) is dict:
+                self.facts.unchanged_dict(node, container)
+            self._dict_nodes[source] = node
+        return self._dict_nodes[source]
+
+    def settles(self, guard: Guard) -> bool:
+        """Whether the C++ facts fix `guard`'s outcome (it passed on the full pass the memo follows), adding the
+        facts it needs."""
+        source = guard.source
+        if not self.vouch(source) or source in self.opaque:
+            return False
+        value, kind = self.values[source], guard.kind
+        if value is MISSING:  # (absent from an unwritten instance dict and its classes, or from an unwritten dict)
+            if kind not in (Kind.ABSENT, Kind.NO_OVERRIDE):
+                return False
+            self.reach(source)
+            return True
+        if kind is Kind.SAME:
+            if not (self.vouch(guard.expected) and self.values[guard.expected] is value):
+                return False
+            self.reach(guard.expected)
+        elif kind is Kind.CONST:
+            if type(value) not in _IMMUTABLE:
+                return False
+        elif kind in (Kind.LEN, Kind.KEYS):
+            if source in self.unnoded or type(value) not in ((list, tuple, dict) if kind is Kind.LEN else (dict,)):
+                return False
+            self._contents_of(source)
+        elif kind is Kind.TYPE:
+            if source in self.unnoded:
+                return False
+            self.facts.same_class(self.node(source), type(value))
+        elif kind is not Kind.ID:
+            return False
+        self.reach(source)
+        return True
+
+    def reach(self, source: Source) -> None:
+        """The facts on the path to a vouched source: its holder's where that fixes it (an attribute: the instance dict
+        holding it; a tuple's item: the tuple; a dict's: the dict), else its own node (a list item: by identity)."""
+        parent, kind = source.base(), type(source)
+        if kind is Global:
+            self._globals_facts()
+        elif kind is ClassAttr:
+            self.node(parent)
+            self._class_facts(self.values[parent])
+        elif parent in self.opaque:
+            self.node(parent.base())
+            self._class_facts(self.opaque[parent])
+        elif kind is Attr and source.attr != "__dict__" and not self.by_item:
+            self._attributes_of(parent)
+        elif kind in (Item, SlotItem) and type(self.values[parent]) in (tuple, dict):
+            if kind is SlotItem:
+                self.node(source.index)
+            self._contents_of(parent)
+        else:
+            self.node(source)
+
+
+_NO = object()  # (not vouched for)
+
+
+class InstanceFacts:
+    """The memo of one entry's per-call check (see the note above): `run(check, leaves, fn, anchors)` answers
+    what `check(leaves, fn, anchors)` would."""
+
+    __slots__ = ("guards", "values", "deferred", "_memo", "_strikes", "_mode", "hits")
+
+    def __init__(self, guards: list[Guard], results: list[Source], deferred: list[Guard]) -> None:
+        self.guards = guards
+        self.values = [*results, *(g.source for g in deferred)]  # (what the check returns, in order)
+        self.deferred = {id(g) for g in deferred}
+        self._memo: _Memo | None = None
+        self._strikes = 0
+        self._mode = 0  # 0: instance dicts by version; 1: entry by entry; 2: no memo
+        self.hits = 0  # (calls the memo answered: tests read it)
+
+    def run(self, check: Callable, leaves: list[Any], fn: Any, anchors: tuple) -> Any:
+        memo = self._memo
+        if memo is not None:
+            if memo.anchors is anchors and self._same_mros(memo) and memo.facts.check((leaves, *memo.roots)):
+                memo.hits += 1
+                self.hits += 1
+                out = memo.rest(leaves, fn, memo.combined)
+                return memo.values if out is True else out
+            self._memo = None
+            if memo.hits < _PAYS:
+                self._strikes += 1
+                if self._strikes == _STRIKES:
+                    self._mode, self._strikes = self._mode + 1, 0
+        values = check(leaves, fn, anchors)
+        if values is not False and self._mode < 2:
+            self._memo = self._make(leaves, fn, anchors, values)
+        return values
+
+    def memoized(self) -> tuple | None:
+        """The values the memo answers with while its facts hold (the same tuple each call), or None."""
+        memo = self._memo
+        return memo.values if memo is not None else None
+
+    @staticmethod
+    def _same_mros(memo: _Memo) -> bool:
+        for cls, mro in memo.mros:
+            if cls.__mro__ is not mro:
+                return False
+        return True
+
+    def _make(self, leaves: list[Any], fn: Any, anchors: tuple, values: tuple) -> _Memo | None:
+        b = _Builder(leaves, fn, anchors, self._mode == 1)
+        kept = [g for g in self.guards if id(g) not in self.deferred and not b.settles(g)]
+        vouched = all(b.vouch(s) and b.values[s] is not MISSING and s not in b.opaque for s in self.values)
+        if vouched:
+            if any(b.values[s] is not v for s, v in zip(self.values, values)):
+                return None  # (not the objects the check returned: nothing to memoize on)
+            for source in self.values:
+                b.reach(source)
+        extra: list[Any] = []
+        slots: dict[Source, Source] = {}
+
+        def rewrite(source: Source) -> Source:
+            if source in slots:
+                return slots[source]
+            if type(source) not in (Anchor, Absolute) and source not in b.opaque and b.vouch(source) \
+                    and b.values[source] is not MISSING:
+                b.reach(source)  # (the facts that fix it)
+                extra.append(b.values[source])
+                new: Source = Anchor(len(anchors) + len(extra) - 1, source.name())
+            elif isinstance(source, SlotItem):
+                new = SlotItem(rewrite(source.parent), rewrite(source.index))
+            elif source.base() is None:
+                new = source
+            else:
+                new = source.with_parent(rewrite(source.base()))
+            slots[source] = new
+            return new
+
+        rest_guards = [Guard(rewrite(g.source), g.kind, rewrite(g.expected) if g.kind is Kind.SAME else g.expected,
+                             g.where) for g in kept]
+        memo = _Memo()
+        memo.rest = compile_guards(rest_guards, None if vouched else [rewrite(s) for s in self.values])
+        memo.anchors, memo.facts, memo.values = anchors, b.facts, values
+        memo.roots = (anchors, tuple(b.absolutes), tuple(b.class_dicts), fn)
+        memo.mros = list(b.mros.values())
+        memo.combined = (*anchors, *extra)
+        memo.alive = list(b.values.values())  # (the C++ facts compare ids: the objects stay alive)
+        return memo
