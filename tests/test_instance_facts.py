@@ -277,3 +277,22 @@ def test_the_entry_by_entry_memo_answers_while_tensors_are_stored_anew():
     for position in range(8, 12):
         twins.step(position)
     assert twins.fn.stats.captures == 1 and twins.memo_hits() == hits + 4
+
+
+def test_a_memo_that_cannot_be_built_leaves_the_full_check(monkeypatch):
+    """Building a memo is an optimization: where it raises, the entry keeps checking every call in full (no memo
+    answers, no error reaches the caller) and a change between calls is still seen."""
+    from stampout.guards import instance_facts
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no memo")
+
+    monkeypatch.setattr(instance_facts, "_Builder", broken)
+    twins = Twins()
+    for position in range(3):
+        twins.step(position)
+    assert twins.memo_hits() == 0
+    twins.both(_dict_write)
+    for position in range(3, 5):
+        twins.step(position)
+    assert twins.fn.stats.captures == 2

@@ -33,6 +33,7 @@ which the remaining check reads from the vouched layers on every call; after thr
 
 from __future__ import annotations
 
+import logging
 import types
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,8 @@ from ..torch_internals import ObjectFacts
 from .guard import Guard, compile_guards
 from .namespaces import class_dict
 from .rules import Kind
+
+log = logging.getLogger("stampout.guards")
 from .values import OBJECT_GETATTRIBUTE
 
 _TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
@@ -349,7 +352,11 @@ class InstanceFacts:
                     self._mode, self._strikes = self._mode + 1, 0
         values = check(leaves, fn, anchors)
         if values is not False and self._mode < 2:
-            self._memo = self._make(leaves, fn, anchors, values)
+            try:
+                self._memo = self._make(leaves, fn, anchors, values)
+            except Exception as e:  # (a memo is an optimization: without one the full check runs, as it just did)
+                log.debug("no instance-facts memo for this entry: %s: %s", type(e).__name__, e)
+                self._memo, self._mode = None, 2
         return values
 
     def memoized(self) -> tuple | None:
