@@ -45,9 +45,9 @@ from ..torch_internals import ObjectFacts
 from .guard import Guard, compile_guards
 from .namespaces import class_dict
 from .rules import Kind
+from .values import OBJECT_GETATTRIBUTE
 
 log = logging.getLogger("stampout.guards")
-from .values import OBJECT_GETATTRIBUTE
 
 _TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
 _TYPE_DICT = type.__dict__["__dict__"]
