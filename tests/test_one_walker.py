@@ -119,3 +119,14 @@ def test_the_whole_walk_opens_any_object_but_not_the_program():
     uses_global = lambda: _GLOBAL_TENSOR  # noqa: E731
     assert found_within(uses_global, wanted, whole=True) == []
     assert found_within([Slotted, types, torch], wanted, whole=True) == []
+
+
+def test_the_whole_walk_leaves_the_import_system_and_the_builtins_shut():
+    # A module's globals name its loader and spec (under pytest `__loader__` is the assertion rewriter, which reaches
+    # the whole test session: every capture's world repair walked it) and the builtins' namespace: no program state,
+    # each one object to the walk.
+    seen: list = []
+    for name in ("__loader__", "__spec__", "__builtins__"):
+        seen.clear()
+        assert found_within(globals()[name], lambda v: seen.append(v) is not None, whole=True) == []
+        assert len(seen) == 1, (name, len(seen))
