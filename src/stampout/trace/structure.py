@@ -406,7 +406,9 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict
             if first:
                 break
             continue
-        stack.extend(reversed(referents(v)))
+        inside = referents(v)
+        if len(inside) < 64 or not ATOMIC.issuperset(map(type, inside)):  # (a vocabulary's strings and ids: one
+            stack.extend(reversed(inside))  # pass in C)
     if clean is not None and not found:
         clean.update(seen)
     return found
