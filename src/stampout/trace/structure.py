@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .. import config
+from .. import caches, config
 from ..torch_internals import FakeTensor
 from .memory import memory_span, storages_apart
 from .shapes import SIZES, concrete
@@ -428,11 +428,16 @@ _IMPORT_SYSTEM = (importlib.machinery.ModuleSpec, importlib.abc.Loader, importli
 _BUILTINS = vars(builtins)
 
 
-@functools.lru_cache(maxsize=4096)
+_SHUT: dict[type, bool] = caches.register({}, "structure classes the whole walk leaves shut")
+
+
 def _shut(t: type) -> bool:
     """Whether the whole walk leaves objects of class `t` shut: torch's and stampout's internal ones, and the
     import system's."""
-    return t.__module__.startswith(_INTERNAL) or issubclass(t, _IMPORT_SYSTEM)
+    shut = _SHUT.get(t)
+    if shut is None:
+        shut = _SHUT[t] = t.__module__.startswith(_INTERNAL) or issubclass(t, _IMPORT_SYSTEM)
+    return shut
 
 
 def referents(v: Any) -> list[Any]:
