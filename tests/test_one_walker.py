@@ -112,7 +112,8 @@ def test_the_whole_walk_opens_any_object_but_not_the_program():
     s = Slotted()
     s.t = x
     for holder in ((lambda: x), functools.partial(torch.add, x), m, [m], s, {x: 1}, [[[[[[x]]]]]],
-                   [0] * 1000 + [x], types.SimpleNamespace(f=lambda: x), Pair(1, [x])):
+                   [0] * 1000 + [x], types.SimpleNamespace(f=lambda: x), Pair(1, [x]),
+                   {**{f"w{i}": i for i in range(1000)}, "t": [x]}):  # (a vocabulary: its atomic items in one pass)
         assert found_within(holder, wanted, whole=True) == [x], holder
     top = torch.max(x.reshape(1, 1), dim=1)  # (a tuple subclass defined in torch: opened all the same)
     assert len(found_within([top], wanted, whole=True)) == 2
