@@ -53,9 +53,9 @@ except ImportError:  # pragma: no cover
 # after these, in collection order.
 HEAVY_FIRST = (
     "test_fuzz_soundness.py", "test_hf_zoo_decoders.py", "test_hf_zoo_encoders.py", "test_inductor_restart_caches.py",
-    "test_hf_zoo_training.py", "test_bench_cli.py", "test_hf_zoo_diffusers.py", "test_fsdp.py", "test_export.py",
-    "test_dynamic_compile_modes.py", "test_strides.py", "test_generation.py", "test_fuzz_world.py",
-    "test_fsdp_mesh.py", "test_backends.py", "test_higher_order.py",
+    "test_hf_zoo_diffusers.py", "test_export.py", "test_hf_zoo_training.py", "test_fsdp.py",
+    "test_dynamic_compile_modes.py", "test_fsdp_mesh.py", "test_strides.py", "test_fuzz_world.py",
+    "test_generation.py", "test_bench_cli.py", "test_higher_order.py", "test_backends.py",
 )
 _RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
 
