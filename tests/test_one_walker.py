@@ -112,10 +112,22 @@ def test_the_whole_walk_opens_any_object_but_not_the_program():
     s = Slotted()
     s.t = x
     for holder in ((lambda: x), functools.partial(torch.add, x), m, [m], s, {x: 1}, [[[[[[x]]]]]],
-                   [0] * 1000 + [x], types.SimpleNamespace(f=lambda: x), Pair(1, [x])):
+                   [0] * 1000 + [x], types.SimpleNamespace(f=lambda: x), Pair(1, [x]),
+                   {**{f"w{i}": i for i in range(1000)}, "t": [x]}):  # (a vocabulary: its atomic items in one pass)
         assert found_within(holder, wanted, whole=True) == [x], holder
     top = torch.max(x.reshape(1, 1), dim=1)  # (a tuple subclass defined in torch: opened all the same)
     assert len(found_within([top], wanted, whole=True)) == 2
     uses_global = lambda: _GLOBAL_TENSOR  # noqa: E731
     assert found_within(uses_global, wanted, whole=True) == []
     assert found_within([Slotted, types, torch], wanted, whole=True) == []
+
+
+def test_the_whole_walk_leaves_the_import_system_and_the_builtins_shut():
+    # A module's globals name its loader and spec (under pytest `__loader__` is the assertion rewriter, which reaches
+    # the whole test session: every capture's world repair walked it) and the builtins' namespace: no program state,
+    # each one object to the walk.
+    seen: list = []
+    for name in ("__loader__", "__spec__", "__builtins__"):
+        seen.clear()
+        assert found_within(globals()[name], lambda v: seen.append(v) is not None, whole=True) == []
+        assert len(seen) == 1, (name, len(seen))

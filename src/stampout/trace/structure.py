@@ -7,18 +7,21 @@ that is rebuilt around new tensors: tuples, lists, dicts, namedtuples, dataclass
 
 from __future__ import annotations
 
+import builtins
 import collections
 import dataclasses
 import enum
 import functools
 import gc
+import importlib.abc
+import importlib.machinery
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import config
+from .. import caches, config
 from ..torch_internals import FakeTensor
 from .memory import memory_span, storages_apart
 from .shapes import SIZES, concrete
@@ -411,7 +414,9 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict
             if first:
                 break
             continue
-        stack.extend(reversed(referents(v)))
+        inside = referents(v)
+        if len(inside) < 64 or not ATOMIC.issuperset(map(type, inside)):  # (a vocabulary's strings and ids: one
+            stack.extend(reversed(inside))  # pass in C)
     if clean is not None and not found:
         clean.update(seen)
     return found
@@ -424,6 +429,23 @@ _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
 _OWN = ("torch.", "stampout.")  # (functions)
 _INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
 _MAPS = (dict, collections.OrderedDict)
+# The import system's objects a module's globals name (`__loader__`, `__spec__`; pytest's loader reaches its whole
+# session) and the builtins' namespace (`__builtins__`): no program state.
+_IMPORT_SYSTEM = (importlib.machinery.ModuleSpec, importlib.abc.Loader, importlib.abc.MetaPathFinder,
+                  importlib.abc.PathEntryFinder)
+_BUILTINS = vars(builtins)
+
+
+_SHUT: dict[type, bool] = caches.register({}, "structure classes the whole walk leaves shut")
+
+
+def _shut(t: type) -> bool:
+    """Whether the whole walk leaves objects of class `t` shut: torch's and stampout's internal ones, and the
+    import system's."""
+    shut = _SHUT.get(t)
+    if shut is None:
+        shut = _SHUT[t] = t.__module__.startswith(_INTERNAL) or issubclass(t, _IMPORT_SYSTEM)
+    return shut
 
 
 def referents(v: Any) -> list[Any]:
@@ -435,7 +457,7 @@ def referents(v: Any) -> list[Any]:
     if t is list or t is tuple or t is set or t is frozenset:
         return list(v)
     if t is dict:
-        return [] if "__builtins__" in v else [*v.keys(), *v.values()]  # (a module's globals: the program)
+        return [] if "__builtins__" in v or v is _BUILTINS else [*v.keys(), *v.values()]  # (globals: the program)
     if isinstance(v, _STOPS):
         return []
     if t is types.FunctionType:
@@ -451,9 +473,7 @@ def referents(v: Any) -> list[Any]:
         fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too)
         inside = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
         return [*inside, *(fields.values() if type(fields) is dict else ())]
-    if t.__module__.startswith(_INTERNAL):
-        return []
-    return gc.get_referents(v)
+    return [] if _shut(t) else gc.get_referents(v)
 
 
 def _contents(cell: Any) -> list[Any]:

@@ -51,6 +51,7 @@ class Snapshot:
     hits: dict[int, int] = field(default_factory=dict)  # id -> hits of the cache when noted
     settings: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # torch.backends.* namespaces, as noted
     cells: dict[int, tuple[Any, Any, str]] = field(default_factory=dict)  # id -> (closure cell, contents, label)
+    walked_clean: dict[int, Any] = field(default_factory=dict)  # (see repair; for check_left_over only)
     _seen: set[tuple[int, int]] = field(default_factory=set)
 
     def note_program(self, fns: list[Any], depth: int = 3) -> None:
@@ -306,23 +307,26 @@ class Snapshot:
         (container, key, Place.ITEM), each appended to `extra`: the capture stores their real values, as eager
         leaves them."""
         found = []
+        clean: dict[int, Any] = {}  # (see structure's Note: clean objects)
         for container, _ in self.containers.values():
             items = container.items() if type(container) is dict else enumerate(container)
             for key, value in list(items):
                 if type(value) is FakeTensor and id(value) in nodes:
                     found.append((container, key, Place.ITEM))
                     extra.append(value)
-                elif type(value) not in ATOMIC and holds_fake(value, tensors_only=True, whole=True):  # inside an object
-                    for holder, name, kind, fake in fake_places(value):  # the program put there (`G = Hidden(h)`)
+                elif type(value) not in ATOMIC and holds_fake(value, tensors_only=True, whole=True, clean=clean):
+                    for holder, name, kind, fake in fake_places(value):
                         if id(fake) in nodes:
-                            found.append((holder, name, kind))
+                            found.append((holder, name, kind))  # (inside an object: `G = Hidden(h)`)
                             extra.append(fake)
         return found
 
     def repair(self) -> Repairs:
         """Undo what put a fake where user state keeps it: traced results are taken out of the caches (see Note:
         functools caches); a dict item or list holding a fake is put back as it was
-        (a symbolic size alone becomes its value for the capture's inputs, as eager would have stored it)."""
+        (a symbolic size alone becomes its value for the capture's inputs, as eager would have stored it). With
+        STAMPOUT_CHECK_WORLD, what it walked without finding one is kept for check_left_over, which comes next
+        (nothing between them adds a traced value): it walks the rest."""
         repairs = Repairs()
         repairs.caches.extend(self.clear_caches())
         repairs.places.extend(self.rebound_cells())
@@ -353,6 +357,7 @@ class Snapshot:
             else:
                 container[:] = before
                 repairs.places.append("the items of a list")
+        self.walked_clean = clean if config.check_world else {}
         return repairs
 
 
@@ -363,7 +368,7 @@ def check_left_over(snapshot: Snapshot, objects: list[Any]) -> None:
         return
     places = [("a memo container", c) for c, _ in snapshot.containers.values()]
     places += [(f"{type(o).__name__}.__dict__", getattr(o, "__dict__", None)) for o in objects]
-    clean: dict[int, Any] = {}  # (see structure's Note: clean objects)
+    clean, snapshot.walked_clean = snapshot.walked_clean, {}  # (see structure's Note: clean objects)
     for label, place in places:
         if isinstance(place, dict):
             bad = [k for k, v in list(place.items())
