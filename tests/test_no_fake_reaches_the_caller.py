@@ -5,9 +5,11 @@ Each case runs against eager; the checker here is the test's own (gc's referents
 
 from __future__ import annotations
 
+import collections
 import functools
 import gc
 import types
+import weakref
 
 import pytest
 import torch
@@ -347,3 +349,121 @@ def test_capture_refuses_a_traced_tensor_it_cannot_make_real(where):
         stampout.capture(model, torch.randn(3), [])
     assert "test_no_fake_reaches_the_caller.py" in str(caught.value)
     assert fakes_reached([vars(model), STORED]) == []
+
+
+class _Box:
+    pass
+
+
+def _memo(y, _seen=[]):  # noqa: B006 (the default list is the state under test)
+    _seen.append(y)
+
+
+class Unrecorded(nn.Module):
+    """Tensors stored where the watch records no write: inside a tuple, a deque, a WeakKeyDictionary, a function's
+    attributes, the class, a default argument, a partial's keywords; or a tuple attribute rebound."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__()
+        self.lin, self.where = nn.Linear(3, 3), where
+        box = _Box()
+        box.v = torch.zeros(3)
+        self.steps = ([box], 1)
+        self.dq = collections.deque([torch.zeros(3)])
+        self.key = _Box()
+        self.wk = weakref.WeakKeyDictionary({self.key: torch.zeros(3)})
+        self.fn = lambda: None
+        self.fn.cache = torch.zeros(3)
+        self.part = functools.partial(dict, v=torch.zeros(3))
+        self.hist = [torch.zeros(3)]
+        self.tup = (torch.zeros(3),)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, where = self.lin(x) * 2, self.where
+        if where == "list in a tuple":
+            self.steps[0][0].v = y
+        elif where == "deque":
+            self.dq.append(y)
+        elif where == "weak key dict":
+            self.wk[self.key] = y
+        elif where == "function attribute":
+            self.fn.cache = y
+        elif where == "class attribute":
+            type(self).cache = y
+        elif where == "default argument":
+            _memo(y)
+        elif where == "partial keywords":
+            self.part.keywords["v"] = y
+        elif where == "tuple in a list":
+            self.hist.append((y,))
+        elif where == "tuple rebound":
+            self.tup = (y,)
+        return y + 1
+
+    def state(self) -> list:
+        """Every place the forward may store into, as tensors (the class's and the default's too)."""
+        return [self.steps[0][0].v, *self.dq, self.wk[self.key], self.fn.cache, self.part.keywords["v"],
+                *[t if isinstance(t, torch.Tensor) else t[0] for t in self.hist], self.tup[0],
+                *([vars(Unrecorded)["cache"]] if "cache" in vars(Unrecorded) else []), *_memo.__defaults__[0]]
+
+
+UNRECORDED = ["list in a tuple", "deque", "weak key dict", "function attribute", "class attribute",
+              "default argument", "partial keywords", "tuple in a list", "tuple rebound"]
+
+
+def _assert_states_equal(got: list, want: list) -> None:
+    assert len(got) == len(want) and all(type(t) is torch.Tensor for t in got)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.fixture
+def clean_unrecorded():
+    yield
+    _memo.__defaults__[0].clear()
+    if "cache" in vars(Unrecorded):
+        del Unrecorded.cache
+
+
+@pytest.mark.usefixtures("clean_unrecorded")
+@pytest.mark.parametrize("where", UNRECORDED)
+def test_a_traced_tensor_stored_where_no_write_is_recorded_leaves_the_caller_as_eager(where):
+    """(Was: the world repair found the fake under the module attribute holding it and deleted the attribute
+    (`model.dq`, `model.fn`, `model.tup` gone), or left it in the class.) A capture either stores eager's real
+    value, or refuses naming the place and the call's line with the model as it was before the call; compile
+    runs the call eagerly where it cannot, and matches eager over three calls."""
+    torch.manual_seed(0)
+    model, reference = Unrecorded(where), Unrecorded(where)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(3)
+    before = model.state()
+    try:
+        stampout.capture(model, x)
+    except stampout.StampoutError as error:
+        assert "test_no_fake_reaches_the_caller.py" in str(error)
+        assert "put back as it was" in str(error)
+        _assert_states_equal(model.state(), before)  # (refused: as if never called)
+    else:
+        got = model.state()
+        _memo.__defaults__[0].clear()
+        vars(Unrecorded).get("cache") is not None and delattr(Unrecorded, "cache")
+        reference(x)
+        _assert_states_equal(got, reference.state())
+    assert fakes_reached([model, Unrecorded.__dict__.get("cache"), _memo]) == []
+
+    _memo.__defaults__[0].clear()
+    if "cache" in vars(Unrecorded):
+        del Unrecorded.cache
+    model, reference = Unrecorded(where), Unrecorded(where)
+    reference.load_state_dict(model.state_dict())
+    compiled = stampout.compile(model, backend="aot_eager")
+    for i in range(3):
+        x = torch.full((3,), float(i + 1))
+        out = compiled(x)
+        got = model.state()
+        torch.testing.assert_close(out, reference(x))
+        if where not in ("class attribute", "default argument"):  # (shared by both models: checked below)
+            _assert_states_equal(got, reference.state())
+        assert fakes_reached([model, Unrecorded.__dict__.get("cache"), _memo]) == []
+    shared = model.state()[-(3 if where == "default argument" else 1):]
+    assert all(type(t) is torch.Tensor for t in shared)

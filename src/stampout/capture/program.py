@@ -36,7 +36,7 @@ from ..trace.structure import aliases_of, flatten_inputs, found_within, position
 from ..trace.tracer import Tracer
 from ..watch.functools_caches import CacheReads
 from ..watch.tracking import Watch
-from ..watch.world import RandomStates
+from ..watch.world import FieldsBefore, RandomStates
 from ..watch.world_snapshot import check_left_over
 from .arguments import lazy_function
 from .effects import Plan, Registries, Value, ValueKind, undo
@@ -236,6 +236,7 @@ class ProgramCapture:
             hold_input_containers(held, self.signature_of, fn, self.fake_args, self.fake_kwargs)
         self.held = held
         self.before = {id(obj): object_fields(obj) for obj in held}
+        self.fields_before = FieldsBefore.take(self.objects())  # (what the world repair puts back)
         states = RandomStates.save()
         self.tracer.rng_state = states.torch_cpu
         modules = modules_of(fn)
@@ -267,7 +268,7 @@ class ProgramCapture:
             handler.snapshot.put_back_classes()
             unplant(self.planted)
             objects = self.objects()
-            restore_world(handler, states, objects)
+            restore_world(handler, states, objects, self.fields_before)
             with DisableTorchFunction():
                 check_left_over(handler.snapshot, objects)
             raise
@@ -288,13 +289,19 @@ class ProgramCapture:
                 handler.snapshot.put_back_classes()
                 program.mark_ineligible(f"writes the class attribute {classes[0]} (a Python side effect stampout "
                                         "does not replay)")
-            left_behind = restore_world(handler, states, self.objects())
+            left_behind = restore_world(handler, states, self.objects(), self.fields_before)
             if left_behind:
                 program.mark_ineligible(f"stores traced values outside the objects stampout replays: "
                                         f"{left_behind}")
         else:
             states.restore()  # (the rest of the world after the graph computed what it can: finish_outputs)
             self.plan, self.program = None, None
+            traced = handler.snapshot.traced_class_attributes()
+            if traced:  # (`type(self).cache = t`: no store of the Capture's gives the class its real value)
+                self.refusal = message(f"stampout.capture cannot trace this program: it stores a traced value in the "
+                                       f"class attribute {traced[0]} (put back as it was), which no call of the "
+                                       "Capture would store", user_location(), "keep the value on the instance, or "
+                                       "use stampout.compile, which runs such a call eagerly")
 
     def _traced(self, registries: Registries) -> None:
         """The program's call under the capture context (with a frame guarding it, for compile), its outputs
@@ -373,8 +380,8 @@ class ProgramCapture:
             holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
             self.left = left_over_fakes(holders, tracer, plan)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
-            self.refusal = drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):],
-                                       self.made_modules)
+            self.refusal = self.refusal or drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):],
+                                                       self.made_modules)
         nodes = [tracer.root.node_for(t) for t in [*self.holes, *self.plan.extra]]
         if not self.guard_program:
             warn_unnamed(tracer, self.program)
@@ -450,12 +457,16 @@ class ProgramCapture:
         places = [*self.objects(), *self.handler.snapshot.contents()]
         stuck = real and found_within(places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True,
                                       whole=True)  # (not real: export puts the objects back itself)
+        moved = (moved_parameter(cap, CallContext([self.fn, *self.leaves], frame_function(self.fn)))
+                 if real and self.refusal is None and not stuck else None)
+        # What the graph could not compute (a region's cached_property, a cache filled inside a region): put back
+        # as it was before the program ran.
+        left_behind = restore_world(self.handler, None, self.objects(), self.fields_before)
         if stuck and self.refusal is None:
             self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
-                                   "store can give it its real value (a dict key, a tuple, a partial's arguments)",
+                                   "store can give it its real value (a dict key, a tuple, a partial's arguments, "
+                                   f"a deque){f': {left_behind} (put back as it was)' if left_behind else ''}",
                                    user_location(), "store the tensor itself on an object, a list or a dict value, "
                                    "or use stampout.compile")
-        if real and self.refusal is None:
-            self.refusal = moved_parameter(cap, CallContext([self.fn, *self.leaves], frame_function(self.fn)))
-        # What the graph could not compute (a region's cached_property, a cache filled inside a region): removed.
-        restore_world(self.handler, None, self.objects())
+        elif moved is not None and self.refusal is None:
+            self.refusal = moved

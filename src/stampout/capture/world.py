@@ -22,7 +22,7 @@ from ..trace.names import identifier, root_module
 from ..trace.op_facts import drawn_at_random
 from ..trace.shapes import Lifted, any_symbolic, concrete
 from ..trace.tracer import Tracer
-from ..watch.world import RandomStates, clear_fakes
+from ..watch.world import FieldsBefore, RandomStates, clear_fakes
 from .held_inputs import Held
 from .result import Capture
 
@@ -100,15 +100,17 @@ def _from_the_inputs(source: Source) -> bool:
     return isinstance(source, Input) or (isinstance(source, Arg) and source.index != 0)
 
 
-def restore_world(handler: RegionCalls, states: RandomStates | None, objects: list[Any]) -> str:
+def restore_world(handler: RegionCalls, states: RandomStates | None, objects: list[Any],
+                  before: FieldsBefore | None = None) -> str:
     """Put back the random generators, and take every fake tensor and symbolic size out of what the program's
-    code could reach (globals, memo caches, class dicts; the attributes of `objects`). Returns what held
+    code could reach (globals, memo caches, class dicts; the attributes of `objects`, put back as `before` noted
+    them before the program ran). Returns what held
     traced values other than in caches (empty: nothing). See world.py."""
     if states is not None:
         states.restore()
     with DisableTorchFunction():
         repairs = handler.snapshot.repair()
-        repairs.places.extend(clear_fakes(objects))
+        repairs.places.extend(clear_fakes(objects, before=before))
     if repairs.caches or repairs.places:
         log.info("after the capture: put right %s", repairs.describe())
     return ", ".join(repairs.places)

@@ -14,6 +14,7 @@ are put right afterwards, whether the capture succeeded or failed:
 
 from __future__ import annotations
 
+import collections
 import random
 import sys
 import types
@@ -54,13 +55,74 @@ class RandomStates:
             torch.cuda.set_rng_state_all(self.torch_cuda)
 
 
-def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> list[str]:
+@dataclass
+class FieldsBefore:
+    """What the objects a capture may change held before the program ran, shallowly: each object's attributes
+    (not `_` ones: registries and flags), and, for each attribute value, a copy of its items (a list, dict, set or
+    deque) or of its own attributes (a plain object, a function): what `clear_fakes` puts back where the program
+    left a traced value it cannot account for. By id, the objects kept alive here."""
+
+    fields: dict[int, tuple[Any, dict]]
+    items: dict[int, tuple[Any, Any]]
+
+    @staticmethod
+    def take(objects: list[Any]) -> FieldsBefore:
+        before = FieldsBefore({}, {})
+        for obj in objects:
+            before._note(obj, 0)
+        return before
+
+    def _note(self, v: Any, depth: int) -> None:
+        """`v`'s attributes (an object with a __dict__) or items (a list, dict, set, deque of at most
+        config.scan_items), and theirs, config.scan_depth levels deep."""
+        if type(v) in ATOMIC or isinstance(v, torch.Tensor) or id(v) in self.items or id(v) in self.fields:
+            return
+        if type(v) in (list, set, collections.deque, dict):
+            if len(v) > config.scan_items:
+                return
+            self.items[id(v)] = (v, dict(v) if type(v) is dict else list(v))
+            inside = list(v.values() if type(v) is dict else v)
+        else:
+            fields = getattr(v, "__dict__", None)
+            if type(fields) is not dict or not (depth == 0 or plain_object(v) or type(v) is types.FunctionType):
+                return
+            self.fields[id(v)] = (v, {k: x for k, x in fields.items() if not k.startswith("_")})
+            inside = [x for k, x in fields.items() if not k.startswith("_")]
+        if depth < config.scan_depth:
+            for x in inside:
+                self._note(x, depth + 1)
+
+    def put_back_items(self, value: Any) -> bool:
+        """`value`'s items as noted, if noted and none of them traced; whether it was."""
+        noted = self.items.get(id(value))
+        if noted is None or holds_fake(noted[1], whole=True):
+            return False
+        if type(value) is dict:
+            value.clear()
+            value.update(noted[1])
+        elif type(value) is list:
+            value[:] = noted[1]
+        else:  # (a set, a deque)
+            value.clear()
+            value.extend(noted[1]) if type(value) is collections.deque else value.update(noted[1])
+        return True
+
+
+def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None,
+                before: FieldsBefore | None = None) -> list[str]:
     """Attributes of `objects` (modules, the call's input objects) that hold a fake tensor or a symbolic size
-    written behind their `__setattr__` (`functools.cached_property`, `obj.__dict__[k] = v`): removed.
-    Returns their names. `cleared`: the objects already made clean, by id (each object is walked once, so a
-    config object that every layer holds costs one walk; kept alive here, so no id is reused meanwhile)."""
+    written behind their `__setattr__` (`functools.cached_property`, `obj.__dict__[k] = v`, a tuple, a deque or a
+    function object the watch does not see into): put back as they were before the program ran, as `before`
+    noted them (an attribute rebound: its old value; a container changed in place: its old items; a plain object
+    or function changed inside: its attributes, the same way); an attribute the program added: removed. Never
+    the caller's attribute itself (was: deleted, so the model lost `self.steps`): one `before` cannot account for
+    stays as it is, still holding the traced value, and is named all the same (capture refuses, compile runs the
+    program eagerly, which stores the real value). Returns the places' names. `cleared`: the objects already
+    made clean, by id (each object is walked once, so a config object that every layer holds costs one walk;
+    kept alive here, so no id is reused meanwhile)."""
     removed = []
     cleared = {} if cleared is None else cleared
+    before = FieldsBefore({}, {}) if before is None else before
     for obj in objects:
         fields = getattr(obj, "__dict__", None)
         if type(fields) is not dict or id(obj) in cleared:
@@ -74,18 +136,27 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None) -> li
                 dirty.append(k)
             elif plain_object(v):
                 cleared[id(v)] = v  # (clean as found: a later holder of it need not look again)
+        noted = before.fields.get(id(obj), (None, None))[1]
         for key in dirty:
             value = fields[key]
+            removed.append(f"{type(obj).__name__}.{key}")
             if type(value) in (list, dict) and not holds_fake(value, tensors_only=True, whole=True):  # (sizes only)
                 _concrete_items(value)
-                removed.append(f"{type(obj).__name__}.{key}")
                 continue
-            if plain_object(value):  # (its fields only; clean afterwards)
-                removed.extend(f"{type(obj).__name__}.{name}" for name in clear_fakes([value], cleared))
-                continue
-            del fields[key]
-            removed.append(f"{type(obj).__name__}.{key}")
+            old = _GONE if noted is None else noted.get(key, _GONE)
+            if noted is not None and old is _GONE:  # (an attribute the program added)
+                del fields[key]
+            elif old is not value and old is not _GONE and not holds_fake(old, whole=True):  # (rebound)
+                fields[key] = old
+            else:  # (changed in place: its items, or its attributes, the same way)
+                before.put_back_items(value)
+                inside = [value] if plain_object(value) or type(value) is types.FunctionType else (
+                    list(value.values() if type(value) is dict else value) if id(value) in before.items else [])
+                clear_fakes(inside, cleared, before)
     return removed
+
+
+_GONE = object()
 
 
 def _concrete_items(container: list | dict, depth: int = 0) -> None:

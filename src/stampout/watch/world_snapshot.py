@@ -234,6 +234,20 @@ class Snapshot:
                         if then.get(k, _GONE) is not now.get(k, _GONE)]
         return changed
 
+    def traced_class_attributes(self) -> list[str]:
+        """`Class.attr` of each attribute of a user class the program rebound to a value holding a fake tensor or
+        a symbolic size, each put back as noted (a class attribute is no place a capture's stores repeat)."""
+        found = []
+        for klass, noted in self.classes.values():
+            for k, v in list(_class_state(klass).items()):
+                if noted.get(k, _GONE) is not v and holds_fake(v, whole=True):
+                    found.append(f"{klass.__qualname__}.{k}")
+                    if k in noted:
+                        type.__setattr__(klass, k, noted[k])
+                    else:
+                        type.__delattr__(klass, k)
+        return found
+
     def put_back_classes(self) -> None:
         """The user classes' attributes as they were when noted (the capture's writes undone)."""
         for klass, noted in self.classes.values():
