@@ -147,6 +147,64 @@ def test_inference_mode_inside_forward_gives_inference_tensors():
         assert got.is_inference() and not got.requires_grad
 
 
+class AsksInference(nn.Module):
+    """Python decisions on a tensor made inside an inference_mode block, asked after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        with torch.inference_mode():
+            t = self.lin(x)
+            inside = (t.is_inference(), torch.is_inference_mode_enabled(), t.requires_grad)
+        outside = (t.is_inference(), torch.is_inference_mode_enabled(), t.requires_grad)
+        return t * (3.0 if t.is_inference() else 1.0), inside, outside
+
+
+def test_is_inference_of_a_tensor_made_in_inference_mode_answers_as_eager():
+    """(Was: capture answered `t.is_inference()` False after the block: the meta fast path asked a fresh meta
+    stand-in, not an inference tensor, and baked the wrong branch.)"""
+    torch.manual_seed(0)
+    model = AsksInference()
+    x = torch.randn(2, 4)
+    expected = model(x)
+    assert expected[1:] == ((True, True, False), (True, False, False))
+    tree_assert_close(stampout.capture(model, x)(x), expected)
+    fn = stampout.compile(model, backend="eager")
+    for _ in range(3):
+        tree_assert_close(fn(x), expected)
+
+
+class BranchesOnInference(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (3.0 if x.is_inference() else 1.0)
+
+
+class BranchesOnInferenceMode(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (2.0 if torch.is_inference_mode_enabled() else 1.0)
+
+
+@pytest.mark.parametrize("model", [BranchesOnInference(), BranchesOnInferenceMode()], ids=["tensor", "mode"])
+def test_compile_does_not_reuse_a_trace_across_inference_ness(model):
+    """`x.is_inference()` has no guard (a compiled program reading it runs eagerly), and inference mode is part of
+    the fingerprint beside grad mode (was: a trace made under no_grad was reused inside inference_mode, and one
+    made for an inference tensor for a plain one); a capture takes an inference tensor as input (was: torch's
+    RuntimeError reading its version)."""
+    fn = stampout.compile(model, backend="eager")
+    with torch.inference_mode():
+        made = torch.ones(3)
+    plain = torch.ones(3)
+    for _ in range(2):
+        for x in (made, plain):
+            with torch.no_grad():
+                torch.testing.assert_close(fn(x), model(x))
+            with torch.inference_mode():
+                torch.testing.assert_close(fn(x), model(x))
+    torch.testing.assert_close(stampout.capture(model, made)(made), model(made))
+
+
 class SetsDefaultDtype(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -439,7 +439,8 @@ class ProgramCapture:
                         holder[key] = v.get(ctx, [])
                     elif isinstance(holder, dict):
                         holder.setdefault(key, None)  # its real value comes from the graph, below
-        written = any(isinstance(f, FakeTensor) and f._version > 0 for f in self.fake_leaves)  # (`x.add_(1)`)
+        written = any(isinstance(f, FakeTensor) and (f.is_inference() or f._version > 0)  # (`x.add_(1)`; an
+                      for f in self.fake_leaves)  # inference tensor keeps no version: may have been written)
         if real and (self.plan.extra or self.held or written):  # the caller's objects and tensors end up as one
             # eager call leaves them (a tensor argument written in place as one an input object holds)
             make_real(cap, [(s.resolve(ctx, {}), key, kind)

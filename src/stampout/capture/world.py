@@ -90,7 +90,8 @@ def mutated_in_place(tracer: Tracer, leaves: list[Any], cap: Capture) -> list[to
     inputs = {id(t) for t in leaves if isinstance(t, torch.Tensor)}
     inputs.update(id(t) for t, source in cap.lifted if source is not None and _from_the_inputs(source))
     return list({id(t): t for t, f in tracer._fakes.values()
-                 if f._version > 0 and not isinstance(t, FakeTensor) and id(t) not in inputs}.values())
+                 if not f.is_inference() and f._version > 0  # (an inference tensor keeps no version)
+                 and not isinstance(t, FakeTensor) and id(t) not in inputs}.values())
 
 
 def _from_the_inputs(source: Source) -> bool:

@@ -20,6 +20,7 @@ _FLAGS = (
     ("deterministic algorithms", torch.are_deterministic_algorithms_enabled),
     ("deterministic algorithms warn only", torch.is_deterministic_algorithms_warn_only_enabled),
     ("float32 matmul precision", torch.get_float32_matmul_precision),
+    ("inference mode", torch.is_inference_mode_enabled),  # (beside no_grad: `if torch.is_inference_mode_enabled()`)
     ("anomaly detection", torch.is_anomaly_enabled),
     ("warn always", torch.is_warn_always_enabled),
     ("intra-op threads", torch.get_num_threads),

@@ -11,6 +11,7 @@ answers as before.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -102,7 +103,8 @@ class MetaRunner:
             return NOT_HANDLED
         device: list[torch.device] = []
         try:
-            key = (func, torch.is_grad_enabled(), torch.get_default_dtype(), _key(args), _key(kwargs))
+            key = (func, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch.get_default_dtype(),
+                   _key(args), _key(kwargs))
             hash(key)
         except (_Unsupported, TypeError):
             key = None
@@ -144,7 +146,9 @@ class MetaRunner:
             if device and device[0] != fake_device:
                 raise _Unsupported
             device[:1] = [fake_device]
-            with unset_fake_temporarily():
+            # (an inference tensor's stand-in is one too: `t.is_inference()` answers as eager, and autograd refuses
+            # to save it for backward as eager does)
+            with unset_fake_temporarily(), torch.inference_mode() if value.is_inference() else nullcontext():
                 meta = meta_like(value.shape, value.stride(), value.storage_offset(), value.dtype)
                 if value.requires_grad:
                     meta.requires_grad_(True)
@@ -192,7 +196,7 @@ def _key(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         device = value.fake_device if isinstance(value, FakeTensor) else value.device
         return ("T", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, device,
-                value.requires_grad, value.layout)
+                value.requires_grad, value.layout, value.is_inference())
     t = type(value)
     if t is tuple or t is list:
         return (t, tuple(_key(v) for v in value))

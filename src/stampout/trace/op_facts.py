@@ -75,6 +75,7 @@ UNGUARDED_READS: Mapping[Callable, tuple[str, str]] = MappingProxyType({
     _T.grad.__get__: (".grad", ""),
     _T._grad.__get__: ("._grad", ""),
     _T._version.__get__: ("._version", ""),
+    _T.is_inference: (".is_inference()", ""),  # (no guard: a tensor made in inference mode, or its clone, fits)
     _T.is_leaf.__get__: (".is_leaf", "region"),
     _T.grad_fn.__get__: (".grad_fn", "region"),
     _T._grad_fn.__get__: ("._grad_fn", "region"),
