@@ -14,7 +14,6 @@ import enum
 import functools
 import gc
 import importlib.abc
-import importlib.machinery
 import types
 from collections.abc import Callable
 from typing import Any
@@ -429,10 +428,10 @@ _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
 _OWN = ("torch.", "stampout.")  # (functions)
 _INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
 _MAPS = (dict, collections.OrderedDict)
-# The import system's objects a module's globals name (`__loader__`, `__spec__`; pytest's loader reaches its whole
-# session) and the builtins' namespace (`__builtins__`): no program state.
-_IMPORT_SYSTEM = (importlib.machinery.ModuleSpec, importlib.abc.Loader, importlib.abc.MetaPathFinder,
-                  importlib.abc.PathEntryFinder)
+# The import system's loaders and finders (a module's globals name its `__loader__`; pytest's loader reaches its
+# whole session) and the builtins' namespace (`__builtins__`): no program state. A module's `__spec__` is opened (its
+# names and paths; its loader, shut): a program's store on it (`mod.__spec__.h = h`) is found.
+_IMPORT_SYSTEM = (importlib.abc.Loader, importlib.abc.MetaPathFinder, importlib.abc.PathEntryFinder)
 _BUILTINS = vars(builtins)
 
 
