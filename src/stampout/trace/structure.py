@@ -288,10 +288,17 @@ def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
 
 def _plain_dict_subclass(value: Any) -> bool:
     """A user's dict or OrderedDict subclass that `t(pairs)` makes again whole (`class Output(OrderedDict)` with
-    a `__getattr__`): the constructor and `__new__` are the dict's, and the instance holds no attributes."""
+    a `__getattr__`): the constructor and `__new__` are the dict's, and the instance holds no attributes (none in
+    a `__dict__`, no `__slots__` field of its classes: `t(pairs)` would leave them unset)."""
     t = type(value)
     return (isinstance(value, dict) and t.__init__ in (dict.__init__, collections.OrderedDict.__init__)
-            and t.__new__ in (dict.__new__, collections.OrderedDict.__new__) and not getattr(value, "__dict__", None))
+            and t.__new__ in (dict.__new__, collections.OrderedDict.__new__) and not getattr(value, "__dict__", None)
+            and not any(_slot_fields(klass) for klass in t.__mro__))
+
+
+def _slot_fields(klass: type) -> list[str]:
+    slots = vars(klass).get("__slots__", ())
+    return [s for s in ((slots,) if isinstance(slots, str) else slots) if s not in ("__dict__", "__weakref__")]
 
 
 def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
