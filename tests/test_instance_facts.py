@@ -296,3 +296,42 @@ def test_a_memo_that_cannot_be_built_leaves_the_full_check(monkeypatch):
     for position in range(3, 5):
         twins.step(position)
     assert twins.fn.stats.captures == 2
+
+
+class Inputs:
+    """A plain object a caller passes: its tensor is read through it (vouched for by the memo)."""
+
+    def __init__(self, scale: float) -> None:
+        self.weight = torch.full((DIM,), scale)
+        self.scale = 0.5  # (a constant: the same in each)
+        self.meta = Root()  # (a field the step reads: `inputs.meta.shift`)
+        self.meta.shift = 1.0
+
+
+def _scaled(x: torch.Tensor, inputs: Inputs) -> torch.Tensor:
+    return x * inputs.weight + inputs.scale + inputs.meta.shift
+
+
+def test_the_memo_lets_go_of_an_input_the_caller_lets_go_of():
+    """The memo holds what it vouched for alive (its facts compare ids), but the call's inputs only weakly: an input
+    the caller drops after the call dies as in eager (with its tensors), and the memo it vouched for answers no more
+    (was: the last call's input object and what it held were kept alive until the next call)."""
+    import gc
+    import weakref
+
+    fn = stampout.compile(_scaled, backend="eager")
+    x = torch.randn(DIM)
+    kept = Inputs(1.0)
+    for _ in range(3):  # (a memo answers while the caller holds its input)
+        torch.testing.assert_close(fn(x, kept), _scaled(x, kept))
+    (entry,) = fn._entries
+    assert entry.held.hits >= 1
+    for scale in (2.0, 3.0, 4.0):
+        inputs = Inputs(scale)
+        torch.testing.assert_close(fn(x, inputs), _scaled(x, inputs))
+        dead, meta = weakref.ref(inputs), weakref.ref(inputs.meta)
+        del inputs
+        gc.collect()
+        assert dead() is None and meta() is None
+        assert entry.held._memo is None
+    assert fn.stats.captures == 1

@@ -123,11 +123,40 @@ def test_the_whole_walk_opens_any_object_but_not_the_program():
 
 
 def test_the_whole_walk_leaves_the_import_system_and_the_builtins_shut():
-    # A module's globals name its loader and spec (under pytest `__loader__` is the assertion rewriter, which reaches
-    # the whole test session: every capture's world repair walked it) and the builtins' namespace: no program state,
-    # each one object to the walk.
+    # A module's globals name its loader (under pytest the assertion rewriter, which reaches the whole test session:
+    # every capture's world repair walked it) and the builtins' namespace: no program state, each one object to the
+    # walk. Its spec is opened, but the loader it names stays shut: a few objects.
     seen: list = []
-    for name in ("__loader__", "__spec__", "__builtins__"):
+    for name in ("__loader__", "__builtins__"):
         seen.clear()
         assert found_within(globals()[name], lambda v: seen.append(v) is not None, whole=True) == []
         assert len(seen) == 1, (name, len(seen))
+    seen.clear()
+    assert found_within(globals()["__spec__"], lambda v: seen.append(v) is not None, whole=True) == []
+    assert __loader__ in seen and len(seen) < 8, len(seen)
+
+
+def test_a_traced_value_stored_on_a_modules_spec_is_found():
+    """The whole walk opens a module's spec (was: shut with the import system's loaders, so a program storing on it
+    left a fake there after stampout.capture, and STAMPOUT_CHECK_WORLD did not see it)."""
+    import json
+
+    import stampout
+
+    def program(x):
+        json.__spec__.rt_stash = x * 2
+        return x + 1
+
+    x = torch.randn(3)
+    try:
+        stampout.capture(program, x)
+        assert type(json.__spec__.rt_stash) is torch.Tensor, type(json.__spec__.rt_stash)
+        torch.testing.assert_close(json.__spec__.rt_stash, x * 2)
+        fn = stampout.compile(program, backend="eager")
+        for _ in range(3):
+            x = torch.randn(3)
+            torch.testing.assert_close(fn(x), x + 1)
+            assert type(json.__spec__.rt_stash) is torch.Tensor
+            torch.testing.assert_close(json.__spec__.rt_stash, x * 2)
+    finally:
+        json.__spec__.__dict__.pop("rt_stash", None)

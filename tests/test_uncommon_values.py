@@ -444,3 +444,27 @@ def test_a_users_dict_subclass_output_is_rebuilt_not_refused() -> None:
         assert type(got[0]) is _AttrDict and type(got[1]) is _Plain and got[0].n == 2
         torch.testing.assert_close(got[0].logits, expected[0].logits)
         torch.testing.assert_close(got[1]["doubled"], expected[1]["doubled"])
+
+
+class _Slotted(dict):
+    __slots__ = ("meta",)
+
+
+def _returns_a_slotted_dict(x: torch.Tensor) -> _Slotted:
+    out = _Slotted(logits=x * 2)
+    out.meta = "step"
+    return out
+
+
+def test_a_dict_subclass_output_with_a_slot_set_keeps_it() -> None:
+    """A dict subclass whose instance holds a `__slots__` field is not rebuilt from its items (that would leave the
+    field unset: was `AttributeError: meta` on the compiled call's output, silently): capture refuses it as a
+    constant carrying traced tensors, compile runs it eagerly."""
+    x = torch.randn(2, 4)
+    with pytest.raises(stampout.StampoutError):
+        stampout.capture(_returns_a_slotted_dict, x)
+    fn = stampout.compile(_returns_a_slotted_dict, backend="eager")
+    for _ in range(2):
+        got = fn(x)
+        assert type(got) is _Slotted and got.meta == "step"
+        torch.testing.assert_close(got["logits"], x * 2)

@@ -197,7 +197,6 @@ class Entry:
             self.always = compile_guards(always, per_call, deferred)
         self.deferred = DeferredTensors(self.deferred_guards)  # the per-call tensors' metadata: one C++ check
         self.held = InstanceFacts(always, per_call, self.deferred_guards)  # (its memo: instance_facts.py)
-        self._last: tuple | None = None  # (the memoized values, state, their tensors, per-call inputs, lifted inputs)
         self.per_call_count = len(per_call)
         # Which of the tensor inputs and the tensors read per call (held by input objects: `box.a`, `box.b`) are
         # the same object or overlap, as at capture (the key holds the inputs' own aliasing only): a functionalized
@@ -273,11 +272,11 @@ class Entry:
         values = self.held.run(self.always, ctx.leaves, ctx.fn, state.anchors)
         if values is False:
             return None
-        last = self._last
-        if last is not None and last[0] is values and last[1] is state:  # (the memoized objects: instance_facts.py)
-            if last[2] and not self.deferred.check(last[2]):
+        last = self.held.recall(values)  # (state, deferred tensors, per-call inputs, lifted inputs: instance_facts.py)
+        if last is not None and last[0] is state:
+            if last[1] and not self.deferred.check(last[1]):
                 return None
-            per_call, lifted = last[3], last[4]
+            per_call, lifted = last[2], last[3]
         else:
             per_call = self.deferred.admit(values, self.per_call_count)
             if per_call is None:
@@ -294,8 +293,7 @@ class Entry:
                 lifted = state.known + per_call
                 if self._merge is not None:
                     lifted = self._merge(lifted)
-                if values is self.held.memoized():
-                    self._last = (values, state, values[self.per_call_count:], per_call, lifted)
+                self.held.keep(values, (state, values[self.per_call_count:], per_call, lifted))
         else:
             lifted = state.fixed
         shapes = self.shapes

@@ -15,7 +15,8 @@ check, one C++ check (torch_internals.ObjectFacts) can say the reads would find 
     one): no data descriptor, `__getattribute__` or `__getattr__` appeared;
   - a list read by index: its length and each item read, by identity (items change without any dict write);
     a tuple's items are fixed by its identity; a dict read by key: its version;
-  - an input leaf by identity; the anchors tuple by identity (it is re-made after each watched write);
+  - an input leaf by identity, held weakly (its death drops the memo: no other object takes its id, and what the
+    caller let go of is not kept); the anchors tuple by identity (it is re-made after each watched write);
   - a class attribute as the MRO defines it (`mro_attr(Decoder, 'forward')`), an item of a class's `__dict__`:
     the class facts above; a global: the called function the same object, its globals dict unwritten.
 Guards whose outcome is then fixed are left out of the check that still runs: identity, class (the class is
@@ -33,8 +34,10 @@ which the remaining check reads from the vouched layers on every call; after thr
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -78,10 +81,12 @@ def _instance_dict(obj: Any) -> dict | None:
 
 
 class _Memo:
-    __slots__ = ("anchors", "facts", "roots", "mros", "rest", "combined", "values", "hits", "alive")
+    __slots__ = ("anchors", "facts", "roots", "mros", "rest", "combined", "values", "hits", "alive", "leaves",
+                 "reuse", "__weakref__")
 
     def __init__(self) -> None:
         self.hits = 0
+        self.reuse: Any = None  # (what the entry made of `values` once: entries.py)
 
 
 class _Builder:
@@ -326,7 +331,7 @@ class InstanceFacts:
     """The memo of one entry's per-call check (see the note above): `run(check, leaves, fn, anchors)` answers
     what `check(leaves, fn, anchors)` would."""
 
-    __slots__ = ("guards", "values", "deferred", "_memo", "_strikes", "_mode", "hits")
+    __slots__ = ("guards", "values", "deferred", "_memo", "_strikes", "_mode", "hits", "__weakref__")
 
     def __init__(self, guards: list[Guard], results: list[Source], deferred: list[Guard]) -> None:
         self.guards = guards
@@ -345,11 +350,7 @@ class InstanceFacts:
                 self.hits += 1
                 out = memo.rest(leaves, fn, memo.combined)
                 return memo.values if out is True else out
-            self._memo = None
-            if memo.hits < _PAYS:
-                self._strikes += 1
-                if self._strikes == _STRIKES:
-                    self._mode, self._strikes = self._mode + 1, 0
+            self._drop(memo)
         values = check(leaves, fn, anchors)
         if values is not False and self._mode < 2:
             try:
@@ -359,10 +360,25 @@ class InstanceFacts:
                 self._memo, self._mode = None, 2
         return values
 
-    def memoized(self) -> tuple | None:
-        """The values the memo answers with while its facts hold (the same tuple each call), or None."""
+    def _drop(self, memo: _Memo) -> None:
+        if self._memo is not memo:
+            return
+        self._memo = None
+        if memo.hits < _PAYS:
+            self._strikes += 1
+            if self._strikes == _STRIKES:
+                self._mode, self._strikes = self._mode + 1, 0
+
+    def recall(self, values: tuple) -> Any:
+        """What `keep` stored with `values`, while the memo that answered with them holds; else None."""
         memo = self._memo
-        return memo.values if memo is not None else None
+        return memo.reuse if memo is not None and memo.values is values else None
+
+    def keep(self, values: tuple, reuse: Any) -> None:
+        """Store `reuse` (what the caller made of `values`) with the memo that answered with `values`."""
+        memo = self._memo
+        if memo is not None and memo.values is values:
+            memo.reuse = reuse
 
     @staticmethod
     def _same_mros(memo: _Memo) -> bool:
@@ -386,7 +402,7 @@ class InstanceFacts:
         def rewrite(source: Source) -> Source:
             if source in slots:
                 return slots[source]
-            if type(source) not in (Anchor, Absolute) and source not in b.opaque and b.vouch(source) \
+            if type(source) not in (Anchor, Absolute, Arg) and source not in b.opaque and b.vouch(source) \
                     and b.values[source] is not MISSING:
                 b.reach(source)  # (the facts that fix it)
                 extra.append(b.values[source])
@@ -408,5 +424,18 @@ class InstanceFacts:
         memo.roots = (anchors, tuple(b.absolutes), tuple(b.class_dicts), fn)
         memo.mros = list(b.mros.values())
         memo.combined = (*anchors, *extra)
-        memo.alive = list(b.values.values())  # (the C++ facts compare ids: the objects stay alive)
+        # The C++ facts compare ids: the objects vouched for stay alive while the memo does, so that no other object
+        # takes one's id. The call's inputs are held weakly instead: one dying (the caller let go of it) drops the
+        # memo at once (before its id can be reused), which lets go of all the memo held of it, as eager would.
+        leaves = {id(v): v for s, v in b.values.items() if type(s) is Arg and type(v).__weakrefoffset__}
+        memo.alive = [v for v in b.values.values() if id(v) not in leaves]
+        died = functools.partial(_died, weakref.ref(self), weakref.ref(memo))
+        memo.leaves = [weakref.ref(v, died) for v in leaves.values()]
         return memo
+
+
+def _died(held: weakref.ref, made: weakref.ref, _: Any) -> None:
+    """An input a memo vouched for died: that memo answers no more (`_drop`: if it is still the entry's)."""
+    facts, memo = held(), made()
+    if facts is not None and memo is not None:
+        facts._drop(memo)

@@ -14,7 +14,6 @@ import enum
 import functools
 import gc
 import importlib.abc
-import importlib.machinery
 import types
 from collections.abc import Callable
 from typing import Any
@@ -289,10 +288,17 @@ def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
 
 def _plain_dict_subclass(value: Any) -> bool:
     """A user's dict or OrderedDict subclass that `t(pairs)` makes again whole (`class Output(OrderedDict)` with
-    a `__getattr__`): the constructor and `__new__` are the dict's, and the instance holds no attributes."""
+    a `__getattr__`): the constructor and `__new__` are the dict's, and the instance holds no attributes (none in
+    a `__dict__`, no `__slots__` field of its classes: `t(pairs)` would leave them unset)."""
     t = type(value)
     return (isinstance(value, dict) and t.__init__ in (dict.__init__, collections.OrderedDict.__init__)
-            and t.__new__ in (dict.__new__, collections.OrderedDict.__new__) and not getattr(value, "__dict__", None))
+            and t.__new__ in (dict.__new__, collections.OrderedDict.__new__) and not getattr(value, "__dict__", None)
+            and not any(_slot_fields(klass) for klass in t.__mro__))
+
+
+def _slot_fields(klass: type) -> list[str]:
+    slots = vars(klass).get("__slots__", ())
+    return [s for s in ((slots,) if isinstance(slots, str) else slots) if s not in ("__dict__", "__weakref__")]
 
 
 def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
@@ -429,10 +435,10 @@ _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
 _OWN = ("torch.", "stampout.")  # (functions)
 _INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
 _MAPS = (dict, collections.OrderedDict)
-# The import system's objects a module's globals name (`__loader__`, `__spec__`; pytest's loader reaches its whole
-# session) and the builtins' namespace (`__builtins__`): no program state.
-_IMPORT_SYSTEM = (importlib.machinery.ModuleSpec, importlib.abc.Loader, importlib.abc.MetaPathFinder,
-                  importlib.abc.PathEntryFinder)
+# The import system's loaders and finders (a module's globals name its `__loader__`; pytest's loader reaches its
+# whole session) and the builtins' namespace (`__builtins__`): no program state. A module's `__spec__` is opened (its
+# names and paths; its loader, shut): a program's store on it (`mod.__spec__.h = h`) is found.
+_IMPORT_SYSTEM = (importlib.abc.Loader, importlib.abc.MetaPathFinder, importlib.abc.PathEntryFinder)
 _BUILTINS = vars(builtins)
 
 
