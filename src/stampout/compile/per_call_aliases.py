@@ -80,13 +80,14 @@ class PerCallAliases:
     def _apart(inputs: list[torch.Tensor], taken: Spans, spans: list | None = None) -> bool:
         """Each input in memory of its own, none of it memory the per-call tensors use (`spans`: the inputs'
         memory_span, where known)."""
-        mine = Spans()
-        for t, span in zip(inputs, spans if spans is not None else map(memory_span, inputs)):
-            if span is None:  # (no memory of its own: a fake, an empty or a meta tensor)
-                continue
-            if taken.overlap(span) is not None or mine.overlap(span) is not None:
+        # (spans of no memory of their own, None: a fake, an empty or a meta tensor. Sorted by start, two of the
+        # non-empty ranges meet exactly when two neighbours do)
+        mine = sorted(span for span in (spans if spans is not None else map(memory_span, inputs)) if span is not None)
+        end = None
+        for span in mine:
+            if end is not None and end > span[0] or taken.overlap(span) is not None:
                 return False
-            mine.add(span, t)
+            end = span[1]
         return True
 
     def _remember(self, inputs: list[torch.Tensor], per_call: tuple) -> None:
