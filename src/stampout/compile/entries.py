@@ -20,6 +20,7 @@ from ..guards.instance_facts import InstanceFacts
 from ..regions.fingerprint import describe_difference, without_sizes
 from ..sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
 from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
+from ..trace.memory import memory_span
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch
 from .fsdp_swaps import SwappedParams
@@ -284,10 +285,12 @@ class Entry:
             lifted = None
         if not state.tensor_guard.check(*state.tensors):
             return None
-        if overlaps_fixed(_tensors(ctx.leaves), state.fixed, state.bases) != self.fixed_overlaps:
+        inputs = _tensors(ctx.leaves)
+        spans = list(map(memory_span, inputs))  # (one storage lookup per input for both checks)
+        if overlaps_fixed(inputs, state.fixed, state.bases, spans) != self.fixed_overlaps:
             return None
         if per_call:
-            if self.aliases is not None and not self.aliases.holds(ctx.leaves, per_call):
+            if self.aliases is not None and not self.aliases.holds(ctx.leaves, per_call, inputs, spans):
                 return None
             if lifted is None:
                 lifted = state.known + per_call

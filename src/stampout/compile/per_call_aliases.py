@@ -42,8 +42,11 @@ class PerCallAliases:
         # (data pointers, or ids then data pointers; the memory they use; whether the pointers alone decide)
         self._memo: tuple[tuple[int, ...], Spans, bool] | None = None
 
-    def holds(self, leaves: list[Any], per_call: tuple) -> bool:
-        inputs = [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
+    def holds(self, leaves: list[Any], per_call: tuple, inputs: list[torch.Tensor] | None = None,
+              input_spans: list | None = None) -> bool:
+        """`inputs`, `input_spans`: the call's tensor inputs and their memory_span, where the caller has them."""
+        if inputs is None:
+            inputs = [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
         memo = self._memo
         if memo is not None:
             try:
@@ -53,7 +56,7 @@ class PerCallAliases:
                     same = (*map(id, per_call), *map(_data_ptr, per_call)) == memo[0]
             except (TypeError, RuntimeError):
                 same = False
-            if same and self._apart(inputs, memo[1]):
+            if same and self._apart(inputs, memo[1], input_spans):
                 return True
         if aliases_of([*inputs, *(v for v in per_call if isinstance(v, torch.Tensor))]) != self.expected:
             return False
@@ -74,16 +77,17 @@ class PerCallAliases:
                 f"{show_aliases(self.expected, names)}, now {show_aliases(actual, names)}")
 
     @staticmethod
-    def _apart(inputs: list[torch.Tensor], taken: Spans) -> bool:
-        """Each input in memory of its own, none of it memory the per-call tensors use."""
-        mine = Spans()
-        for t in inputs:
-            span = memory_span(t)
-            if span is None:  # (no memory of its own: a fake, an empty or a meta tensor)
-                continue
-            if taken.overlap(span) is not None or mine.overlap(span) is not None:
+    def _apart(inputs: list[torch.Tensor], taken: Spans, spans: list | None = None) -> bool:
+        """Each input in memory of its own, none of it memory the per-call tensors use (`spans`: the inputs'
+        memory_span, where known)."""
+        # (spans of no memory of their own, None: a fake, an empty or a meta tensor. Sorted by start, two of the
+        # non-empty ranges meet exactly when two neighbours do)
+        mine = sorted(span for span in (spans if spans is not None else map(memory_span, inputs)) if span is not None)
+        end = None
+        for span in mine:
+            if end is not None and end > span[0] or taken.overlap(span) is not None:
                 return False
-            mine.add(span, t)
+            end = span[1]
         return True
 
     def _remember(self, inputs: list[torch.Tensor], per_call: tuple) -> None:
@@ -118,12 +122,13 @@ def fixed_spans(fixed: Any) -> Spans:
     return spans_of(fixed)
 
 
-def overlaps_fixed(inputs: list[Any], fixed: Any, spans: Spans) -> tuple[tuple[int, int], ...]:
-    """Pairs (input, fixed lifted tensor) whose bytes may overlap: one storage lookup per input, the pairs worked
-    out only for an input whose memory meets the fixed tensors' (`spans`)."""
+def overlaps_fixed(inputs: list[Any], fixed: Any, spans: Spans, input_spans: list | None = None) \
+        -> tuple[tuple[int, int], ...]:
+    """Pairs (input, fixed lifted tensor) whose bytes may overlap: one storage lookup per input (`input_spans`:
+    their memory_span, where known), the pairs worked out only for an input whose memory meets the fixed tensors'
+    (`spans`)."""
     pairs = []
-    for i, t in enumerate(inputs):
-        span = memory_span(t)
+    for i, (t, span) in enumerate(zip(inputs, input_spans if input_spans is not None else map(memory_span, inputs))):
         if span is not None and spans.overlap(span) is not None:
             fixed_tensors = [(j, f) for j, f in enumerate(fixed) if isinstance(f, torch.Tensor)]
             pairs.extend((i, j) for j, f in fixed_tensors if aliases_of([t, f]) != (0, 1))

@@ -78,9 +78,15 @@ def _attribute_names(keys: tuple) -> tuple:
 caches.register(_attribute_names, "regions.fingerprint tensor attribute names")
 
 
+_PLAIN_CONSTANTS = frozenset((bool, int, str, type(None)))
+
+
 def leaf_key(leaf: Any) -> tuple:
     """`LeafKey`'s fields for `leaf`, as a plain tuple (equal to the record; built per leaf on every compiled call,
     where a record costs more; `as_leaf_key` names them for the readers)."""
+    t = type(leaf)
+    if t in _PLAIN_CONSTANTS:  # (const_key's answer for these exact types: the most common non-tensor leaves)
+        return (_CONSTANT, (t, leaf), ())
     if isinstance(leaf, torch.Tensor):
         names = _attribute_names(tuple(leaf.__dict__))  # set by the caller (`x.scale`)
         return (_TENSOR, tensor_meta(leaf, requires_grad=False), names)  # (requires_grad matched separately)

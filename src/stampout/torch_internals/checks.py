@@ -5,6 +5,7 @@ flags a fingerprint reads.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -17,12 +18,13 @@ TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
 
 
 _FLAGS = (
-    ("deterministic algorithms", torch.are_deterministic_algorithms_enabled),
-    ("deterministic algorithms warn only", torch.is_deterministic_algorithms_warn_only_enabled),
-    ("float32 matmul precision", torch.get_float32_matmul_precision),
+    # (torch's C getters, where its public function only calls one: each Python frame costs per call)
+    ("deterministic algorithms", torch._C._get_deterministic_algorithms),
+    ("deterministic algorithms warn only", torch._C._get_deterministic_algorithms_warn_only),
+    ("float32 matmul precision", torch._C._get_float32_matmul_precision),
     ("inference mode", torch.is_inference_mode_enabled),  # (beside no_grad: `if torch.is_inference_mode_enabled()`)
     ("anomaly detection", torch.is_anomaly_enabled),
-    ("warn always", torch.is_warn_always_enabled),
+    ("warn always", torch._C._get_warnAlways),
     ("intra-op threads", torch.get_num_threads),
     ("mkldnn enabled", torch._C._get_mkldnn_enabled),
     ("cudnn enabled", torch._C._get_cudnn_enabled),
@@ -39,7 +41,7 @@ _FLAG_GETTERS = tuple(get for _, get in _FLAGS)
 def global_flags() -> tuple:
     """torch's process-wide switches that Python code may branch on (`torch.backends.mkldnn.enabled`,
     deterministic algorithms, matmul precision, ...): part of every fingerprint."""
-    return tuple(get() for get in _FLAG_GETTERS)
+    return tuple(map(operator.call, _FLAG_GETTERS))
 
 
 # How many TorchFunctionModes / TorchDispatchModes are active: a compiled call asks both (two C calls) and, where
