@@ -135,6 +135,25 @@ def test_deepcopy_of_a_compiled_module_compiles_the_copy():
     tree_assert_close(twin(x), reference(x))
 
 
+def test_deepcopy_of_a_model_whose_forward_is_compiled_compiles_the_copy():
+    # The Hugging Face recipe `model.forward = stampout.compile(model.forward)`, then `copy.deepcopy(model)` (an EMA
+    # or reference twin): the copy's forward is compiled afresh and runs the copy (was: TypeError, cannot pickle
+    # 'module' object, from deep-copying the compiled function's state).
+    model, reference = pair()
+    model.eval(), reference.eval()
+    model.forward = stampout.compile(model.forward, backend="eager")
+    x = torch.randn(4, 8)
+    tree_assert_close(model(x), reference(x))
+    twin = copy.deepcopy(model)
+    assert isinstance(twin.forward, stampout.CompiledFunction) and twin.forward.fn.__self__ is twin
+    assert twin.forward.stats.captures == 0
+    with torch.no_grad():
+        twin.layers[0].weight.mul_(2)
+        reference.layers[0].weight.mul_(2)
+    tree_assert_close(twin(x), reference(x))
+    assert not torch.equal(model(x), twin(x))  # the original still runs its own weights
+
+
 def test_disable_runs_eagerly():
     model, reference = pair()
     fast = stampout.compile(model, disable=True)

@@ -11,6 +11,7 @@ A failed guard recaptures, reusing the region cache.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 import weakref
@@ -108,6 +109,15 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return describe(self)
+
+    def __deepcopy__(self, memo: dict) -> CompiledFunction:
+        """A copy of the function, compiled afresh with the same settings (compiled code is not copied). A bound
+        method's object is copied through `memo`: `copy.deepcopy(model)` after `model.forward = compile(model.forward)`
+        gives a copy whose compiled forward runs the copy."""
+        copied = CompiledFunction(copy.deepcopy(self.fn, memo), self.backend, self.max_entries, self.regions,
+                                  self.dynamic, fullgraph=self.fullgraph, disable=self.disable)
+        copied.mode, copied.options = getattr(self, "mode", None), getattr(self, "options", None)
+        return copied
 
     def guard_code(self) -> str:
         """The source of the generated guard predicates of the entry that ran last (thunder's

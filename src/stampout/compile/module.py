@@ -121,10 +121,7 @@ class CompiledModule(nn.Module):
 
     def __deepcopy__(self, memo: dict) -> CompiledModule:
         """A copy of the original, compiled afresh with the same settings (compiled code is not copied)."""
-        c = self._compiled
-        compiled = CompiledFunction(copy.deepcopy(self._orig_mod, memo), c.backend, c.max_entries, c.regions,
-                                    c.dynamic, fullgraph=c.fullgraph, disable=c.disable)
-        compiled.mode, compiled.options = c.mode, c.options
+        compiled = copy.deepcopy(self._compiled, memo)
         return CompiledModule(compiled.fn, compiled)
 
     def __dir__(self) -> list[str]:
