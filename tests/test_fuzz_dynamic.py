@@ -92,3 +92,17 @@ def test_random_size_programs_equal_eager(steps, repeat, lengths, dynamic, auto)
     assert fn.stats.captures <= len(lengths)
     if dynamic is False:
         assert fn.stats.captures == len(set(lengths))
+
+
+def test_a_region_traced_with_symbolic_sizes_in_another_capture_is_not_bound_to_this_ones_symbols():
+    """Found by the fuzzer above: the second block's region was traced in an earlier symbolic capture, taking its
+    input length as the symbol `s27`; the capture at length 15 (the pad specializes it) named its own input length
+    `s27` too, and the stamped call passed 15 for a block input of length 16 (a size mismatch at run time)."""
+    model = Program([("arange", 1), ("pad_to_multiple", 2)], repeat=2)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="eager", dynamic=None, regions="auto")
+    for i, t in enumerate([11, 16, 13, 24, 11, 15]):
+        x = torch.randn(2, t, D, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            tree_assert_close(fn(x), reference(x))
+    assert fn.stats.captures == 5

@@ -91,11 +91,17 @@ class RegionCalls(CallHooks, Tracing, Stamping, BranchFrames):
 
     def _same_sizes_kind(self, entry: ReuseEntry, values: list[Any]) -> bool:
         """An entry traced by another capture saw static sizes: it may not be handed a tensor this capture
-        holds with symbolic sizes (its subgraph would have the other capture's sizes baked in). (In this
-        capture, held tensors of equal sizes share their symbols (duck sizing), and the entry's guards compared
-        the concrete sizes: a stamped call gets the symbols its trace saw.)"""
+        holds with symbolic sizes (its subgraph would have the other capture's sizes baked in). One that takes
+        symbolic sizes as inputs names them by the other capture's symbols, which here name other sizes (`s27`:
+        that capture's region input length, this one's program input length): it is traced again in this
+        capture. (In this capture, held tensors of equal sizes share their symbols (duck sizing), and the
+        entry's guards compared the concrete sizes: a stamped call gets the symbols its trace saw.)"""
+        if entry.generation == self.cache.generation:
+            return True
+        if any(isinstance(spec, SymbolInput) for spec in entry.lifted):
+            return False  # (its size inputs are symbols of the other capture's ShapeEnv: `s27` here is another size)
         dynamic = self.tracer.dynamic_tensors
-        return not dynamic or entry.generation == self.cache.generation or not any(id(v) in dynamic for v in values)
+        return not dynamic or not any(id(v) in dynamic for v in values)
 
     def _operands(self, entry: ReuseEntry, leaves: list[Any], captured: Any) -> list[Any]:
         it = iter(captured)
