@@ -20,11 +20,11 @@ from ..guards.instance_facts import InstanceFacts
 from ..regions.fingerprint import describe_difference, without_sizes
 from ..sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
 from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
-from ..trace.memory import memory_span
+from ..trace.memory import memory_span, spans_of
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch
 from .fsdp_swaps import SwappedParams
-from .per_call_aliases import PerCallAliases, fixed_spans, overlaps_fixed
+from .per_call_aliases import PerCallAliases, overlaps_fixed
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
 from .replay_code import compile_replay
@@ -126,7 +126,7 @@ class EntryState:
                  unwritten: Callable[[], bool], anchors: tuple) -> None:
         self.epoch = epoch
         self.known: tuple = ()  # the fixed lifted inputs alone, in placeholder order (see _merge_order)
-        self.bases = fixed_spans(fixed)  # the memory of the fixed lifted tensors (per_call_aliases.py)
+        self.bases = spans_of(fixed)  # the memory of the fixed lifted tensors, for overlaps_fixed (per_call_aliases.py)
         self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
         self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
         self.tensors = tensors
@@ -205,7 +205,7 @@ class Entry:
         # Which tensor inputs overlap a parameter or buffer the graph reads (`model(model.lin.weight.detach())`), as
         # at capture: checked per call against the fixed lifted tensors' storages (EntryState.bases).
         fixed_at_capture = [None if s is None else cap.lifted[i][0] for i, s in enumerate(self.fixed_sources)]
-        self.fixed_overlaps = overlaps_fixed(_tensors(ctx.leaves), fixed_at_capture, fixed_spans(fixed_at_capture))
+        self.fixed_overlaps = overlaps_fixed(_tensors(ctx.leaves), fixed_at_capture, spans_of(fixed_at_capture))
         if self.per_call_positions:
             read = [cap.lifted[i][0] for i in self.per_call_positions]
             pinned = self.shapes is None and set(per_call) <= {g.source for g in self.deferred_guards}

@@ -117,11 +117,6 @@ def _ranges_apart(tensors: tuple) -> bool:
     return all(end <= start for (_, end), (start, _) in zip(ranges, ranges[1:]))
 
 
-def fixed_spans(fixed: Any) -> Spans:
-    """The memory of the fixed lifted tensors (parameters, buffers), for `overlaps_fixed`."""
-    return spans_of(fixed)
-
-
 def overlaps_fixed(inputs: list[Any], fixed: Any, spans: Spans, input_spans: list | None = None) \
         -> tuple[tuple[int, int], ...]:
     """Pairs (input, fixed lifted tensor) whose bytes may overlap: one storage lookup per input (`input_spans`:
