@@ -22,7 +22,7 @@ from typing import Any
 from ..sources import Absolute, Attr, ClassAttr, Global, Item, Source, TypeOf
 from ..torch_internals import dict_sentinel
 from .guard import DeferredTensors, Guard, compile_guards
-from .namespaces import class_dict
+from .namespaces import class_dict, same_mros
 from .rules import Kind
 
 # constants whose value cannot change without rebinding the name (the dict holding it is written)
@@ -116,7 +116,7 @@ class EntryCheck:
 
     def __call__(self, leaves: list[Any], fn: Any) -> Any:
         sentinel = self._sentinel
-        if sentinel is None or (self._uses_fn and fn is not self._fn) or not sentinel() or not self._same_mros():
+        if sentinel is None or (self._uses_fn and fn is not self._fn) or not sentinel() or not same_mros(self._mros):
             self._sentinel = None
             self.shared_checks += 1
             if self.shared is not None and not self.shared(leaves, fn):
@@ -129,12 +129,6 @@ class EntryCheck:
             return values
         admitted = self._deferred.admit(values, self._n)
         return False if admitted is None else admitted
-
-    def _same_mros(self) -> bool:
-        for cls, mro in self._mros:
-            if cls.__mro__ is not mro:
-                return False
-        return True
 
     # (what report.guard_code_text prints, comments left out: the per-call predicate, then `shared`)
     @property

@@ -46,7 +46,7 @@ import torch
 from ..sources import MISSING, Absolute, Anchor, Arg, Attr, ClassAttr, Global, Item, SlotItem, Source, mro_attr
 from ..torch_internals import ObjectFacts
 from .guard import Guard, compile_guards
-from .namespaces import class_dict
+from .namespaces import class_dict, same_mros
 from .rules import Kind
 from .values import OBJECT_GETATTRIBUTE
 
@@ -345,7 +345,7 @@ class InstanceFacts:
     def run(self, check: Callable, leaves: list[Any], fn: Any, anchors: tuple) -> Any:
         memo = self._memo
         if memo is not None:
-            if memo.anchors is anchors and self._same_mros(memo) and memo.facts.check((leaves, *memo.roots)):
+            if memo.anchors is anchors and same_mros(memo.mros) and memo.facts.check((leaves, *memo.roots)):
                 memo.hits += 1
                 self.hits += 1
                 out = memo.rest(leaves, fn, memo.combined)
@@ -379,13 +379,6 @@ class InstanceFacts:
         memo = self._memo
         if memo is not None and memo.values is values:
             memo.reuse = reuse
-
-    @staticmethod
-    def _same_mros(memo: _Memo) -> bool:
-        for cls, mro in memo.mros:
-            if cls.__mro__ is not mro:
-                return False
-        return True
 
     def _make(self, leaves: list[Any], fn: Any, anchors: tuple, values: tuple) -> _Memo | None:
         b = _Builder(leaves, fn, anchors, self._mode == 1)

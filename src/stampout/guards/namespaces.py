@@ -29,6 +29,15 @@ def class_dict(cls: type) -> dict:
     return gc.get_referents(cls.__dict__)[0]
 
 
+def same_mros(mros: list[tuple[type, tuple]]) -> bool:
+    """Each class still has the `__mro__` tuple it had (class, its MRO then): a `__bases__` assignment makes a new
+    one, which no dict version shows."""
+    for cls, mro in mros:
+        if cls.__mro__ is not mro:
+            return False
+    return True
+
+
 TENSOR_DICT = class_dict(torch.Tensor)  # `torch.Tensor.add = patched` writes here
 
 
