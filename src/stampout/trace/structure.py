@@ -293,10 +293,11 @@ def _plain_dict_subclass(value: Any) -> bool:
     t = type(value)
     return (isinstance(value, dict) and t.__init__ in (dict.__init__, collections.OrderedDict.__init__)
             and t.__new__ in (dict.__new__, collections.OrderedDict.__new__) and not getattr(value, "__dict__", None)
-            and not any(_slot_fields(klass) for klass in t.__mro__))
+            and not any(slot_fields(klass) for klass in t.__mro__))
 
 
-def _slot_fields(klass: type) -> list[str]:
+def slot_fields(klass: type) -> list[str]:
+    """The fields `klass` itself declares in `__slots__` (a string is one name), less `__dict__` and `__weakref__`."""
     slots = vars(klass).get("__slots__", ())
     return [s for s in ((slots,) if isinstance(slots, str) else slots) if s not in ("__dict__", "__weakref__")]
 

@@ -27,7 +27,7 @@ from .. import config
 from ..sources import Place
 from ..torch_internals import FakeTensor
 from ..trace.shapes import concrete
-from ..trace.structure import ATOMIC, holds_fake, plain_object, referents
+from ..trace.structure import ATOMIC, holds_fake, plain_object, referents, slot_fields
 
 
 @dataclass
@@ -197,8 +197,8 @@ def fake_places(value: Any) -> list[tuple[Any, Any, Place, Any]]:
             if type(fields) is dict:
                 places = [(v, k, Place.ATTR, x) for k, x in fields.items()]
             for klass in type(v).__mro__:
-                for name in klass.__dict__.get("__slots__", ()):
-                    if name not in ("__dict__", "__weakref__") and hasattr(v, name):
+                for name in slot_fields(klass):
+                    if hasattr(v, name):
                         places.append((v, name, Place.ATTR, getattr(v, name)))
         for place in places:
             if type(place[3]) is FakeTensor:
