@@ -151,8 +151,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 self.mark_ineligible(f"reads {source.name()}, a symbolic size held outside its arguments")
         elif isinstance(value, torch.nn.Module):
             self._adopt_module(value, source, from_arg, where)
-        elif isinstance(value, types.FunctionType):
-            self._adopt_callable(value, source, where)
+        elif isinstance(value, types.FunctionType):  # (the program itself: its attributes are read by name)
+            self._adopt_callable(value, source, where, fields=not (from_arg and value is self.fn))
         elif isinstance(value, types.MethodType):
             self.adopt(value.__func__, Attr(source, "__func__"), where=where)
             self.adopt(value.__self__, Attr(source, "__self__"), where=where)
@@ -160,10 +160,19 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.guard(source, Kind.TYPE, (functools.partial,), where)
             for part in ("func", "args", "keywords"):
                 self.adopt(getattr(value, part), Attr(source, part), where=where)
+        elif isinstance(value, (staticmethod, classmethod, property)):  # (a class's entry: the functions it runs)
+            self.guard(source, Kind.ID, value, where)
+            for role in ("__func__",) if not isinstance(value, property) else ("fget", "fset", "fdel"):
+                if getattr(value, role) is not None:
+                    self.adopt(getattr(value, role), Attr(source, role), where=where)
         elif isinstance(value, BY_IDENTITY):
             self.guard(source, Kind.ID, value, where)
             if isinstance(value, types.ModuleType):  # (reached as a value: any of its attributes may be read)
                 self._note_user_namespace(value)
+            elif isinstance(value, type):  # (`cfg.scale`, `Cfg.act(x)` on the class itself: no watch sees the read)
+                self._adopt_class(value, where)
+                if type(value) is not type:  # (a user metaclass: its properties, `Cfg.shift`)
+                    self._adopt_class(type(value), where)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
         elif not hidden_state(type(value)) and self.watch.watch(value):
@@ -206,7 +215,9 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 # Dunder methods too (`act(x)` calls `__call__`, `table[3]` `__getitem__`, `Klass()` `__init__`:
                 # through type slots, with no attribute read to guard); dunder data (`__module__`, `__dict__`,
                 # dataclass tables) is the class's own bookkeeping.
-                if not (name.startswith("__") and name.endswith("__")) or isinstance(value, _METHODS):
+                if isinstance(value, types.FunctionType):  # (a method's own attributes: guarded if it has any)
+                    self._adopt_callable(value, Item(namespace, name), where, fields=bool(vars(value)))
+                elif not (name.startswith("__") and name.endswith("__")) or isinstance(value, _METHODS):
                     self.adopt(value, Item(namespace, name), where=where)
 
     def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
