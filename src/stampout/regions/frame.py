@@ -275,6 +275,10 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
 
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)
+        for registry in ("_modules", "_parameters", "_keys"):  # (their order is the order `items()` walks)
+            names = container.__dict__.get(registry)
+            if type(names) is dict and names:
+                self.guard(Attr(source, registry), Kind.KEYS, tuple(names), where)
         children = container.__dict__.get("_parameters") or {}
         children = {**children, **container.__dict__.get("_modules", {})}
         for key, child in children.items():
