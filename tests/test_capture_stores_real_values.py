@@ -3,6 +3,8 @@ where eager would have stored a real value, the real value is stored or the capt
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from torch import nn
@@ -134,3 +136,21 @@ def test_a_module_made_in_the_call_draws_its_weights_on_every_call_as_eager():
         expected = fresh_layer(x)
         torch.manual_seed(seed)
         torch.testing.assert_close(cap(x), expected)
+
+
+RECENT: collections.deque = collections.deque(maxlen=3)
+
+
+def _keeps_recent(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    RECENT.append(h)
+    return h + 1
+
+
+def test_a_traced_value_kept_in_a_global_deque_is_given_its_real_value():
+    # (the real-value walk set dict and list items only: the deque kept the capture's FakeTensor)
+    RECENT.clear()
+    x = torch.randn(3)
+    stampout.capture(_keeps_recent, x)
+    assert len(RECENT) == 1 and type(RECENT[0]) is torch.Tensor
+    torch.testing.assert_close(RECENT[0], x * 2)
