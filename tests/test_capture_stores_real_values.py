@@ -4,6 +4,7 @@ where eager would have stored a real value, the real value is stored or the capt
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 import torch
@@ -154,3 +155,27 @@ def test_a_traced_value_kept_in_a_global_deque_is_given_its_real_value():
     stampout.capture(_keeps_recent, x)
     assert len(RECENT) == 1 and type(RECENT[0]) is torch.Tensor
     torch.testing.assert_close(RECENT[0], x * 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    t: torch.Tensor
+
+
+KEPT: dict = {}
+
+
+def _keeps_frozen(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    KEPT["last"] = _Frozen(h)
+    return h + 1
+
+
+def test_a_traced_value_in_a_frozen_dataclass_is_given_its_real_value():
+    # (the real value was set with setattr, which a frozen dataclass refuses: the capture raised
+    # FrozenInstanceError and left the FakeTensor there)
+    KEPT.clear()
+    x = torch.randn(3)
+    stampout.capture(_keeps_frozen, x)
+    assert type(KEPT["last"].t) is torch.Tensor
+    torch.testing.assert_close(KEPT["last"].t, x * 2)
