@@ -78,9 +78,9 @@ def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:
     from torch._dynamo.guards import GuardManagerType
 
     root = RootGuardManager()
-    holder = {i: d for i, d in enumerate(dicts)}
-    for i, d in enumerate(dicts):
-        manager = root.dict_getitem_manager(i, f"dicts[{i}]", d, GuardManagerType.GUARD_MANAGER)
+    holder = tuple(dicts)  # (a tuple's items are read by index in C: half a dict lookup's cost per dict)
+    for i, d in enumerate(holder):
+        manager = root.tuple_getitem_manager(i, f"dicts[{i}]", d, GuardManagerType.GUARD_MANAGER)
         manager.add_dict_version_guard(d, [f"dict_version(dicts[{i}])"], None)
     return functools.partial(root.check, holder)
 
