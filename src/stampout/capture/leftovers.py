@@ -142,6 +142,8 @@ def carried_state(cap: Capture, left: list[tuple[Any, Any, Place]], ctx: CallCon
     update: the capture puts the tensor read back, and each call stores the graph's value."""
     places = {(id(obj), key): k for k, (obj, key, _) in enumerate(left)}
     carried: dict[int, torch.Tensor] = {}
+    if not places:  # (nothing left: no lifted tensor's place to match; its sources are not resolved)
+        return carried
     memo: dict[Any, Any] = {}
     for t, source in cap.lifted:
         if not isinstance(source, Attr) or source.base() is None:

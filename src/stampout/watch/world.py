@@ -27,7 +27,7 @@ from .. import config
 from ..sources import Place
 from ..torch_internals import FakeTensor
 from ..trace.shapes import concrete
-from ..trace.structure import ATOMIC, holds_fake, plain_object, referents, slot_fields
+from ..trace.structure import ATOMIC, holds_fake, plain_object, public_names, referents, slot_fields
 
 
 @dataclass
@@ -86,8 +86,8 @@ class FieldsBefore:
             fields = getattr(v, "__dict__", None)
             if type(fields) is not dict or not (depth == 0 or plain_object(v) or type(v) is types.FunctionType):
                 return
-            self.fields[id(v)] = (v, {k: x for k, x in fields.items() if not k.startswith("_")})
-            inside = [x for k, x in fields.items() if not k.startswith("_")]
+            kept = self.fields[id(v)] = (v, {k: fields[k] for k in public_names(tuple(fields))})
+            inside = kept[1].values()
         if depth < config.scan_depth:
             for x in inside:
                 self._note(x, depth + 1)
@@ -129,8 +129,9 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None,
             continue
         cleared[id(obj)] = obj
         dirty = []
-        for k, v in list(fields.items()):
-            if k.startswith("_") or type(v) in ATOMIC or id(v) in cleared:
+        for k in public_names(tuple(fields)):
+            v = fields[k]
+            if type(v) in ATOMIC or id(v) in cleared:
                 continue
             if holds_fake(v, whole=True):
                 dirty.append(k)
