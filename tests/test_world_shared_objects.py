@@ -118,6 +118,7 @@ def test_layer_20_of_32_leaves_a_fake_in_the_shared_config_or_a_submodule_and_it
                 layer.forward = stampout.region(Kept.forward.__get__(layer))
         x = torch.randn(2, 8)
         expected = model(x)
+        last = model.layers[20].lin.__dict__.get("last")
         for obj in (cfg, cfg.inner, model.layers[20].lin):
             obj.__dict__.pop("table", None)
             obj.__dict__.pop("last", None)
@@ -126,3 +127,5 @@ def test_layer_20_of_32_leaves_a_fake_in_the_shared_config_or_a_submodule_and_it
         assert (cap.stats.traces, cap.stats.reuses) == (2, 30), (where, cap.stats)
         assert _fakes_in(cfg) == [] and _fakes_in(cfg.inner) == [], where
         assert all(_fakes_in(layer.lin) == [] for layer in model.layers), where
+        if where == "lin":  # (the left-over pass found it: stored real, as eager leaves it)
+            torch.testing.assert_close(model.layers[20].lin.last, last)

@@ -65,6 +65,8 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
     (holder, key, Place), each appended to `plan.extra` so the graph computes its real
     value."""
     found: list[tuple[Any, Any, Place]] = []
+    if not holds_fake(holders, whole=True):  # (one walk: no fake and no symbolic size anywhere the holders reach,
+        return found  # so no place below holds one either; a program that stores none pays one walk, not one a holder)
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
     reals = {id(fake): t for t, fake in tracer._fakes.values() if type(t) is not FakeTensor}
