@@ -455,7 +455,8 @@ class ProgramCapture:
                                        user_location(), "store the tensors themselves, or use stampout.compile")
         # A tensor the graph computes, still fake where no store can put its real value (a dict key, a tuple): refused.
         nodes = self.tracer.root.nodes
-        places = [*self.objects(), *self.handler.snapshot.contents()]
+        objects = self.objects()  # (the same list below: moved_parameter, in between, only reads)
+        places = [*objects, *self.handler.snapshot.contents()]
         # (not real: export puts the objects back itself.) First whether anything traced is left at all: where not
         # (the common case), what that walk went through is clean for the world repair below, which then walks
         # none of it again (Note: clean objects; nothing in between stores a traced value)
@@ -466,7 +467,7 @@ class ProgramCapture:
                  if real and self.refusal is None and not stuck else None)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): put back
         # as it was before the program ran.
-        left_behind = restore_world(self.handler, None, self.objects(), self.fields_before, clean)
+        left_behind = restore_world(self.handler, None, objects, self.fields_before, clean)
         if stuck and self.refusal is None:
             self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
                                    "store can give it its real value (a dict key, a tuple, a partial's arguments, "
