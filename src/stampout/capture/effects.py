@@ -11,6 +11,7 @@ keyed by a traced tensor) makes the program ineligible: `compile` runs it eagerl
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,8 +252,8 @@ class Registries:
                        if type(d := m.__dict__.get(name)) is dict]
 
     def changed(self) -> list[tuple[torch.nn.Module, str, dict, dict]]:
-        return [(m, name, d, old) for m, name, d, old in self.before
-                if list(d) != list(old) or any(d[k] is not v for k, v in old.items())]
+        return [(m, name, d, old) for m, name, d, old in self.before  # (same keys in order: values by position)
+                if list(d) != list(old) or not all(map(operator.is_, d.values(), old.values()))]
 
     def plan(self, program: Any) -> None:
         """Note each changed dict on the program's frame (its effects are then planned and undone with the
@@ -274,8 +275,11 @@ class Registries:
     def made_modules(self) -> list[str]:
         """`Owner.name` of each submodule registered during the call that was not in the tree before (its
         parameters were initialized on fakes: a capture cannot give them eager's values)."""
+        changed = [c for c in self.changed() if c[1] == "_modules"]
+        if not changed:  # (no submodule registry changed: nothing made)
+            return []
         known = {id(m) for m, *_ in self.before}
-        return [f"{type(m).__name__}.{k}" for m, name, d, old in self.changed() if name == "_modules"
+        return [f"{type(m).__name__}.{k}" for m, _, d, old in changed
                 for k, v in d.items() if old.get(k) is not v and v is not None and id(v) not in known]
 
     def put_back(self) -> None:

@@ -32,7 +32,7 @@ from ..trace.frames import swallowed, user_location
 from ..trace.names import TensorNames, identifier
 from ..trace.recording import refuse_shared_memory
 from ..trace.shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
-from ..trace.structure import aliases_of, flatten_inputs, found_within, positional_names, to_template
+from ..trace.structure import aliases_of, flatten_inputs, found_within, holds_fake, positional_names, to_template
 from ..trace.tracer import Tracer
 from ..watch.functools_caches import CacheReads
 from ..watch.tracking import Watch
@@ -127,6 +127,7 @@ class ProgramCapture:
         self.unreplayable = ""
         self.left: list = []
         self.refusal: str | None = None  # (a capture refused once the objects are as eager leaves them)
+        self.clean: dict[int, Any] = {}  # (what the left-over pass found reaching no traced value: see store_on_inputs)
 
     def run(self) -> Capture:
         """The hops, in order; the `Capture`."""
@@ -156,9 +157,10 @@ class ProgramCapture:
             raise CaptureError(self.refusal)
         return cap
 
-    def objects(self) -> list[Any]:
-        """The objects the program's Python may have changed: its modules and the objects its inputs hold."""
-        return [*modules_of(self.fn), *held_map(self.leaves, self.labels)]
+    def objects(self, modules: list[Any] | None = None) -> list[Any]:
+        """The objects the program's Python may have changed: its modules (`modules`, where listed already) and the
+        objects its inputs hold."""
+        return [*(modules_of(self.fn) if modules is None else modules), *held_map(self.leaves, self.labels)]
 
     def refuse_lost_gradients(self) -> None:
         refusal = autograd_refusal(self.fn, own_hooks_outside=self.body is not None and not self.sharded,
@@ -236,10 +238,10 @@ class ProgramCapture:
             hold_input_containers(held, self.signature_of, fn, self.fake_args, self.fake_kwargs)
         self.held = held
         self.before = {id(obj): object_fields(obj) for obj in held}
-        self.fields_before = FieldsBefore.take(self.objects())  # (what the world repair puts back)
+        modules = modules_of(fn)  # (one list for both: nothing in between changes the tree)
+        self.fields_before = FieldsBefore.take(self.objects(modules))  # (what the world repair puts back)
         states = RandomStates.save()
         self.tracer.rng_state = states.torch_cpu
-        modules = modules_of(fn)
         registries = Registries(modules)
         handler.snapshot.note_program([frame_function(fn), *methods_of(modules), *hooks_of(modules)])
         handler.snapshot.note_settings()
@@ -378,7 +380,7 @@ class ProgramCapture:
                 holders += [h for h in held if not isinstance(h, (list, dict, set))
                             or type(h) in (list, dict) and in_input_container(held[h])]
             holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
-            self.left = left_over_fakes(holders, tracer, plan)
+            self.left = left_over_fakes(holders, tracer, plan, self.clean)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
             self.refusal = self.refusal or drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):],
                                                        self.made_modules)
@@ -455,14 +457,21 @@ class ProgramCapture:
                                        user_location(), "store the tensors themselves, or use stampout.compile")
         # A tensor the graph computes, still fake where no store can put its real value (a dict key, a tuple): refused.
         nodes = self.tracer.root.nodes
-        places = [*self.objects(), *self.handler.snapshot.contents()]
-        stuck = real and found_within(places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True,
-                                      whole=True)  # (not real: export puts the objects back itself)
+        objects = self.objects()  # (the same list below: moved_parameter, in between, only reads)
+        places = [*objects, *self.handler.snapshot.contents()]
+        # (not real: export puts the objects back itself.) First whether anything traced is left at all: where not
+        # (the common case), what that walk went through is clean for the world repair below, which then walks
+        # none of it again (Note: clean objects; nothing in between stores a traced value)
+        # The left-over pass's clean objects too, where it found nothing left (so no fake was made real) and no
+        # container the program was given was copied back: what ran since stored real values only.
+        clean = self.clean if not self.unreplayable else {}
+        stuck = real and holds_fake(places, whole=True, clean=clean) and found_within(
+            places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True, whole=True)
         moved = (moved_parameter(cap, CallContext([self.fn, *self.leaves], frame_function(self.fn)))
                  if real and self.refusal is None and not stuck else None)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): put back
         # as it was before the program ran.
-        left_behind = restore_world(self.handler, None, self.objects(), self.fields_before)
+        left_behind = restore_world(self.handler, None, objects, self.fields_before, clean)
         if stuck and self.refusal is None:
             self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
                                    "store can give it its real value (a dict key, a tuple, a partial's arguments, "
