@@ -19,7 +19,7 @@ from ..guards.guard import DeferredTensors, Guard, Kind, compile_guards, first_f
 from ..guards.instance_facts import InstanceFacts
 from ..regions.fingerprint import describe_difference, without_sizes
 from ..sources import MISSING, Absolute, AnchoredContext, Attr, CallContext, Source, TypeOf
-from ..torch_internals import DisableTorchFunction, dict_sentinel, tensor_guards
+from ..torch_internals import DisableTorchFunction, instance_dicts_sentinel, tensor_guards
 from ..trace.memory import memory_span, spans_of
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch
@@ -128,7 +128,7 @@ class EntryState:
         self.known: tuple = ()  # the fixed lifted inputs alone, in placeholder order (see _merge_order)
         self.bases = spans_of(fixed)  # the memory of the fixed lifted tensors, for overlaps_fixed (per_call_aliases.py)
         self.anchors = anchors  # the objects the per-call check starts from (protection.Anchors)
-        self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write)
+        self.unwritten = unwritten  # the watched modules' __dict__s are as they were (no bypassing write, none replaced)
         self.tensors = tensors
         self.names = names
         self.fixed = fixed
@@ -251,7 +251,7 @@ class Entry:
                 if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
                     modules[id(obj)] = obj
             modules.update((id(m), m) for m in self.anchors.holders(ctx, memo))
-            unwritten = self.swapped.and_held(dict_sentinel([m.__dict__ for m in modules.values()]), ctx, memo)
+            unwritten = self.swapped.and_held(instance_dicts_sentinel(list(modules.values())), ctx, memo)
         state = EntryState(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
                            tensor_guards(unique), unwritten, anchors)
         state.known = tuple(v for v, s in zip(fixed, self.fixed_sources) if s is not None)

@@ -236,6 +236,7 @@ from .checks import (  # noqa: E402, F401
     dispatch_modes,
     function_modes,
     global_flags,
+    instance_dicts_sentinel,
     tensor_guards,
 )
 from .fakes import FakeMaker  # noqa: E402, F401

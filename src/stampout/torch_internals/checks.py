@@ -85,6 +85,24 @@ def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:
     return functools.partial(root.check, holder)
 
 
+def instance_dicts_sentinel(objects: list[Any]) -> Callable[[], bool]:
+    """A C++ check that each of `objects` still has the `__dict__` it has now, unwritten: the dict is read from the
+    object on every call (in C, no Python code of it runs), so a dict put in its place (`object.__setattr__(m,
+    '__dict__', d)`, which no `__setattr__` sees and which leaves the old dict's version as it was) fails, its
+    version tag being another dict's."""
+    from torch._C._dynamo.guards import RootGuardManager
+    from torch._dynamo.guards import GuardManagerType
+
+    kind = GuardManagerType.GUARD_MANAGER
+    root = RootGuardManager()
+    holder = tuple(objects)
+    for i, obj in enumerate(holder):
+        node = root.tuple_getitem_manager(i, f"objects[{i}]", obj, kind)
+        node.get_generic_dict_manager("__dict__", None, kind).add_dict_version_guard(
+            obj.__dict__, [f"dict_version(objects[{i}].__dict__)"], None)
+    return functools.partial(root.check, holder)
+
+
 class ObjectFacts:
     """One C++ check (Dynamo's guard manager tree) that objects reached from a tuple of roots are as they were:
     `node(parent, how, key, value)` steps from a node (None: the roots' tuple) by a tuple, list or dict item,

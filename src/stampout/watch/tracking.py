@@ -9,6 +9,7 @@ ends or the compiled function lets go.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -148,6 +149,7 @@ class WriteWatch:
             WRITE_IDS[key] = 1
             if isinstance(obj, torch.nn.Module):
                 _bumping_registries(obj, _BumpingDict)
+                _bumping_hooks(obj, True)
         shared[2] += 1
         self._mine.add(key)
         return True
@@ -164,10 +166,28 @@ class WriteWatch:
                     _set_class(obj, previous)
                 if isinstance(obj, torch.nn.Module):
                     _bumping_registries(obj, dict)
+                    _bumping_hooks(obj, False)
                 del _WRITE_WATCHERS[key]
                 WRITE_IDS.pop(key, None)
         self._mine.clear()
         EPOCH.bump()
+
+
+def _bumping(base: type, names: tuple[str, ...]) -> dict[str, Callable]:
+    """`base`'s methods `names`, each bumping EPOCH after it writes."""
+    def bumping(method: Callable) -> Callable:
+        def bumped(self, *args, **kwargs):
+            out = method(self, *args, **kwargs)
+            EPOCH.value += 1
+            return out
+
+        bumped.__name__ = method.__name__
+        return bumped
+
+    return {name: bumping(getattr(base, name)) for name in names}
+
+
+_WRITES = ("pop", "popitem", "clear", "update", "setdefault", "__ior__")
 
 
 class _BumpingDict(dict):
@@ -184,24 +204,18 @@ class _BumpingDict(dict):
         dict.__delitem__(self, key)
         EPOCH.value += 1
 
-    def _bump_after(name: str):  # noqa: N805  (builds methods below)
-        method = getattr(dict, name)
+    locals().update(_bumping(dict, _WRITES))
 
-        def bumped(self, *args, **kwargs):
-            out = method(self, *args, **kwargs)
-            EPOCH.value += 1
-            return out
 
-        bumped.__name__ = name
-        return bumped
+class _BumpingHooks(OrderedDict):
+    """An empty hook dict of a watched module (see `_bumping_hooks`): a hook stored straight into it
+    (`module._forward_hooks[k] = fn`, no `register_forward_hook` call) bumps EPOCH."""
 
-    pop = _bump_after("pop")
-    popitem = _bump_after("popitem")
-    clear = _bump_after("clear")
-    update = _bump_after("update")
-    setdefault = _bump_after("setdefault")
-    __ior__ = _bump_after("__ior__")
-    del _bump_after
+    __slots__ = ()
+    locals().update(_bumping(OrderedDict, ("__setitem__", "__delitem__", "move_to_end", *_WRITES)))
+
+    def __reduce__(self):  # (pickled and copied as the OrderedDict torch made)
+        return OrderedDict, (list(self.items()),)
 
 
 _REGISTRIES = ("_parameters", "_buffers", "_modules")
@@ -214,6 +228,24 @@ def _bumping_registries(module: torch.nn.Module, kind: type) -> None:
         registry = d.get(name)
         if isinstance(registry, dict) and type(registry) is not kind:
             d[name] = kind(registry)
+
+
+# The hook dicts whose emptiness a module call tests (`_call_impl` runs hooks when one is not empty). The guard
+# that found them empty is checked only after a write to a watched module, so an empty one is swapped for a
+# _BumpingHooks while the module is watched (and back, while still empty, when it is let go). A non-empty one
+# stays: its hooks are guarded on every call (protection.py), and their handles hold that dict (weakly) to
+# remove them from.
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _bumping_hooks(module: torch.nn.Module, watched: bool) -> None:
+    d = module.__dict__
+    for name in _HOOK_DICTS:
+        hooks = d.get(name)
+        if watched and type(hooks) is OrderedDict and not hooks:
+            d[name] = _BumpingHooks()
+        elif not watched and type(hooks) is _BumpingHooks and not hooks:
+            d[name] = OrderedDict()
 
 
 def _registration_hook(module: Any, *_: Any) -> None:
