@@ -18,10 +18,13 @@ check, going by whole storages, would refuse: their elements share no byte, so t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..guards.guard import NATIVE_FROM
+from ..torch_internals import tensor_facts
 from ..trace.memory import Spans, memory_span, spans_of
 from ..trace.structure import aliases_of, show_aliases
 
@@ -39,8 +42,9 @@ class PerCallAliases:
     def __init__(self, expected: tuple, pinned: bool) -> None:
         self.expected = expected
         self.pinned = pinned
-        # (data pointers, or ids then data pointers; the memory they use; whether the pointers alone decide)
-        self._memo: tuple[tuple[int, ...], Spans, bool] | None = None
+        # (whether the tensors are at the same pointers, and the same objects where the pointers alone do not decide;
+        # the memory they use)
+        self._memo: tuple[Callable[[tuple], bool], Spans] | None = None
 
     def holds(self, leaves: list[Any], per_call: tuple, inputs: list[torch.Tensor] | None = None,
               input_spans: list | None = None) -> bool:
@@ -50,10 +54,7 @@ class PerCallAliases:
         memo = self._memo
         if memo is not None:
             try:
-                if memo[2]:
-                    same = tuple(map(_data_ptr, per_call)) == memo[0]
-                else:
-                    same = (*map(id, per_call), *map(_data_ptr, per_call)) == memo[0]
+                same = memo[0](per_call)
             except (TypeError, RuntimeError):
                 same = False
             if same and self._apart(inputs, memo[1], input_spans):
@@ -96,11 +97,16 @@ class PerCallAliases:
             alone = _ranges_apart(per_call)
         except (TypeError, RuntimeError, NotImplementedError):
             return
-        if not alone:
+        same: Callable[[tuple], bool] | None = None
+        if alone:  # (one native pass over them where there are many: their metadata and pointers, as now)
+            same = tensor_facts(per_call, pointers=True) if len(per_call) >= NATIVE_FROM else None
+            same = same or (lambda now: tuple(map(_data_ptr, now)) == pointers)
+        else:
             pointers = (*map(id, per_call), *pointers)
+            same = lambda now: (*map(id, now), *map(_data_ptr, now)) == pointers  # noqa: E731
         taken = spans_of(per_call)
         # (only when the inputs kept apart from the per-call tensors, as `holds` will require of later calls)
-        self._memo = (pointers, taken, alone) if self._apart(inputs, taken) else None
+        self._memo = (same, taken) if self._apart(inputs, taken) else None
 
 
 def _ranges_apart(tensors: tuple) -> bool:

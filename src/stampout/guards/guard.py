@@ -16,7 +16,7 @@ import torch
 
 from .. import caches
 from ..sources import MISSING, Absolute, Attr, CallContext, Closure, Item, SlotItem, Source, mro_attr
-from ..torch_internals import DisableTorchFunction, tensor_guards
+from ..torch_internals import DisableTorchFunction, tensor_facts, tensor_guards
 from ..trace.names import written_as_is
 from ..trace.tensormeta import meta_values, tensor_kind, tensor_meta
 from .hook_keys import describe_hooks, hooks_key
@@ -164,30 +164,40 @@ def _code_of(code: str) -> types.CodeType:
 caches.register(_code_of, "guards.predicate code")
 
 _storage_offset = torch.Tensor.storage_offset
+NATIVE_FROM = 16  # tensors from which a check is made native (fewer: TensorGuards costs about as little)
+
+
+def _fast_check(values: tuple, offsets: tuple) -> Callable[[tuple], bool]:
+    native = tensor_facts(values) if len(values) >= NATIVE_FROM else None
+    if native is not None:
+        return native
+    guards = tensor_guards(list(values))
+    return lambda now: guards.check(*now) and tuple(map(_storage_offset, now)) == offsets
 
 
 class DeferredTensors:
     """The metadata checks `compile_guards` left out of a generated predicate (`deferred`), on the tensors it
-    returns: one C++ check (TensorGuards: class, sizes, strides, dtype, device, requires_grad, dispatch keys),
-    made from the first tensors that passed the exact check in Python. Where the C++ check fails (a tensor
+    returns: one native pass (class, sizes, strides, storage offset, dtype, device, requires_grad, dispatch keys:
+    torch_internals.tensor_facts; TensorGuards and the offsets in Python for a few tensors, or where it is not
+    available), made from the first tensors that passed the exact check in Python. Where that fails (a tensor
     listed twice, other dispatch keys) the exact check decides, so it admits exactly what the Python guards
-    admit: the C++ check passing implies it."""
+    admit: the fast check passing implies it."""
 
     __slots__ = ("expected", "offsets", "fast")
 
     def __init__(self, guards: list[Guard]) -> None:
         self.expected = [tuple(g.expected) for g in guards]
         self.offsets = tuple(g.expected.offset for g in guards)  # (TensorGuards does not compare them)
-        self.fast: Any = None
+        self.fast: Callable[[tuple], bool] | None = None
 
     def check(self, values: tuple) -> bool:
         fast = self.fast
-        if fast is not None and fast.check(*values):  # (so each value is a tensor of the expected class)
-            return tuple(map(_storage_offset, values)) == self.offsets
+        if fast is not None and fast(values):  # (so each value is a tensor of the expected class)
+            return True
         if not all(isinstance(v, torch.Tensor) and meta_values(v) == e for v, e in zip(values, self.expected)):
             return False
         if fast is None and len({id(v) for v in values}) == len(values):
-            self.fast = tensor_guards(list(values))  # (TensorGuards rejects a tensor listed twice)
+            self.fast = _fast_check(tuple(values), self.offsets)  # (TensorGuards rejects a tensor listed twice)
         return True
 
     def admit(self, values: tuple, n: int) -> tuple | None:

@@ -1,0 +1,246 @@
+"""One native pass over many tensors: the metadata a guard compares (class, dispatch keys, dtype, device,
+requires_grad, layout, sizes, strides, storage offset) and, where asked, the data pointer, read from the
+TensorImpl in C++ without a Python call per tensor.
+
+# Note: why not TensorGuards and Python calls
+A decode step reads 240 cache tensors per call at 80 layers. TensorGuards checks their metadata in C++, but
+the storage offset (which it does not compare) and the data pointer (which decides the aliasing memo,
+compile/per_call_aliases.py) were one Python method call per tensor each: about 45 us a call together, growing
+with depth. This check reads all of it in one loop, a few ns per tensor.
+
+The extension is compiled on first need with the system's C++ compiler against torch's headers (c10 only: about
+one second) into the Inductor cache dir, and loaded from there afterwards. Where it cannot be built or loaded,
+or the tensor object layout it assumes does not hold (checked on a probe tensor at load), `tensor_facts` answers
+None and the callers keep their Python checks. It is stricter than TensorGuards (the thread's dispatch key
+modifiers are compared as they were, not applied), never looser: a failure sends the caller to its exact check.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger("stampout.guards")
+
+_SOURCE = r"""
+#include <Python.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <vector>
+
+namespace {
+Py_ssize_t impl_offset = -1;  // where a torch.Tensor object holds its TensorImpl pointer (checked at load)
+
+struct Fact {
+  PyTypeObject* type;
+  uint64_t keys;
+  int dtype, device_type, device_index, layout;
+  bool requires_grad;
+  int64_t offset;
+  const void* data;
+  std::vector<int64_t> sizes, strides;
+};
+
+struct Facts {
+  std::vector<Fact> facts;
+  uint64_t included, excluded;
+  bool pointers;
+};
+
+inline c10::TensorImpl* impl_of(PyObject* o) {
+  return *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(o) + impl_offset);
+}
+
+bool read(PyObject* o, Fact& f, bool pointers) {
+  c10::TensorImpl* t = impl_of(o);
+  if (t == nullptr || t->layout() != c10::kStrided || t->has_symbolic_sizes_strides() || !t->has_storage()) {
+    return false;
+  }
+  f.type = Py_TYPE(o);
+  f.keys = t->key_set().raw_repr();
+  f.dtype = static_cast<int>(t->dtype().toScalarType());
+  c10::Device device = t->device();
+  f.device_type = static_cast<int>(device.type());
+  f.device_index = device.index();
+  f.layout = static_cast<int>(t->layout());
+  f.requires_grad = t->requires_grad();
+  auto sizes = t->sizes();
+  auto strides = t->strides();
+  f.sizes.assign(sizes.begin(), sizes.end());
+  f.strides.assign(strides.begin(), strides.end());
+  f.offset = t->storage_offset();
+  f.data = pointers ? t->storage().data() : nullptr;
+  return true;
+}
+
+bool same(PyObject* o, const Fact& f, bool pointers) {
+  if (Py_TYPE(o) != f.type) return false;
+  c10::TensorImpl* t = impl_of(o);
+  if (t->key_set().raw_repr() != f.keys || t->storage_offset() != f.offset || !t->has_storage() ||
+      static_cast<int>(t->dtype().toScalarType()) != f.dtype || t->requires_grad() != f.requires_grad ||
+      t->has_symbolic_sizes_strides() || static_cast<int>(t->layout()) != f.layout) {
+    return false;
+  }
+  c10::Device device = t->device();
+  if (static_cast<int>(device.type()) != f.device_type || device.index() != f.device_index) return false;
+  auto sizes = t->sizes();
+  auto strides = t->strides();
+  if (sizes.size() != f.sizes.size() || strides.size() != f.strides.size()) return false;
+  for (size_t i = 0; i < f.sizes.size(); ++i) {
+    if (sizes[i] != f.sizes[i] || strides[i] != f.strides[i]) return false;
+  }
+  return !pointers || t->storage().data() == f.data;
+}
+
+void drop(PyObject* capsule) { delete static_cast<Facts*>(PyCapsule_GetPointer(capsule, "facts")); }
+
+PyObject* set_offset(PyObject*, PyObject* arg) {
+  impl_offset = PyLong_AsSsize_t(arg);
+  if (PyErr_Occurred()) return nullptr;
+  Py_RETURN_NONE;
+}
+
+// (a tensor) -> its TensorImpl's address as this module reads it (the load-time layout check)
+PyObject* impl_address(PyObject*, PyObject* arg) {
+  return PyLong_FromVoidPtr(impl_of(arg));
+}
+
+// (tuple of tensors, pointers: bool) -> capsule, or None where one of them is not a plain strided tensor
+PyObject* record(PyObject*, PyObject* args) {
+  PyObject* tensors;
+  int pointers;
+  if (!PyArg_ParseTuple(args, "O!p", &PyTuple_Type, &tensors, &pointers)) return nullptr;
+  auto* facts = new Facts();
+  facts->pointers = pointers;
+  auto local = c10::impl::tls_local_dispatch_key_set();
+  facts->included = local.included_.raw_repr();
+  facts->excluded = local.excluded_.raw_repr();
+  Py_ssize_t n = PyTuple_GET_SIZE(tensors);
+  facts->facts.resize(n);
+  try {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!read(PyTuple_GET_ITEM(tensors, i), facts->facts[i], pointers)) {
+        delete facts;
+        Py_RETURN_NONE;
+      }
+    }
+  } catch (...) {
+    delete facts;
+    Py_RETURN_NONE;
+  }
+  return PyCapsule_New(facts, "facts", drop);
+}
+
+// (capsule, tuple) -> whether each item is as recorded
+PyObject* check(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyTuple_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "check(facts, tuple)");
+    return nullptr;
+  }
+  auto* facts = static_cast<Facts*>(PyCapsule_GetPointer(args[0], "facts"));
+  if (facts == nullptr) return nullptr;
+  PyObject* values = args[1];
+  Py_ssize_t n = PyTuple_GET_SIZE(values);
+  if (n != static_cast<Py_ssize_t>(facts->facts.size())) Py_RETURN_FALSE;
+  auto local = c10::impl::tls_local_dispatch_key_set();
+  if (local.included_.raw_repr() != facts->included || local.excluded_.raw_repr() != facts->excluded) {
+    Py_RETURN_FALSE;
+  }
+  try {
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!same(PyTuple_GET_ITEM(values, i), facts->facts[i], facts->pointers)) Py_RETURN_FALSE;
+    }
+  } catch (...) {
+    Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
+PyMethodDef methods[] = {
+    {"set_offset", set_offset, METH_O, nullptr},
+    {"impl_address", impl_address, METH_O, nullptr},
+    {"record", record, METH_VARARGS, nullptr},
+    {"check", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(check)), METH_FASTCALL, nullptr},
+    {nullptr, nullptr, 0, nullptr}};
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "MODULE_NAME", nullptr, -1, methods};
+}  // namespace
+
+PyMODINIT_FUNC PyInit_MODULE_NAME(void) { return PyModule_Create(&module); }
+"""
+
+_PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
+_LOCK = threading.Lock()
+_LOADED: list[Any] = []  # [module or None] once tried
+
+
+def _build() -> Any:
+    torch_dir = os.path.dirname(torch.__file__)
+    key = hashlib.sha256(f"{_SOURCE}{torch.__version__}{sys.version}".encode()).hexdigest()[:16]
+    name = f"stampout_tensors_{key}"
+    from . import cache_dir
+
+    folder = os.path.join(cache_dir(), "stampout", "native")
+    target = os.path.join(folder, name + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not os.path.exists(target):
+        os.makedirs(folder, exist_ok=True)
+        source = os.path.join(folder, f"{name}.{os.getpid()}.cpp")
+        with open(source, "w", encoding="utf-8") as f:
+            f.write(_SOURCE.replace("MODULE_NAME", name))
+        partial = f"{target}.{os.getpid()}.tmp"
+        lib = os.path.join(torch_dir, "lib")
+        cmd = [os.environ.get("CXX", "c++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
+               "-I", os.path.join(torch_dir, "include"), "-I", sysconfig.get_paths()["include"], source, "-o", partial,
+               "-L", lib, "-lc10", f"-Wl,-rpath,{lib}"]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+            os.replace(partial, target)  # (atomic: another process may build it too)
+        finally:
+            for path in (source, partial):
+                if os.path.exists(path):
+                    os.remove(path)
+    spec = importlib.util.spec_from_file_location(name, target)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    probe = torch.zeros(1)
+    for offset in (16, 24, 32):  # (where THPVariable keeps the tensor: after the object header)
+        module.set_offset(offset)
+        if module.impl_address(probe) == probe._cdata:
+            return module
+    raise RuntimeError("the tensor object layout is not the one the native check knows")
+
+
+def native() -> Any:
+    """The compiled extension (built on the first call, in this thread); None where it cannot be had."""
+    if not _LOADED:
+        with _LOCK:
+            if not _LOADED:
+                try:
+                    _LOADED.append(_build())
+                except Exception as e:  # (no compiler, other headers, another layout: the Python checks stay)
+                    log.info("no native tensor check (%s: %s); the Python checks run", type(e).__name__, e)
+                    _LOADED.append(None)
+    return _LOADED[0]
+
+
+def tensor_facts(tensors: tuple, pointers: bool = False) -> Callable[[tuple], bool] | None:
+    """A check `check(values)` that `values` (a tuple) are tensors of `tensors`' classes and metadata (and, with
+    `pointers`, data pointers), as now; None where the native check cannot vouch for them (a tensor of another
+    class or layout, symbolic sizes, no storage) or is not available."""
+    if not all(type(t) in _PLAIN for t in tensors):
+        return None
+    module = native()
+    if module is None:
+        return None
+    capsule = module.record(tuple(tensors), pointers)
+    return None if capsule is None else functools.partial(module.check, capsule)
