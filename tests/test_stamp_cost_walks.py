@@ -6,7 +6,9 @@ times: the walks' soundness is test_world_shared_objects' (a fake left by layer 
 from __future__ import annotations
 
 import collections
+import importlib
 
+import pytest
 import torch
 from torch import nn
 
@@ -78,3 +80,38 @@ def test_a_path_hashes_as_the_same_path_spelled_again() -> None:
     assert a == b and hash(a) == hash(b)
     assert {a: 1}[b] == 1
     assert Attr(Arg(0, "self"), "w") != Attr(Arg(1, "x"), "w")
+
+
+def test_a_capture_lists_the_module_tree_once_before_and_once_after_the_run(monkeypatch) -> None:
+    """Each listing opens every module of the model: a capture lists the tree once while no Python of the program
+    has run (the lazy-module and backward-hook checks, the world's snapshot) and once after (the left-over pass,
+    the world repair), not once per pass."""
+    program = importlib.import_module("stampout.capture.program")
+    leftovers = importlib.import_module("stampout.capture.leftovers")
+    listed = []
+    modules_of = leftovers.modules_of
+
+    def counting(fn):
+        listed.append(fn)
+        return modules_of(fn)
+
+    monkeypatch.setattr(program, "modules_of", counting)
+    monkeypatch.setattr(leftovers, "modules_of", counting)
+    opened: collections.Counter = collections.Counter()
+    model = Stack(4)
+    for m in model.modules():  # (and no pass walks `modules()` from each module of the tree again)
+        monkeypatch.setattr(m, "modules", lambda m=m, f=m.modules: opened.update([id(m)]) or f())
+    x = torch.randn(2, 8)
+    cap = stampout.capture(model, x)
+    monkeypatch.undo()
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 3)
+    torch.testing.assert_close(cap(x), model(x))
+    assert len(listed) == 2
+    assert all(opened[id(m)] == 0 for m in model.modules() if m is not model), opened
+
+
+def test_a_backward_hook_is_refused_with_the_path_of_its_module() -> None:
+    model = Stack(3)
+    model.layers[2].lin.register_full_backward_hook(lambda *_: None)
+    with pytest.raises(stampout.StampoutError, match=r"Stack\.layers\.2\.lin has a module backward hook"):
+        stampout.capture(model, torch.randn(2, 8))

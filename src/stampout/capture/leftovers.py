@@ -51,10 +51,11 @@ def modules_of(fn: Callable) -> list[Any]:
     return list(root.modules()) if root is not None else []
 
 
-def uninitialized_module(fn: Callable) -> str | None:
+def uninitialized_module(fn: Callable, modules: list[Any] | None = None) -> str | None:
     """The class of a lazy module of the program not initialized yet (`nn.LazyLinear` before its first call): its
-    first call makes its parameters from the input's sizes, which a capture cannot do on fakes."""
-    for m in modules_of(fn):
+    first call makes its parameters from the input's sizes, which a capture cannot do on fakes. `modules`: the
+    program's modules, where listed already (`modules_of(fn)`)."""
+    for m in modules_of(fn) if modules is None else modules:
         if isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params():
             return type(m).__name__
     return None

@@ -9,13 +9,14 @@ from typing import Any
 import torch
 
 
-def autograd_refusal(fn: Any, own_hooks_outside: bool = False, sharded_boundaries: bool = False) -> str | None:
+def autograd_refusal(fn: Any, own_hooks_outside: bool = False, sharded_boundaries: bool = False,
+                     modules: list[Any] | None = None) -> str | None:
     """Why stampout cannot keep the autograd registrations a call of `fn` makes behind the tensors' backs, or
     None: module backward hooks (torch registers them on the autograd nodes of the call's own tensors) and
     FSDP2's post-backward reduce-scatter (registered on the unsharded parameters each call makes). With
     `own_hooks_outside`, the program is the root module's forward, its own hooks run eagerly around it
     (sharded.py): only the modules below it count. With `sharded_boundaries`, sharded modules' hooks are nodes of
-    the graph (capture/sharded_boundaries.py)."""
+    the graph (capture/sharded_boundaries.py). `modules`: the root's `modules()`, where listed already."""
     from ..trace.names import root_module
     from .sharded import fsdp_module_class
 
@@ -27,14 +28,19 @@ def autograd_refusal(fn: Any, own_hooks_outside: bool = False, sharded_boundarie
 
     if nn_module._global_backward_hooks or nn_module._global_backward_pre_hooks:
         return "a global module backward hook is registered (register_module_full_backward_hook)"
-    for name, m in root.named_modules():
-        if own_hooks_outside and m is root:
+    for m in root.modules() if modules is None else modules:  # (names only for the message: a deep model has
+        if own_hooks_outside and m is root:  # thousands of modules)
             continue
-        label = f"{type(root).__name__}.{name}" if name else type(root).__name__
         if fsdp_module is not None and isinstance(m, fsdp_module) and not sharded_boundaries:
-            return (f"{label} is sharded with fully_shard (FSDP2): its hooks all-gather its parameters and reduce "
-                    "their gradients, so they run eagerly around its own compiled forward")
+            return (f"{_label(root, m)} is sharded with fully_shard (FSDP2): its hooks all-gather its parameters and "
+                    "reduce their gradients, so they run eagerly around its own compiled forward")
         d = m.__dict__
         if d.get("_backward_hooks") or d.get("_backward_pre_hooks"):
-            return f"{label} has a module backward hook (register_full_backward_hook / _pre_hook)"
+            return f"{_label(root, m)} has a module backward hook (register_full_backward_hook / _pre_hook)"
     return None
+
+
+def _label(root: torch.nn.Module, module: torch.nn.Module) -> str:
+    """`Root.path.to.module` (the root's class alone for the root)."""
+    name = next((name for name, m in root.named_modules() if m is module), "")
+    return f"{type(root).__name__}.{name}" if name else type(root).__name__

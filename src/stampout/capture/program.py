@@ -128,6 +128,7 @@ class ProgramCapture:
         self.left: list = []
         self.refusal: str | None = None  # (a capture refused once the objects are as eager leaves them)
         self.clean: dict[int, Any] = {}  # (what the left-over pass found reaching no traced value: see store_on_inputs)
+        self._modules: list[Any] | None = None  # (the module tree, listed once before the run and once after it)
 
     def run(self) -> Capture:
         """The hops, in order; the `Capture`."""
@@ -137,7 +138,7 @@ class ProgramCapture:
             raise CaptureError(message(f"stampout cannot capture it: {lazy}", user_location(),
                                        "capture the function that computes one item, or use stampout.compile"))
         self.refuse_lost_gradients()
-        lazy_module = uninitialized_module(self.fn)
+        lazy_module = uninitialized_module(self.fn, self.modules())
         if lazy_module is not None:  # (compile runs such a call eagerly, then captures the initialized model)
             raise CaptureError(message(f"stampout cannot capture it: its {lazy_module} is not initialized yet (a lazy "
                                        "module makes its parameters on its first call)", user_location(),
@@ -157,14 +158,21 @@ class ProgramCapture:
             raise CaptureError(self.refusal)
         return cap
 
+    def modules(self) -> list[Any]:
+        """The program's module tree (`modules_of`), listed once while no Python of the program runs: before the
+        run, and again after it (the run may register or move modules; `_traced` drops the list it had)."""
+        if self._modules is None:
+            self._modules = modules_of(self.fn)
+        return self._modules
+
     def objects(self, modules: list[Any] | None = None) -> list[Any]:
         """The objects the program's Python may have changed: its modules (`modules`, where listed already) and the
         objects its inputs hold."""
-        return [*(modules_of(self.fn) if modules is None else modules), *held_map(self.leaves, self.labels)]
+        return [*(self.modules() if modules is None else modules), *held_map(self.leaves, self.labels)]
 
     def refuse_lost_gradients(self) -> None:
         refusal = autograd_refusal(self.fn, own_hooks_outside=self.body is not None and not self.sharded,
-                                   sharded_boundaries=self.sharded)
+                                   sharded_boundaries=self.sharded, modules=self.modules())
         if refusal is not None:
             raise CaptureError(message(
                 f"stampout.capture cannot keep the gradients of this program: {refusal}", user_location(),
@@ -238,7 +246,7 @@ class ProgramCapture:
             hold_input_containers(held, self.signature_of, fn, self.fake_args, self.fake_kwargs)
         self.held = held
         self.before = {id(obj): object_fields(obj) for obj in held}
-        modules = modules_of(fn)  # (one list for both: nothing in between changes the tree)
+        modules = self.modules()  # (one list for both: nothing in between changes the tree)
         self.fields_before = FieldsBefore.take(self.objects(modules))  # (what the world repair puts back)
         states = RandomStates.save()
         self.tracer.rng_state = states.torch_cpu
@@ -253,8 +261,10 @@ class ProgramCapture:
                     handler.snapshot.note(value, 1)
         try:
             try:
+                self._modules = None  # (the program's Python runs: the tree is listed again after it)
                 self._traced(registries)
             finally:  # (closures first reached during the call: their cells are user state too)
+                self._modules = None
                 if self.program is not None:
                     handler.snapshot.note_cells_read(self.program.cells_read)
             rebound = handler.snapshot.rebound_cells() if not guard_program else None
@@ -374,7 +384,7 @@ class ProgramCapture:
             made = [h for h in held_map(self.leaves, self.labels) if h not in held]  # objects the call added
             if made and not self.unreplayable:
                 self.unreplayable = f"adds a {type(made[0]).__name__} it made to its input objects"
-            holders = [h for h in [*made, *self.holders, *modules_of(self.fn)] if h not in held]
+            holders = [h for h in [*made, *self.holders, *self.modules()] if h not in held]
             if self.unreplayable:  # (later calls refuse, but the caller's objects end as one eager call leaves them:
                 # the objects it holds, and the containers it was given, which the program changed as copies)
                 holders += [h for h in held if not isinstance(h, (list, dict, set))
@@ -392,7 +402,7 @@ class ProgramCapture:
 
     def made_modules(self) -> list[torch.nn.Module]:
         """The modules the program read that are not its own: ones it made during the call."""
-        kept = {id(m) for root in modules_of(self.fn) for m in root.modules()}
+        kept = {id(m) for m in self.modules()}  # (the whole tree: each module's own subtree is in it)
         return [m for m in self.holders if isinstance(m, torch.nn.Module) and id(m) not in kept]
 
     def make_capture(self) -> Capture:
@@ -449,6 +459,7 @@ class ProgramCapture:
                              for s, key, kind, v in stores if v.kind is ValueKind.OUT] + left, args, kwargs,
                        mutated_in_place(self.tracer, self.leaves, cap),
                        {outs + k: t for k, t in carried.items()})
+            self._modules = None  # (the graph's run may have called the program's Python: an autograd Function's)
         if real and self.unreplayable:  # the containers it was given: as the program left its copies of them
             lost = copy_back_given_containers(self.held, ctx)
             if lost and self.refusal is None:
