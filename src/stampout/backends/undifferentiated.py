@@ -6,8 +6,8 @@ the subgraph has no path from it to an output (`self.lin(x.detach())`). That zer
 made the operand (the previous block) runs its backward and gives its parameters zero gradients, where eager gives
 them none (`p.grad is None`, which optimizers skip: no weight decay, no momentum step). An operand no output of the
 subgraph depends on differentiably is passed detached: the same values, and no gradient path, as in eager. The
-analysis is conservative: only a `detach` or a result that cannot require grad (an integer or bool tensor) cuts a
-path, and a subgraph with an in-place op (which could carry a path through a mutated tensor) is left as it is.
+analysis is conservative: only a `detach`, a result that cannot require grad (an integer or bool tensor) or one
+computed with grad mode off from an input that requires grad cuts a path, and a subgraph with an in-place op (which could carry a path through a mutated tensor) is left as it is.
 """
 
 from __future__ import annotations
@@ -50,7 +50,15 @@ def _cuts(node: fx.Node) -> bool:
                                                                   and node.target in _DETACHES):
         return True
     value = _val(node)
-    return isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex())
+    if not isinstance(value, torch.Tensor):
+        return False
+    if not (value.is_floating_point() or value.is_complex()):
+        return True
+    # Computed with grad mode off (`with torch.no_grad():`, `set_grad_enabled(not self.frozen)` in the subgraph)
+    # from a tensor that requires grad: no path, as in eager. (Only where an input requires grad: a trace whose
+    # inputs did not says nothing of a call whose inputs do.)
+    return not value.requires_grad and any(isinstance(v := _val(n), torch.Tensor) and v.requires_grad
+                                           for n in node.all_input_nodes)
 
 
 def reached_operands(sub: fx.GraphModule) -> frozenset[int] | None:

@@ -14,7 +14,7 @@ import types
 import torch
 
 from ..guards.guard import Guard, Kind
-from ..sources import MISSING, Anchor, Arg, Attr, CallContext, Item, SlotItem, Source
+from ..sources import MISSING, Absolute, Anchor, Arg, Attr, CallContext, Item, SlotItem, Source
 from ..watch.tracking import WriteWatch
 
 
@@ -40,6 +40,8 @@ class Protection:
             return False  # hooks registered before compile may be removed through old handles
         if guard.kind is Kind.SAME:
             return False
+        if guard.kind is Kind.DISTINCT:  # (a dict key held by identity: `Absolute`, one object)
+            return all(isinstance(s, Absolute) or self.path(s) for s in (guard.source, *guard.expected))
         if guard.kind is Kind.CONST and guard.expected[0] in (list, dict, set):
             return False  # a mutable container: changed in place without any write to its holder
         if guard.kind in (Kind.LEN, Kind.KEYS) and isinstance(guard.source.resolve(self.ctx, self.memo),
@@ -167,6 +169,9 @@ def anchored(guards: list[Guard], anchors: Anchors) -> list[Guard]:
     for guard in guards:
         source = anchors.rewrite(guard.source)
         expected = anchors.rewrite(guard.expected) if guard.kind is Kind.SAME else guard.expected
+        if guard.kind is Kind.DISTINCT:
+            expected = tuple(map(anchors.rewrite, guard.expected))
+            expected = guard.expected if all(a is b for a, b in zip(expected, guard.expected)) else expected
         if guard.kind is Kind.SAME and source == expected:
             continue  # both sides reach one anchor: the same object while the anchors hold
         try:

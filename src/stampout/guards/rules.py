@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -50,6 +51,7 @@ class Kind(enum.Enum):
     KEYS = "dict keys"
     NO_OVERRIDE = "no per-instance override"  # absent, or one of stampout's transient auto-region marks
     SAME = "same object as"  # expected: another Source that must resolve to the very same object
+    DISTINCT = "distinct objects"  # expected: other Sources; no two of them and the source resolve to one object
     NAMESPACE = "names in namespaces"  # source: a NamespaceReads (namespaces.py); it checks itself
 
     @property
@@ -292,6 +294,36 @@ class SameRule(Rule):
         return f"the object at {guard.expected.name()}"
 
 
+def _distinct(values: tuple) -> bool:
+    """No two of `values` are one object (a weak reference counts as its referent: a WeakKeyDictionary's key)."""
+    ids = {id(v() if type(v) is weakref.ref else v) for v in values if v is not MISSING}
+    return len(ids) == len(values)
+
+
+@_rule(Kind.DISTINCT)
+class DistinctRule(Rule):
+    """expected: other Sources. An identity test the traced Python made (`self is SPECIAL[0]`, `self in table`,
+    `table.get(self)`: C code no watch sees) between objects at these sources came out False each time: it does
+    while they stay distinct objects. (SAME guards pin the objects that were one.)"""
+
+    uses_constant = False
+
+    def holds(self, guard: Expecting, value: Any, other: Any) -> bool:
+        return _distinct((value, *other))
+
+    def other(self, guard: Expecting, ctx: CallContext, memo: dict) -> Any:
+        return tuple(source.resolve(ctx, memo) for source in guard.expected)
+
+    def fails(self, guard: Expecting, var: str, const: str, bind: Callable[[Source], str]) -> str:
+        return f"not _distinct(({var}, {''.join(bind(s) + ', ' for s in guard.expected)}))"
+
+    def actual_text(self, guard: Expecting, value: Any) -> str:
+        return "two of them the same object"
+
+    def expected_text(self, guard: Expecting) -> str:
+        return f"distinct objects at {', '.join(s.name() for s in guard.expected[:4])}"
+
+
 @_rule(Kind.NAMESPACE)
 class NamespaceRule(Rule):
     """source: a NamespaceReads (namespaces.py), which checks itself."""
@@ -331,5 +363,6 @@ HELPERS = {
     "_dtype": torch.dtype,
     "_Module": torch.nn.Module,
     "_false": lambda: False,
+    "_distinct": _distinct,
     **RESOLVE_HELPERS,
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,11 @@ _TREE_WALKS = {"children": (), "named_children": (), "modules": (), "named_modul
 _METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.partialmethod)
 
 
+def _by_identity(key: Any) -> bool:
+    """A dict key equal only to itself (a module, an object of a class without `__eq__`, a weak reference)."""
+    return type(key) is weakref.ref or (type(key).__hash__ is object.__hash__ and not isinstance(key, type))
+
+
 class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     """Reads recorded while one region call is traced, and why its trace may not be reusable.
 
@@ -78,6 +84,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self.watch = watch
         self.sources: dict[int, Source] = {}
         self._keep: list[Any] = []
+        self._objects: list[tuple[Any, Source]] = []  # modules and objects read, then dict keys held by identity
         self.guards: list[Guard] = []
         self._guarded: set[tuple[Source, Kind]] = set()
         self.ineligible: list[Ineligible] = []
@@ -179,6 +186,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             if not from_arg:
                 self.guard(source, Kind.TYPE, accepted_types(value), where)
             if self._name(value, source, where):
+                self._objects.append((value, source))
                 self._adopt_class(original_class(value), where)
         else:
             self.guard(source, Kind.ID, value, where)
@@ -196,6 +204,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self.note_hooks(value, hooks, source)
         if not self._name(value, source, where):
             return
+        self._objects.append((value, source))
         self.watch.watch(value)
         self._adopt_class(original_class(value), where)
         if isinstance(value, CONTAINERS):
@@ -247,6 +256,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             return
         if isinstance(value, dict):
             self.guard(source, Kind.KEYS, tuple(value), where)
+            self._objects.extend((key, Absolute(key, f"a key of {source.name()}")) for key in value if _by_identity(key))
         for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
             self.adopt(item, Item(source, key), where=where)
         if not isinstance(value, tuple):
@@ -370,3 +380,23 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.mark_ineligible(f"changes {change} in a namespace it reads (a Python side effect stampout does not "
                                  "replay)")
         self._close_containers()
+        self._close_identities()
+
+    def _close_identities(self) -> None:
+        """Which of the objects it read are one object, beyond the paths guarded SAME: `self is SPECIAL[0]`,
+        `self in table` or `table.get(self)` test identity in C code no watch sees, and a reused trace (`self` now
+        `layers[1]`) or a compiled one (`SPECIAL[0] = model.lin` between calls) must not take the other branch. A
+        dict's keys are pinned by its KEYS guard (a weak key counts as its referent)."""
+        by_class: dict[type, dict[int, Source]] = {}
+        for obj, source in self._objects:
+            target = obj() if type(obj) is weakref.ref else obj
+            if target is None:
+                continue
+            seen = by_class.setdefault(type(target), {})
+            first = seen.setdefault(id(target), source)
+            if first is not source and isinstance(source, Absolute):  # (a key that is an object it read)
+                self.guard(first, Kind.SAME, Absolute(target, source.label), "identities of the objects it read")
+        for seen in by_class.values():
+            if len(seen) > 1 and not all(isinstance(s, Absolute) for s in seen.values()):
+                first, *rest = seen.values()
+                self.guard(first, Kind.DISTINCT, tuple(rest), "identities of the objects it read")

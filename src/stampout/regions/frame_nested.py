@@ -66,6 +66,8 @@ class FrameNested:
         for guard in guards:
             source = guard.source.rebase(translate)
             expected = guard.expected.rebase(translate) if guard.kind is Kind.SAME else guard.expected
+            if guard.kind is Kind.DISTINCT:  # (an object this frame cannot name is one the traced code made)
+                expected = tuple(s for s in (e.rebase(translate) for e in guard.expected) if s is not None)
             if written and source is not None and (source in written or guard.kind is Kind.TENSOR and isinstance(
                     guard.expected, TensorMeta) and guard.expected.cls is FakeTensor and _within(source, written)):
                 continue
@@ -100,8 +102,9 @@ def _rooted_in_arguments(source: Source) -> bool:
 
 
 def _reads_arguments(guard: Guard) -> bool:
-    """Whether a guard's source (or, for SAME, the other side) starts from a call argument."""
-    return _rooted_in_arguments(guard.source) or guard.kind is Kind.SAME and _rooted_in_arguments(guard.expected)
+    """Whether a guard's source (or, for SAME and DISTINCT, the other side) starts from a call argument."""
+    return (_rooted_in_arguments(guard.source) or guard.kind is Kind.SAME and _rooted_in_arguments(guard.expected)
+            or guard.kind is Kind.DISTINCT and any(map(_rooted_in_arguments, guard.expected)))
 
 
 def _made_here(obj: Any, watch: Watch) -> bool:
