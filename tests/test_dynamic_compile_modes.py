@@ -111,10 +111,11 @@ def test_inductor_compiles_once_for_all_lengths():
 def test_inductor_a_new_length_compiles_each_distinct_region_once_more_as_one_cpp_module(monkeypatch):
     """dynamic=None: the second length recaptures with the sequence symbolic, and that compiles the one distinct
     region once more, with the C++ wrapper (one C++ module serving every later length, not a Python wrapper with
-    a module per kernel); the third length compiles nothing. Values are eager's throughout."""
+    a module per kernel), in the background (the second length's call runs eagerly meanwhile); the third length
+    compiles nothing and is served by that module. Values are eager's throughout."""
     from torch._dynamo.utils import counters
 
-    from stampout.backends import inductor
+    from stampout.backends import background, inductor
 
     patches = []
     config_patches = inductor._config_patches
@@ -132,13 +133,16 @@ def test_inductor_a_new_length_compiles_each_distinct_region_once_more_as_one_cp
         return counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"]
 
     compiled = []
+    stats = dict(background.STATS)
     for i, t in enumerate((8, 13, 21)):
         before = graphs()
         (ids,) = make_input("llama", seq=t, model=model, seed=i)
         with torch.no_grad():
             tree_assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
+        background.wait_all()
         compiled.append(graphs() - before)
     assert fn.stats.captures == 2 and compiled == [1, 1, 0]
+    assert {k: background.STATS[k] - stats[k] for k in stats} == {"deferred": 1, "ready": 1, "guarded": 0, "failed": 0}
     assert [p.get("cpp_wrapper") for p in patches] == [True, True]  # (the static region's, the symbolic one's)
 
 

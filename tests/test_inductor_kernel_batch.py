@@ -106,18 +106,26 @@ class _FakeCache:
             raise RuntimeError("compile failed")
         return load
 
+    submitted_with: list = []
+
     @classmethod
     def load_pybinding_async(cls, argtypes, source, submit_fn=None):
         cls.built.append(source)
+        cls.submitted_with.append(submit_fn)
         return lambda: (lambda: source)
 
 
 def test_a_batch_whose_build_fails_is_built_kernel_by_kernel(caplog):
-    collector = kernel_batch.Collector(_FakeCache, None, lambda get: get)
+    """... each kernel handed to the compile pool (the collector's submit), as a batch of one is."""
+    def submit(task):
+        return task
+
+    collector = kernel_batch.Collector(_FakeCache, submit, lambda get: get)
     futures = [collector.add(["float*"], _KERNEL.replace("out_ptr0", f"out_ptr{i}")) for i in range(3)]
     collector.close()
     entries = [f() for f in futures]
     assert [e() for e in entries] == _FakeCache.built and len(_FakeCache.built) == 3
+    assert _FakeCache.submitted_with == [submit] * 3
     assert "building 3 kernels as one library failed" in caplog.text
 
 

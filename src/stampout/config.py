@@ -61,6 +61,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("cpp_wrapper", True, "inductor: graphs without region calls inside compile on CPU with the C++ wrapper"),
     Switch("batch_kernels", True, "inductor: the CPU kernels of each module Inductor's Python wrapper generates "
            "are built as one library (kernel_batch.py)"),
+    Switch("background_recompile", True, "inductor: a new size's symbolic recapture compiles on a thread while its "
+           "calls run eagerly (background.py)", "STAMPOUT_BACKGROUND_RECOMPILE", lambda raw: raw != "0"),
     Switch("avoid_reused_subgraph_buffer_bug", True, "inductor: no buffer reuse in differentiated graphs with "
            "region calls inside (a torch bug; False only to reproduce it)"),
     Switch("avoid_horizontal_fusion_bug", True, "inductor: no horizontal fusion on CPU (a torch bug; False only "
@@ -87,6 +89,7 @@ glue: str
 thin_glue: float
 cpp_wrapper: bool
 batch_kernels: bool
+background_recompile: bool
 avoid_reused_subgraph_buffer_bug: bool
 avoid_horizontal_fusion_bug: bool
 stamp_out_lowering: bool

@@ -43,7 +43,7 @@ import torch.fx as fx
 from .. import config, torch_internals
 from ..errors import StampoutError
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
-from . import pipeline, progress, split, startup, timing, toolchain
+from . import background, pipeline, progress, split, startup, timing, toolchain
 from .grad_identity import separate_by_requires_grad
 from .undifferentiated import detach_undifferentiated_operands
 from .inline import inline_regions, inline_writing_regions, subclass_operands
@@ -253,6 +253,13 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    if background.deferrable(example_inputs):  # (a new size's symbolic recapture: see background.py)
+        return background.Deferred(gm, example_inputs, lambda: _compile_graph(gm, example_inputs), "symbolic graph")
+    with background.compiling():
+        return _compile_graph(gm, example_inputs)
+
+
+def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     inline_writing_regions(gm, example_inputs)
     detach_undifferentiated_operands(gm)  # (undifferentiated.py: eager's None gradients)
     separate_by_requires_grad(gm)

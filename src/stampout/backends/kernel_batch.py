@@ -20,7 +20,7 @@ which loads the same modules in the same order, builds nothing), loaded as one m
 What is batched is decided from the source alone and fails closed: a kernel whose preprocessor lines are not
 leading `#include`s and `#pragma`s, or a call with arguments beyond (argtypes, source), goes Inductor's own way;
 a batch of one kernel is Inductor's own build; a batch whose source, build or load fails is built again kernel by
-kernel the way Inductor builds them (a warning says so). The generated Python code and each kernel's code are
+kernel the way Inductor builds them, each handed to the compile pool as a batch of one is (a warning says so). The generated Python code and each kernel's code are
 unchanged (no cache key changes); only how many compiler runs build them.
 """
 
@@ -168,7 +168,7 @@ class Batch:
         """Any failure to write, build or load the combined library: each kernel built as Inductor builds it."""
         log.warning("kernel batch: building %d kernels as one library failed (%s: %s); building them one by one",
                     len(self.kernels), type(error).__name__, (str(error).splitlines() or [""])[0][:200])
-        self._entries = [self.cls.load_pybinding_async(*s) for s in self.sources]
+        self._entries = [self.cls.load_pybinding_async(*s, submit_fn=self.submit) for s in self.sources]
 
 
 class Collector:

@@ -61,10 +61,14 @@ def _current() -> _Overlap | None:
 
 def batches_kernels() -> bool:
     """Whether the Python-wrapper modules this thread loads now build their kernels as one library each."""
+    return _batching(_current())
+
+
+def _batching(here: _Overlap | None) -> bool:
+    """batches_kernels(), for this thread's overlapped() `here` already found."""
     from ..torch_internals import CppPythonBindingsCodeCache
 
-    return (_current() is not None and config.batch_kernels
-            and kernel_batch.supported(CppPythonBindingsCodeCache))
+    return here is not None and config.batch_kernels and kernel_batch.supported(CppPythonBindingsCodeCache)
 
 
 class DeferredEntry:
@@ -107,8 +111,7 @@ def _deferred_load_pybinding(cls: Any, *args: Any, **kwargs: Any) -> Any:
 
 def _batched_cpp_pybinding(self: Any, argtypes: Any, source_code: Any, *args: Any, **kwargs: Any) -> Any:
     here = _current()
-    future = (here.batch.add(argtypes, source_code) if here is not None and batches_kernels() and not (args or kwargs)
-              else None)
+    future = here.batch.add(argtypes, source_code) if _batching(here) and not (args or kwargs) else None
     return _installed["cpp_pybinding"](self, argtypes, source_code, *args, **kwargs) if future is None else future
 
 

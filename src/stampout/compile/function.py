@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .. import report
-from ..backends import progress, resolve, timing
+from ..backends import background, progress, resolve, timing
 from ..capture.arguments import check_arguments, describe, eager_because_lazy, shorten
 from ..capture.leftovers import uninitialized_module
 from ..capture.lost_gradients import autograd_refusal
@@ -234,8 +234,11 @@ class CompiledFunction:
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
+        # A new size's symbolic recapture (the function already holds a compiled program): Inductor may compile
+        # it in the background, started once the guards below are made (backends/background.py).
+        recompile = cap.shapes is not None and any(isinstance(e, Entry) for e in self._entries)
         try:
-            with progress.compiling(_name(self.fn)):
+            with progress.compiling(_name(self.fn)), background.recompiling(recompile) as deferred:
                 compiled = self.backend(cap.gm, example)
         except StampoutError:
             raise
@@ -267,6 +270,8 @@ class CompiledFunction:
                 return self._recapture(args, kwargs, key, ctx)
             log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.summary())
             log.debug("%s: all the symbolic capture assumes: %s", _name(self.fn), cap.shapes.describe())
+        for compile_later in deferred:
+            compile_later.start()
         entry = Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
         self._add(entry)
