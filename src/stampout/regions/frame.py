@@ -19,7 +19,6 @@ from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tenso
 from ..guards.namespaces import patched_tensor_methods
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
-from ..trace.code import is_user_file
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES, size_key
 from ..watch.classpatch import PATCHED_NAMES
@@ -34,6 +33,7 @@ from .objects import (
     BY_IDENTITY,
     CONTAINERS,
     accepted_types,
+    class_set,
     found_on_class,
     hidden_state,
     instance_fields,
@@ -160,12 +160,20 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.guard(source, Kind.TYPE, (functools.partial,), where)
             for part in ("func", "args", "keywords"):
                 self.adopt(getattr(value, part), Attr(source, part), where=where)
-        elif isinstance(value, BY_IDENTITY):
+        elif isinstance(value, (property, staticmethod, classmethod)):
+            self.adopt_descriptor(value, source, where)
+        elif isinstance(value, BY_IDENTITY) or type(value) is object:  # (`_MISSING = object()`: no state at all)
             self.guard(source, Kind.ID, value, where)
             if isinstance(value, types.ModuleType):  # (reached as a value: any of its attributes may be read)
                 self._note_user_namespace(value)
+            elif isinstance(value, type):  # (called, its `__init__` runs: what its namespace holds is read)
+                self._adopt_class(value, where)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
+        elif class_set(value):
+            self.guard(source, Kind.MEMBERS, frozenset(value), where)
+            if type(value) is set:  # (mutable: adding to it in the trace is a side effect)
+                self._note_container(value, source, where)
         elif not hidden_state(type(value)) and self.watch.watch(value):
             if not from_arg:
                 self.guard(source, Kind.TYPE, accepted_types(value), where)
@@ -201,7 +209,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self._classes.add(klass)
             namespace = Attr(Absolute(klass, klass.__qualname__), "__dict__")
             for name, value in list(klass.__dict__.items()):
-                if name in PATCHED_NAMES:
+                if name in PATCHED_NAMES or name == "_abc_impl":  # (an ABC's registry: `abc`'s bookkeeping)
                     continue
                 # Dunder methods too (`act(x)` calls `__call__`, `table[3]` `__getitem__`, `Klass()` `__init__`:
                 # through type slots, with no attribute read to guard); dunder data (`__module__`, `__dict__`,
@@ -304,16 +312,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             # A class attribute (method, property, default): the class's entry, and no instance override.
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
             entry = ClassAttr(TypeOf(base), name)
-            if isinstance(raw, property):
-                self.guard(entry, Kind.ID, raw, where)
-                for part, role in ((raw.fget, "fget"), (raw.fset, "fset")):
-                    if isinstance(part, types.FunctionType) and is_user_file(part.__code__.co_filename):
-                        self.adopt_function(part, Attr(entry, role))
-            elif isinstance(raw, (staticmethod, classmethod)):
-                self.guard(entry, Kind.ID, raw, where)
-                self.adopt(raw.__func__, Attr(entry, "__func__"), where=where)
-            else:
-                self.adopt(raw, entry, where=where)
+            self.adopt(raw, entry, where=where)
 
     def _guard_tree(self, module: torch.nn.Module, source: Source, walk: str, where: str) -> None:
         """The program walks a module's registries (`self.children()`, `self.named_parameters()`): the names in

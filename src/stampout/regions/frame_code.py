@@ -78,6 +78,23 @@ class FrameCode:
             self.guard(Attr(source, "__code__"), Kind.ID, fn.__code__, where)  # (`f.__code__ = g.__code__`)
             self.adopt_function(fn, source)
 
+    def adopt_descriptor(self, value: property | staticmethod | classmethod, source: Source, where: str) -> None:
+        """A property, staticmethod or classmethod (found on a class): by identity (its functions are read-only
+        fields of it), and the code of the functions it runs as a function's: `__code__`, defaults, closure cells.
+        A subclass may keep more state than these: fields of its own (not the dunders a staticmethod copies from
+        its function) are refused."""
+        self.guard(source, Kind.ID, value, where)
+        if any(not k.startswith("__") for k in getattr(value, "__dict__", None) or ()):
+            self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} with attributes of its own")
+        parts = ("fget", "fset", "fdel") if isinstance(value, property) else ("__func__",)
+        for part in parts:
+            fn = getattr(value, part, None)
+            if isinstance(fn, types.FunctionType) and is_user_file(fn.__code__.co_filename):
+                self.guard(Attr(Attr(source, part), "__code__"), Kind.ID, fn.__code__, where)
+                self.adopt_function(fn, Attr(source, part))
+            elif fn is not None and not isinstance(fn, types.FunctionType):
+                self.adopt(fn, Attr(source, part), where=where)
+
     def on_code(self, code: types.CodeType, g: dict, own: bool = False, where: str = "") -> None:
         """Python code is about to run in this trace: guard the globals it may read (and `module.attr`
         chains), record the globals it assigns, and refuse closures this frame cannot reach."""
@@ -92,8 +109,11 @@ class FrameCode:
             self.mark_ineligible(
                 f"runs {code.co_qualname}, a closure over {', '.join(free)} that stampout cannot reach"
             )
-        if "__getattribute__" in code.co_names:  # (`object.__getattribute__(obj, name)`: a slot wrapper, no C-call
-            # event, around the watched class's own lookup; `super().__getattribute__` skips its shim)
+        # (`object.__getattribute__(obj, name)`: a slot wrapper, no C-call event, around the watched class's own
+        # lookup; `super().__getattribute__` skips its shim. Not in a class's own `__getattribute__`, a config's
+        # alias table: it runs inside the watched lookup, which reports the value it returns, guarded by reading
+        # it again through it)
+        if "__getattribute__" in code.co_names and code.co_name != "__getattribute__":
             self.mark_ineligible(f"reads attributes through __getattribute__ in {code.co_qualname} (a read no watch "
                                  "sees)")
         label = f"{g.get('__name__', '?')}.globals"

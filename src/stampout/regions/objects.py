@@ -37,6 +37,13 @@ _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold pe
 _SLOT = types.MemberDescriptorType
 
 
+def class_set(value: Any) -> bool:
+    """A set of classes (a registry of types): guarded by its members, each compared by identity (its metaclass
+    neither compares nor hashes otherwise)."""
+    return type(value) in (set, frozenset) and all(
+        isinstance(v, type) and type(v).__eq__ is type.__eq__ and type(v).__hash__ is type.__hash__ for v in value)
+
+
 def raw_meta(t: torch.Tensor) -> tuple:
     return (type(t), tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.requires_grad, t.layout)
 

@@ -59,6 +59,7 @@ _PURE_TYPES = frozenset({
     reversed, type(iter([])), type(iter(())), type(iter("")),
 })
 _RNG_MODULES = ("numpy.random", "random", "_random")
+_PYTHON_METHODS = (types.FunctionType, staticmethod, classmethod, property)
 _torch_generator = Generator
 _MODULE_VERDICTS: dict[Any, bool] = caches.register({}, "regions.purity function verdicts")
 _METHOD_VERDICTS: dict[tuple[type, str], bool] = caches.register({}, "regions.purity method verdicts")
@@ -98,8 +99,10 @@ def _pure_module(module: str, name: str) -> bool:
 
 
 def _owner(cls: type, name: str) -> type:
+    """The class that defines the C method `name` called on a `cls`: not a Python override of the same name
+    (`super().get(key)` in a dict subclass's own `get` calls dict's)."""
     for klass in cls.__mro__:
-        if name in klass.__dict__:
+        if name in klass.__dict__ and not isinstance(klass.__dict__[name], _PYTHON_METHODS):
             return klass
     return cls
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dis
+import importlib.metadata
 import os
+import re
 import sys
 import sysconfig
 import types
@@ -13,12 +15,14 @@ import torch
 
 from .. import caches
 
-_LIBRARY_DIRS = tuple(dict.fromkeys(
-    [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep]
-    + [os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")]
+_OWN_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+_STDLIB_DIRS = tuple(dict.fromkeys(
+    [os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")]
     + [sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")]
 ))
+_INSTALLED = tuple(os.sep + name + os.sep for name in ("site-packages", "dist-packages"))
 _LOADS_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+_HEAP_TYPE = 1 << 9  # (Py_TPFLAGS_HEAPTYPE: a class made by a class statement or `type(...)`, not a C one)
 _TOOLS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools") + os.sep  # the zoo: user code
 # Python's, stampout's and FX's generated code
 _GENERATED = ("<frozen", "<stampout guards>", "<eval_with_key", "<torch", "<string>")
@@ -41,13 +45,61 @@ _USER_FILES: dict[str, bool] = caches.register({}, "trace.code user files")
 
 
 def is_user_file(filename: str) -> bool:
-    """Code outside torch, stampout and the standard library (Hugging Face and diffusers included: user
-    models live there; so does code made by `exec`, whose file is `<...>`)."""
+    """Code outside torch, stampout and the standard library: a user's files, code made by `exec` (whose file
+    is `<...>`), and every installed package (site-packages, dist-packages: transformers, diffusers, a package
+    of the user's) but torch's own distribution and what it requires (sympy, jinja2, ...: torch's machinery,
+    called while tracing). An installed package keeps memo caches, registries and globals as a user's file
+    does, so it is watched as one (a venv's `platstdlib` holds site-packages: the path's shape decides)."""
     user = _USER_FILES.get(filename)
     if user is None:
-        user = _USER_FILES[filename] = (not filename.startswith(_LIBRARY_DIRS + _GENERATED)
-                                        or filename.startswith(_TOOLS))
+        user = _USER_FILES[filename] = _is_user_file(filename)
     return user
+
+
+def _is_user_file(filename: str) -> bool:
+    if filename.startswith(_GENERATED):
+        return False
+    if filename.startswith(_TOOLS):
+        return True
+    if filename.startswith(_OWN_DIRS):
+        return False  # (torch, stampout: wherever they are installed)
+    if any(part in filename for part in _INSTALLED):
+        return not filename.startswith(_torch_distributions())
+    return not filename.startswith(_STDLIB_DIRS)
+
+
+@caches.memo
+def _torch_distributions() -> tuple[str, ...]:
+    """The folders and files of torch's distribution and its required distributions, transitively (not its
+    extras): installed code torch runs as its own (sympy for symbolic sizes, jinja2 for Inductor's templates)."""
+    return _distribution_roots("torch")
+
+
+def _distribution_roots(name: str) -> tuple[str, ...]:
+    roots: dict[str, None] = {}
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        wanted = todo.pop()
+        key = re.sub(r"[-_.]+", "-", wanted).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = importlib.metadata.distribution(wanted)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for file in dist.files or ():
+            top = file.parts[0] if file.parts else ""
+            if top in ("..", "__pycache__") or top.endswith((".dist-info", ".egg-info", ".data", ".pth")):
+                continue
+            path = str(dist.locate_file(top)) + ("" if top.endswith(".py") else os.sep)
+            roots[path] = None
+            roots[os.path.realpath(path) + ("" if top.endswith(".py") else os.sep)] = None
+        for requirement in dist.requires or ():
+            if "extra" not in requirement.partition(";")[2]:
+                todo.append(re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0])
+    return tuple(roots)
 
 
 def module_file(module: types.ModuleType | None) -> str | None:
@@ -59,8 +111,10 @@ def module_file(module: types.ModuleType | None) -> str | None:
 
 def is_user_class(klass: type) -> bool:
     """A class of user code: its module's file is user code, or its module has no file or is not imported (a
-    class made by `exec` or `type(...)`). Not `object`."""
-    return klass is not object and is_user_file(module_file(sys.modules.get(klass.__module__)) or "<module>")
+    class made by `exec` or `type(...)`). Not a class defined in C (`object`, `BaseException`: no Python made it,
+    and its namespace cannot be written)."""
+    return bool(klass.__flags__ & _HEAP_TYPE) and is_user_file(module_file(sys.modules.get(klass.__module__))
+                                                                or "<module>")
 
 
 def is_user_module(module: types.ModuleType | None) -> bool:
