@@ -16,7 +16,7 @@ import torch
 
 from .. import config
 from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
-from ..guards.namespaces import patched_tensor_methods
+from ..guards.namespaces import class_dict, patched_tensor_methods
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
@@ -208,13 +208,16 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 continue
             self._classes.add(klass)
             namespace = Attr(Absolute(klass, klass.__qualname__), "__dict__")
-            for name, value in list(klass.__dict__.items()):
+            fields = class_dict(klass)
+            for name, value in list(fields.items()):
                 if name in PATCHED_NAMES or name == "_abc_impl":  # (an ABC's registry: `abc`'s bookkeeping)
                     continue
                 # Dunder methods too (`act(x)` calls `__call__`, `table[3]` `__getitem__`, `Klass()` `__init__`:
                 # through type slots, with no attribute read to guard); dunder data (`__module__`, `__dict__`,
                 # dataclass tables) is the class's own bookkeeping.
-                if not (name.startswith("__") and name.endswith("__")) or isinstance(value, _METHODS):
+                if (name.startswith("__") and name.endswith("__")) and not isinstance(value, _METHODS):
+                    continue
+                if not self.note_by_identity(fields, klass.__qualname__, name, value, Item(namespace, name)):
                     self.adopt(value, Item(namespace, name), where=where)
 
     def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
