@@ -151,8 +151,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 self.mark_ineligible(f"reads {source.name()}, a symbolic size held outside its arguments")
         elif isinstance(value, torch.nn.Module):
             self._adopt_module(value, source, from_arg, where)
-        elif isinstance(value, types.FunctionType):
-            self._adopt_callable(value, source, where)
+        elif isinstance(value, types.FunctionType):  # (the program itself: its attributes are read by name)
+            self._adopt_callable(value, source, where, fields=not (from_arg and value is self.fn))
         elif isinstance(value, types.MethodType):
             self.adopt(value.__func__, Attr(source, "__func__"), where=where)
             self.adopt(value.__self__, Attr(source, "__self__"), where=where)
@@ -166,8 +166,11 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.guard(source, Kind.ID, value, where)
             if isinstance(value, types.ModuleType):  # (reached as a value: any of its attributes may be read)
                 self._note_user_namespace(value)
-            elif isinstance(value, type):  # (called, its `__init__` runs: what its namespace holds is read)
+            elif isinstance(value, type):  # (`cfg.scale`, `Cfg.act(x)` on the class itself, or called: its
+                # `__init__` runs; no watch sees what its namespace holds being read)
                 self._adopt_class(value, where)
+                if type(value) is not type:  # (a user metaclass: its properties, `Cfg.shift`)
+                    self._adopt_class(type(value), where)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
         elif class_set(value):
@@ -217,7 +220,10 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 # dataclass tables) is the class's own bookkeeping.
                 if (name.startswith("__") and name.endswith("__")) and not isinstance(value, _METHODS):
                     continue
-                if not self.note_by_identity(fields, klass.__qualname__, name, value, Item(namespace, name)):
+                if type(value) is types.FunctionType and any(not k.startswith("__") for k in vars(value)):
+                    # (a method with attributes of its own: guarded with them)
+                    self._adopt_callable(value, Item(namespace, name), where)
+                elif not self.note_by_identity(fields, klass.__qualname__, name, value, Item(namespace, name)):
                     self.adopt(value, Item(namespace, name), where=where)
 
     def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
@@ -275,6 +281,10 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
 
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)
+        for registry in ("_modules", "_parameters", "_keys"):  # (their order is the order `items()` walks)
+            names = container.__dict__.get(registry)
+            if type(names) is dict and names:
+                self.guard(Attr(source, registry), Kind.KEYS, tuple(names), where)
         children = container.__dict__.get("_parameters") or {}
         children = {**children, **container.__dict__.get("_modules", {})}
         for key, child in children.items():

@@ -25,6 +25,7 @@ class FrameCode:
     writes: list[str]
     guard: Callable[..., None]
     adopt: Callable[..., None]
+    _note_container: Callable[..., None]
     mark_ineligible: Callable[..., None]
 
     def _begin_code(self) -> None:
@@ -68,16 +69,25 @@ class FrameCode:
         if as_source is None:
             self.on_code(code, fn.__globals__, own=True, fn=fn)
 
-    def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str) -> None:
+    def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str, fields: bool = True) -> None:
         """A Python function: a region wrapper by its innermost function, others by identity, and in both
         cases the closure cells and defaults its code reads."""
         marked = getattr(fn, "__stampout_region__", None)
         if marked is not None:  # one wrapper per marked instance, all with the same code and function
             self.guard(Attr(source, "__code__"), Kind.ID, fn.__code__, where)
-            self._adopt_callable(marked.fn, Attr(Attr(source, "__stampout_region__"), "fn"), where)
+            self._adopt_callable(marked.fn, Attr(Attr(source, "__stampout_region__"), "fn"), where,
+                                 fields=bool(vars(marked.fn)))
             return
         self.guard(source, Kind.ID, fn, where)
         self._defer(fn, source)
+        if fields and is_user_file(fn.__code__.co_filename):
+            # Its attributes (`helper.k = 3.0`, read as `helper.k` or `getattr(helper, "k", 1)`: no watch sees it)
+            attrs = Attr(source, "__dict__")
+            self.guard(attrs, Kind.KEYS, tuple(vars(fn)), where)
+            for k, v in list(vars(fn).items()):
+                if not k.startswith("__"):
+                    self.adopt(v, Item(attrs, k), where=where)
+            self._note_container(vars(fn), attrs, where)  # (`log.last = n` in the trace: a store to replay)
 
     def note_by_identity(self, namespace: dict, label: str, name: str, value: Any, source: Source) -> bool:
         """A class attribute or a helper's global guarded by identity alone, in the NamespaceReads (one dict-version

@@ -11,6 +11,8 @@ import torch
 
 from ..guards.guard import Guard, Kind, is_constant
 from ..sources import Absolute, Arg, Attr, Closure, FnAttr, Global, Item, Source
+from ..torch_internals import FakeTensor
+from ..trace.tensormeta import TensorMeta
 from ..watch.tracking import Watch
 from .cache import ArgInput
 
@@ -23,6 +25,7 @@ class FrameNested:
     watch: Watch
     guard: Callable[..., None]
     _name: Callable[..., bool]
+    _written: set[tuple[int, str]]
     mark_ineligible: Callable[..., None]
 
     def _begin_nested(self) -> None:
@@ -55,9 +58,17 @@ class FrameNested:
             self._facts_imported[key] = (fn, [g for g in entry.guards if _reads_arguments(g)])  # fn kept alive
         else:
             guards = imported[1]
+        # Attributes this trace stored before the call (`layer.cache = h; layer(x)`): the entry read them, but here
+        # they hold values this trace computed from what it guards, stored again by every call before it reads
+        # them: not state to guard (a tensor of its own, a fake, would fail every call's check). What the entry read
+        # deeper in an object stored there (`layer.cfg = CFG`, then `self.cfg.scale`) stays guarded.
+        written = {Attr(self.sources[owner], name) for owner, name in self._written if owner in self.sources}
         for guard in guards:
             source = guard.source.rebase(translate)
             expected = guard.expected.rebase(translate) if guard.kind is Kind.SAME else guard.expected
+            if written and source is not None and (source in written or guard.kind is Kind.TENSOR and isinstance(
+                    guard.expected, TensorMeta) and guard.expected.cls is FakeTensor and _within(source, written)):
+                continue
             if source is None or expected is None:
                 # An argument this frame cannot name is an object the traced code made itself (its state
                 # comes from what this frame read); anything else would be unguarded: refuse.
@@ -71,6 +82,14 @@ class FrameNested:
                 source = spec.source.rebase(translate) if spec.source is not None else None
                 if source is not None:
                     self._name(value, source)
+
+
+def _within(source: Source | None, roots: set[Source]) -> bool:
+    while source is not None:
+        if source in roots:
+            return True
+        source = source.base()
+    return False
 
 
 def _rooted_in_arguments(source: Source) -> bool:

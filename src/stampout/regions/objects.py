@@ -4,6 +4,7 @@ metadata a tensor attribute is compared by."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import types
@@ -24,11 +25,12 @@ CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, tor
                torch.nn.ParameterDict)
 
 
-# Immutable callables and namespaces: guarded by identity.
+# Immutable callables, namespaces and C descriptors (a namedtuple's field, a slot): guarded by identity.
 BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
                 types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
                 types.ClassMethodDescriptorType, OpOverload, OpOverloadPacket,
-                HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType)
+                HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType,
+                type(collections.namedtuple("_Pair", "a").a), types.MemberDescriptorType, types.GetSetDescriptorType)
 
 
 _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values

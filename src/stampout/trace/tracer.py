@@ -93,6 +93,19 @@ def _from_user_code() -> bool:
     return frame is not None and is_user_file(frame.f_code.co_filename)
 
 
+_WRAPPERS = {torch.nn.Parameter.__new__.__code__: "nn.Parameter", torch.nn.Buffer.__new__.__code__: "nn.Buffer"}
+
+
+def _wrapped_by_user() -> str | None:
+    """`nn.Parameter(t)` / `nn.Buffer(t)` written in the program, on a traced tensor (their Python detaches it): which.
+    Eager makes a new leaf (whose .grad it fills) or a tensor a module registers when stored; a graph computes a
+    plain tensor."""
+    frame = outside_stampout(2)
+    name = _WRAPPERS.get(frame.f_code) if frame is not None else None
+    return name if name is not None and frame.f_back is not None and is_user_file(frame.f_back.f_code.co_filename) \
+        else None
+
+
 class CaptureMode(PreDispatchTorchFunctionMode):
     """Sends every torch-level call (autocast enter/exit included) to the tracer."""
 
@@ -203,6 +216,11 @@ class Tracer(FakeRuns, Recording):
                 "(its .grad is filled only by eager autograd, not by a captured graph's backward)", user_location(),
                 "stampout.compile runs such a module eagerly; capture the gradient with a hook outside the captured "
                 "code, or torch.autograd.grad on an output"))
+        if func is _T.detach and (made := _wrapped_by_user()) is not None:
+            raise AutogradCallError(message(
+                f"the program makes an {made} of a tensor it computed (eager makes a new one on each call, which a "
+                "module registers when stored and whose .grad eager fills; a captured graph computes a plain tensor)",
+                user_location(), f"stampout.compile runs such a module eagerly; make the {made} in __init__"))
         if func is _SET_GRAD:
             func(*args, **kwargs)
             self.builder.graph.call_function(_SET_GRAD, args)

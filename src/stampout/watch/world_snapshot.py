@@ -209,6 +209,8 @@ class Snapshot:
             for item in held:
                 if type(item) in (dict, list) or isinstance(item, functools._lru_cache_wrapper):
                     self.note(item, depth + 1)
+            if is_user_code(value.__code__):  # its attributes (`log.last = n`, `f.cache = {}`): user state
+                self.note(value.__dict__, depth)
             return
         if isinstance(value, types.ModuleType):
             if not value.__name__.startswith(("torch", "numpy", "stampout")) and is_user_module(value):
