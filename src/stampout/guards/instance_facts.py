@@ -18,7 +18,11 @@ check, one C++ check (torch_internals.ObjectFacts) can say the reads would find 
   - an input leaf by identity, held weakly (its death drops the memo: no other object takes its id, and what the
     caller let go of is not kept); the anchors tuple by identity (it is re-made after each watched write);
   - a class attribute as the MRO defines it (`mro_attr(Decoder, 'forward')`), an item of a class's `__dict__`:
-    the class facts above; a global: the called function the same object, its globals dict unwritten.
+    the class facts above; a global: the called function the same object, its globals dict unwritten;
+  - a function's `__code__`, `__defaults__` and closure cells (the called function's, and those of functions
+    reached so: in a class dict, a global, an attribute), a cell's contents: read in C by the builtin classes'
+    getters on every call and compared by identity (they change with no dict write: `f.__code__ = ...`,
+    `nonlocal x; x = 1`); their instance dicts (`f.__stampout_region__`) like any other object's.
 Guards whose outcome is then fixed are left out of the check that still runs: identity, class (the class is
 in the C++ check), constants of immutable types, lengths and keys of the containers above, absence. The rest
 still run, reading from the vouched objects (`anchors[k]` in the generated code): guards on anything else
@@ -43,7 +47,8 @@ from typing import Any
 
 import torch
 
-from ..sources import MISSING, Absolute, Anchor, Arg, Attr, ClassAttr, Global, Item, SlotItem, Source, mro_attr
+from ..sources import (MISSING, Absolute, Anchor, Arg, Attr, ClassAttr, Closure, FnAttr, Global, Item, SlotItem, Source,
+                       mro_attr)
 from ..torch_internals import ObjectFacts
 from .guard import Guard, compile_guards
 from .namespaces import class_dict, same_mros
@@ -55,6 +60,12 @@ log = logging.getLogger("stampout.guards")
 _TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
 _TYPE_DICT = type.__dict__["__dict__"]
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+# Attributes of builtin objects read in C by their class's getset (no Python code runs, the classes cannot be
+# patched or subclassed): a function's code, defaults and closure cells, a cell's contents. Unlike instance dict
+# entries they change with no dict write (`f.__code__ = g.__code__`, `nonlocal x; x = 1`): the C++ facts read
+# them on every call and compare identities.
+_READ_IN_C = types.MappingProxyType({types.FunctionType: frozenset({"__code__", "__defaults__", "__closure__"}),
+                                     types.CellType: frozenset({"cell_contents"})})
 _PAYS = 16  # calls a memo must hold for to have paid for itself
 _STRIKES = 3  # memos that did not pay, after which an entry makes no more
 
@@ -98,6 +109,7 @@ class _Builder:
         self.globals_facts = False
         self.opaque: dict[Source, type] = {}  # a class's `__dict__`: its items vouched for, the proxy never handed out
         self.unnoded: set[Source] = set()  # vouched for by dict versions alone: no C++ node reaches them
+        self.read_in_c: set[Source] = set()  # a builtin object's attribute (_READ_IN_C): its own node, by identity
         self.facts = ObjectFacts()
         self.values: dict[Source, Any] = {}
         self.refused: set[Source] = set()
@@ -108,6 +120,10 @@ class _Builder:
         self._dict_nodes: dict[Source, Any] = {}
         self._roots = [None, None, None]
         self._class_root: Any = None
+        self._class_nodes: dict[int, Any] = {}  # id(class) -> the node of its dict (version checked)
+        self._globals_node: Any = None
+        self._function_node: Any = None
+        self._cells_node: Any = None
 
     # -- which sources are vouched for
     def vouch(self, source: Source) -> bool:
@@ -133,14 +149,31 @@ class _Builder:
         if kind is Global:
             self.unnoded.add(source)
             return self.fn.__globals__.get(source.var, MISSING) if type(self.fn) is types.FunctionType else _NO
+        if kind is Closure or kind is FnAttr:  # (the called function's cell, defaults or code: read in C)
+            if type(self.fn) is not types.FunctionType:
+                return _NO
+            if kind is FnAttr:
+                return getattr(self.fn, source.attr) if source.attr in _READ_IN_C[types.FunctionType] else _NO
+            cells = self.fn.__closure__
+            try:
+                return cells[source.index].cell_contents if cells is not None and source.index < len(cells) else _NO
+            except ValueError:  # (an empty cell)
+                return _NO
         parent = source.base()
         if parent is None or not self.vouch(parent) or self.values[parent] is MISSING:
             return _NO
-        if parent in self.unnoded and not (parent in self.opaque and kind is Item):
-            return _NO  # (what a node-less object holds: not reached in C++)
+        obj = self.values[parent]
+        if kind is Attr and source.attr in _READ_IN_C.get(type(obj), ()):  # (a node reaches any vouched parent)
+            try:
+                value = getattr(obj, source.attr)
+            except ValueError:  # (an empty cell)
+                return _NO
+            self.read_in_c.add(source)
+            return value
+        if parent in self.opaque and kind is not Item:
+            return _NO  # (a class's `__dict__`: the proxy is never handed out, its items are read)
         if kind is ClassAttr or parent in self.opaque:
             self.unnoded.add(source)
-        obj = self.values[parent]
         if kind is ClassAttr:
             return mro_attr(obj, source.attr) if isinstance(obj, type) else _NO
         if kind is Attr and source.attr == "__dict__" and isinstance(obj, type):
@@ -167,10 +200,10 @@ class _Builder:
             return _NO
         if name == "__dict__":
             return _NO if self.by_item else d
-        if name.startswith("__") and name.endswith("__"):
-            return _NO
         cls = type(obj)
         found = mro_attr(cls, name)
+        if name.startswith("__") and name.endswith("__") and found is not MISSING:
+            return _NO  # (a dunder no class defines, `f.__stampout_region__`, is an instance dict entry)
         if name in d:
             if found is not MISSING and _data_descriptor(found):
                 return _NO
@@ -202,6 +235,29 @@ class _Builder:
         elif kind is Arg:
             node = self.facts.node(self._root(0, self.leaves), "list", source.index, value)
             self.facts.same_object(node, value)
+        elif source in self.read_in_c:
+            self.reach(source.base())  # (the facts that fix the object it is read from)
+            node = self.facts.node(self.node(source.base()), "attr", source.attr, value)
+            self.facts.same_object(node, value)
+        elif kind is Global:
+            self._globals_facts()
+            node = self.facts.node(self._globals_node, "dict", source.var, value)
+        elif kind is FnAttr:
+            node = self.facts.node(self._fn_node(), "attr", source.attr, value)
+            self.facts.same_object(node, value)
+        elif kind is Closure:  # (a function's closure tuple and its cells are fixed with the function)
+            cells = self.fn.__closure__
+            if self._cells_node is None:
+                self._cells_node = self.facts.node(self._fn_node(), "attr", "__closure__", cells)
+            cell = self.facts.node(self._cells_node, "tuple", source.index, cells[source.index])
+            node = self.facts.node(cell, "attr", "cell_contents", value)
+            self.facts.same_object(node, value)
+        elif kind is ClassAttr or source.base() in self.opaque:  # (an item of a class's dict, found along an MRO)
+            cls = self.values[source.base()] if kind is ClassAttr else self.opaque[source.base()]
+            name = source.attr if kind is ClassAttr else source.item
+            self._class_facts(cls)
+            owner = next(klass for klass in cls.__mro__ if name in class_dict(klass))
+            node = self.facts.node(self._class_nodes[id(owner)], "dict", name, value)
         else:
             parent = source.base()
             container = self.values[parent]
@@ -247,17 +303,29 @@ class _Builder:
             if self._class_root is None:
                 self._class_root = self.facts.node(None, "tuple", 3, None)
             for klass in cls.__mro__:
+                if id(klass) in self._class_nodes:
+                    continue  # (a base another class's MRO holds: its dict is checked once)
                 self.class_dicts.append(d := class_dict(klass))
-                self.facts.unchanged_dict(self.facts.node(self._class_root, "tuple", len(self.class_dicts) - 1, d), d)
+                node = self.facts.node(self._class_root, "tuple", len(self.class_dicts) - 1, d)
+                self.facts.unchanged_dict(node, d)
+                self._class_nodes[id(klass)] = node
 
     def _globals_facts(self) -> None:
         """The function the same object (so its `__globals__`), that dict unwritten."""
         if not self.globals_facts:
             self.globals_facts = True
-            self.facts.same_object(self.facts.node(None, "tuple", 4, self.fn), self.fn)
+            self._fn_node()
             self.absolutes.append(self.fn.__globals__)
             node = self.facts.node(self._root(2, None), "tuple", len(self.absolutes) - 1, self.fn.__globals__)
             self.facts.unchanged_dict(node, self.fn.__globals__)
+            self._globals_node = node
+
+    def _fn_node(self) -> Any:
+        """The node of the called function, the same object."""
+        if self._function_node is None:
+            self._function_node = self.facts.node(None, "tuple", 4, self.fn)
+            self.facts.same_object(self._function_node, self.fn)
+        return self._function_node
 
     def _contents_of(self, source: Source) -> Any:
         """The node of a container whose items are read, with the facts that fix what they are."""
@@ -287,7 +355,7 @@ class _Builder:
                 return False
             self.reach(guard.expected)
         elif kind is Kind.CONST:
-            if type(value) not in _IMMUTABLE:
+            if not _immutable(value):
                 return False
         elif kind in (Kind.LEN, Kind.KEYS):
             if source in self.unnoded or type(value) not in ((list, tuple, dict) if kind is Kind.LEN else (dict,)):
@@ -306,7 +374,9 @@ class _Builder:
         """The facts on the path to a vouched source: its holder's where that fixes it (an attribute: the instance dict
         holding it; a tuple's item: the tuple; a dict's: the dict), else its own node (a list item: by identity)."""
         parent, kind = source.base(), type(source)
-        if kind is Global:
+        if source in self.read_in_c:
+            self.node(source)
+        elif kind is Global:
             self._globals_facts()
         elif kind is ClassAttr:
             self.node(parent)
@@ -325,6 +395,11 @@ class _Builder:
 
 
 _NO = object()  # (not vouched for)
+
+
+def _immutable(value: Any) -> bool:
+    """A value no write can change: a constant of an immutable type, or a tuple of such (a function's defaults)."""
+    return type(value) in _IMMUTABLE or type(value) is tuple and all(map(_immutable, value))
 
 
 class InstanceFacts:

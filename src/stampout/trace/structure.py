@@ -116,6 +116,8 @@ def aliases_of(leaves: list[Any]) -> tuple:
     tensors share memory by their storages' bytes: two storages over one array (`torch.from_numpy`) overlap."""
     try:  # the common case: distinct objects, the tensors in storages of their own (one lookup each)
         tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
+        if len(tensors) < 2 and len(set(map(id, leaves))) == len(leaves):
+            return tuple(range(len(leaves)))  # (no two tensors: no memory shared, no storage looked up)
         storages = list(map(torch.Tensor.untyped_storage, tensors))
         if len({s._cdata for s in storages}) == len(tensors) and storages_apart(tensors, storages) \
                 and (len(tensors) == len(leaves) or len(set(map(id, leaves))) == len(leaves)):
