@@ -96,3 +96,36 @@ def test_an_object_inside_a_shared_config_is_cleaned() -> None:
     model = Stack([cfg] * 3, [None, None, "inner"])
     _captured(model)
     assert _fakes_in(cfg.inner) == []
+
+
+class Kept(Layer):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = super().forward(x)
+        if self.where == "lin":  # (behind __setattr__ on a submodule the bound forward's layer reaches)
+            self.lin.__dict__["last"] = h * 2
+        return h
+
+
+def test_layer_20_of_32_leaves_a_fake_in_the_shared_config_or_a_submodule_and_it_is_taken_out() -> None:
+    """The repair walks what a config and a bound `forward` reach once per pass (clean objects): a layer after the
+    walked ones that left a traced value is still found, traced again rather than stamped."""
+    for where in ("cfg", "inner", "lin"):
+        cfg = Config()
+        model = Stack([cfg] * 32, [where if i == 20 else None for i in range(32)])
+        if where == "lin":
+            for layer in model.layers:
+                layer.__class__ = Kept
+                layer.forward = stampout.region(Kept.forward.__get__(layer))
+        x = torch.randn(2, 8)
+        expected = model(x)
+        last = model.layers[20].lin.__dict__.get("last")
+        for obj in (cfg, cfg.inner, model.layers[20].lin):
+            obj.__dict__.pop("table", None)
+            obj.__dict__.pop("last", None)
+        cap = stampout.capture(model, x)
+        torch.testing.assert_close(cap(x), expected)
+        assert (cap.stats.traces, cap.stats.reuses) == (2, 30), (where, cap.stats)
+        assert _fakes_in(cfg) == [] and _fakes_in(cfg.inner) == [], where
+        assert all(_fakes_in(layer.lin) == [] for layer in model.layers), where
+        if where == "lin":  # (the left-over pass found it: stored real, as eager leaves it)
+            torch.testing.assert_close(model.layers[20].lin.last, last)

@@ -11,6 +11,7 @@ keyed by a traced tensor) makes the program ineligible: `compile` runs it eagerl
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,8 +252,8 @@ class Registries:
                        if type(d := m.__dict__.get(name)) is dict]
 
     def changed(self) -> list[tuple[torch.nn.Module, str, dict, dict]]:
-        return [(m, name, d, old) for m, name, d, old in self.before
-                if list(d) != list(old) or any(d[k] is not v for k, v in old.items())]
+        return [(m, name, d, old) for m, name, d, old in self.before  # (same keys in order: values by position)
+                if list(d) != list(old) or not all(map(operator.is_, d.values(), old.values()))]
 
     def plan(self, program: Any) -> None:
         """Note each changed dict on the program's frame (its effects are then planned and undone with the

@@ -65,9 +65,13 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
     (holder, key, Place), each appended to `plan.extra` so the graph computes its real
     value."""
     found: list[tuple[Any, Any, Place]] = []
+    if not holds_fake(holders, whole=True):  # (one walk: no fake and no symbolic size anywhere the holders reach,
+        return found  # so no place below holds one either; a program that stores none pays one walk, not one a holder)
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
     reals = {id(fake): t for t, fake in tracer._fakes.values() if type(t) is not FakeTensor}
+    clean: dict[int, Any] = {}  # (one pass: a config or a bound forward's layer that every holder reaches, walked
+    # once; the notes only put real values and concrete sizes where fakes were: see Note: clean objects)
 
     def note(obj: Any, key: Any, kind: Place, value: Any) -> None:
         real = reals.get(id(value)) if type(value) is FakeTensor else None
@@ -88,7 +92,7 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
             found.append((obj, key, kind))
             plan.extra.append(value)
         elif (type(value) not in _INERT and not isinstance(value, torch.nn.Module)  # (a module: a holder itself)
-              and holds_fake(value, tensors_only=True, whole=True)):
+              and holds_fake(value, tensors_only=True, whole=True, clean=clean)):
             for place in fake_places(value):  # (inside a callable object, a closure, a module it made, ...)
                 note(*place)
 
@@ -142,6 +146,8 @@ def carried_state(cap: Capture, left: list[tuple[Any, Any, Place]], ctx: CallCon
     update: the capture puts the tensor read back, and each call stores the graph's value."""
     places = {(id(obj), key): k for k, (obj, key, _) in enumerate(left)}
     carried: dict[int, torch.Tensor] = {}
+    if not places:  # (nothing left: no lifted tensor's place to match; its sources are not resolved)
+        return carried
     memo: dict[Any, Any] = {}
     for t, source in cap.lifted:
         if not isinstance(source, Attr) or source.base() is None:

@@ -32,7 +32,7 @@ from ..trace.frames import swallowed, user_location
 from ..trace.names import TensorNames, identifier
 from ..trace.recording import refuse_shared_memory
 from ..trace.shapes import ShapeGuards, Symbols, dynamic_dims, has_symbols, symbolic_fake
-from ..trace.structure import aliases_of, flatten_inputs, found_within, positional_names, to_template
+from ..trace.structure import aliases_of, flatten_inputs, found_within, holds_fake, positional_names, to_template
 from ..trace.tracer import Tracer
 from ..watch.functools_caches import CacheReads
 from ..watch.tracking import Watch
@@ -456,13 +456,17 @@ class ProgramCapture:
         # A tensor the graph computes, still fake where no store can put its real value (a dict key, a tuple): refused.
         nodes = self.tracer.root.nodes
         places = [*self.objects(), *self.handler.snapshot.contents()]
-        stuck = real and found_within(places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True,
-                                      whole=True)  # (not real: export puts the objects back itself)
+        # (not real: export puts the objects back itself.) First whether anything traced is left at all: where not
+        # (the common case), what that walk went through is clean for the world repair below, which then walks
+        # none of it again (Note: clean objects; nothing in between stores a traced value)
+        clean: dict[int, Any] = {}
+        stuck = real and holds_fake(places, whole=True, clean=clean) and found_within(
+            places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True, whole=True)
         moved = (moved_parameter(cap, CallContext([self.fn, *self.leaves], frame_function(self.fn)))
                  if real and self.refusal is None and not stuck else None)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): put back
         # as it was before the program ran.
-        left_behind = restore_world(self.handler, None, self.objects(), self.fields_before)
+        left_behind = restore_world(self.handler, None, self.objects(), self.fields_before, clean)
         if stuck and self.refusal is None:
             self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
                                    "store can give it its real value (a dict key, a tuple, a partial's arguments, "

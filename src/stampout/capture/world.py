@@ -102,16 +102,17 @@ def _from_the_inputs(source: Source) -> bool:
 
 
 def restore_world(handler: RegionCalls, states: RandomStates | None, objects: list[Any],
-                  before: FieldsBefore | None = None) -> str:
+                  before: FieldsBefore | None = None, clean: dict[int, Any] | None = None) -> str:
     """Put back the random generators, and take every fake tensor and symbolic size out of what the program's
     code could reach (globals, memo caches, class dicts; the attributes of `objects`, put back as `before` noted
     them before the program ran). Returns what held
-    traced values other than in caches (empty: nothing). See world.py."""
+    traced values other than in caches (empty: nothing). `clean`: objects a whole walk for any traced value just went
+    through without finding one (see clear_fakes). See world.py."""
     if states is not None:
         states.restore()
     with DisableTorchFunction():
         repairs = handler.snapshot.repair()
-        repairs.places.extend(clear_fakes(objects, before=before))
+        repairs.places.extend(clear_fakes(objects, before=before, clean=clean))
     if repairs.caches or repairs.places:
         log.info("after the capture: put right %s", repairs.describe())
     return ", ".join(repairs.places)

@@ -6,17 +6,15 @@ A `Fingerprint` is a named tuple of named tuples: it hashes and compares as the 
 from __future__ import annotations
 
 import enum
-import functools
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import torch
 
-from .. import caches
 from ..guards.guard import const_key, is_constant
 from ..torch_internals import FLAG_NAMES, global_flags
 from ..trace.shapes import show_size, size_key
-from ..trace.structure import aliases_of, show_aliases
+from ..trace.structure import aliases_of, public_names, show_aliases
 from ..trace.tensormeta import TensorKind, TensorMeta, tensor_meta
 from ..watch.tracking import original_class
 
@@ -68,14 +66,6 @@ class Fingerprint(NamedTuple):
 _TENSOR, _CONSTANT, _SIZE, _MODULE, _OBJECT = LeafKind  # (module names: an enum member lookup costs per leaf)
 
 
-@functools.lru_cache(maxsize=256)
-def _attribute_names(keys: tuple) -> tuple:
-    """The attributes a tensor's caller set (`x.scale`) among its __dict__'s keys: a fake's dict holds twenty fields
-    of FakeTensor's own, the same keys for every fake (memoized on the keys alone: never stale)."""
-    return tuple(k for k in keys if not k.startswith("_"))
-
-
-caches.register(_attribute_names, "regions.fingerprint tensor attribute names")
 
 
 _PLAIN_CONSTANTS = frozenset((bool, int, str, type(None)))
@@ -88,7 +78,7 @@ def leaf_key(leaf: Any) -> tuple:
     if t in _PLAIN_CONSTANTS:  # (const_key's answer for these exact types: the most common non-tensor leaves)
         return (_CONSTANT, (t, leaf), ())
     if isinstance(leaf, torch.Tensor):
-        names = _attribute_names(tuple(leaf.__dict__))  # set by the caller (`x.scale`)
+        names = public_names(tuple(leaf.__dict__))  # set by the caller (`x.scale`)
         return (_TENSOR, tensor_meta(leaf, requires_grad=False), names)  # (requires_grad matched separately)
     if is_constant(leaf):
         return (_CONSTANT, const_key(leaf), ())

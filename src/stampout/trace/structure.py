@@ -356,6 +356,17 @@ def plain_object(value: Any) -> bool:
     return plain_fields(value) is not None
 
 
+@functools.lru_cache(maxsize=1024)
+def public_names(keys: tuple) -> tuple:
+    """The names among an instance dict's keys that do not start with `_` (what a caller or a program set, `x.scale`,
+    `self.heads`; not a module's registries and flags, a fake's own fields), in order. Memoized on the keys alone
+    (never stale): the instances of one class share them."""
+    return tuple(k for k in keys if not k.startswith("_"))
+
+
+caches.register(public_names, "structure public attribute names")
+
+
 def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = None, items: int | None = None,
                  first: bool = False, whole: bool = False, clean: dict[int, Any] | None = None) -> list[Any]:
     """The one walk over the values a value holds: each one `wanted` accepts, in order (`value` itself first;

@@ -27,7 +27,7 @@ from .. import config
 from ..sources import Place
 from ..torch_internals import FakeTensor
 from ..trace.shapes import concrete
-from ..trace.structure import ATOMIC, holds_fake, plain_object, referents, slot_fields
+from ..trace.structure import ATOMIC, holds_fake, plain_object, public_names, referents, slot_fields
 
 
 @dataclass
@@ -86,8 +86,8 @@ class FieldsBefore:
             fields = getattr(v, "__dict__", None)
             if type(fields) is not dict or not (depth == 0 or plain_object(v) or type(v) is types.FunctionType):
                 return
-            self.fields[id(v)] = (v, {k: x for k, x in fields.items() if not k.startswith("_")})
-            inside = [x for k, x in fields.items() if not k.startswith("_")]
+            kept = self.fields[id(v)] = (v, {k: fields[k] for k in public_names(tuple(fields))})
+            inside = kept[1].values()
         if depth < config.scan_depth:
             for x in inside:
                 self._note(x, depth + 1)
@@ -109,7 +109,7 @@ class FieldsBefore:
 
 
 def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None,
-                before: FieldsBefore | None = None) -> list[str]:
+                before: FieldsBefore | None = None, clean: dict[int, Any] | None = None) -> list[str]:
     """Attributes of `objects` (modules, the call's input objects) that hold a fake tensor or a symbolic size
     written behind their `__setattr__` (`functools.cached_property`, `obj.__dict__[k] = v`, a tuple, a deque or a
     function object the watch does not see into): put back as they were before the program ran, as `before`
@@ -119,9 +119,12 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None,
     stays as it is, still holding the traced value, and is named all the same (capture refuses, compile runs the
     program eagerly, which stores the real value). Returns the places' names. `cleared`: the objects already
     made clean, by id (each object is walked once, so a config object that every layer holds costs one walk;
-    kept alive here, so no id is reused meanwhile)."""
+    kept alive here, so no id is reused meanwhile). `clean`: the pass's whole walks (see Note: clean objects in
+    trace/structure.py; the repairs only take traced values out), so what a layer's bound `forward` reaches (the
+    layer, its config) is walked once, not once per holder."""
     removed = []
     cleared = {} if cleared is None else cleared
+    clean = {} if clean is None else clean
     before = FieldsBefore({}, {}) if before is None else before
     for obj in objects:
         fields = getattr(obj, "__dict__", None)
@@ -129,10 +132,11 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None,
             continue
         cleared[id(obj)] = obj
         dirty = []
-        for k, v in list(fields.items()):
-            if k.startswith("_") or type(v) in ATOMIC or id(v) in cleared:
+        for k in public_names(tuple(fields)):
+            v = fields[k]
+            if type(v) in ATOMIC or id(v) in cleared:
                 continue
-            if holds_fake(v, whole=True):
+            if holds_fake(v, whole=True, clean=clean):
                 dirty.append(k)
             elif plain_object(v):
                 cleared[id(v)] = v  # (clean as found: a later holder of it need not look again)
@@ -152,7 +156,7 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None,
                 before.put_back_items(value)
                 inside = [value] if plain_object(value) or type(value) is types.FunctionType else (
                     list(value.values() if type(value) is dict else value) if id(value) in before.items else [])
-                clear_fakes(inside, cleared, before)
+                clear_fakes(inside, cleared, before, clean)
     return removed
 
 
