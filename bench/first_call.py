@@ -20,6 +20,10 @@ the compile call until the first result (training: until the first ``backward()`
 done); imports and an eager reference run happen before the clock. Ratios are stampout / peer from the same run: below
 1 stampout is faster (the targets, issue 21: cold <= 0.4 for inference and <= 0.25 for training, warm <= 0.15 against
 torch nested; first call <= 0.5 against compile_repeated_blocks). Each
+cell records the CPU time too (``cpu_s``: this process's and its finished children's, the C++ compiler runs; on a
+shared machine less noisy than the wall time). ``--base-src DIR`` adds a variant ``stampout@base``: stampout imported
+from another tree's ``src`` (e.g. a ``git worktree`` of main), measured in the same run, interleaved, for before/after
+ratios. Each
 cell records correctness (max |out - eager|; training: the worst relative gradient error over parameters), the
 caches' hit/miss/bypass counters, the second call's time, and for stampout the per-phase breakdown of
 ``stampout.timing`` (what ``STAMPOUT_LOGS=+timing`` logs). Intra-op threads default to 1 (``--threads``). Raw
@@ -62,7 +66,8 @@ from bench.common import (  # noqa: E402
 LLAMA_VARIANTS = ("stampout", "torch_nested", "torch_flat")
 TARGETS = {"inference": (0.4, 0.15), "training": (0.25, 0.15), "repeated": (0.5, 0.5)}  # (cold, warm) ratios
 DIFFUSERS_VARIANTS = ("stampout", "compile_repeated_blocks")
-LABELS = {"stampout": "stampout", "torch_nested": "torch nested", "torch_flat": "torch flat",
+BASE = "stampout@base"  # stampout from --base-src
+LABELS = {"stampout": "stampout", BASE: "stampout before", "torch_nested": "torch nested", "torch_flat": "torch flat",
           "compile_repeated_blocks": "repeated blocks"}
 MODES = ("inference", "training")
 OUT_TOL = 1e-3  # max abs difference of outputs vs eager
@@ -132,6 +137,12 @@ def _timed_captures() -> None:
     compiled.capture_program = timed
 
 
+def _cpu() -> float:
+    """CPU seconds of this process and of its children that have finished (the C++ compiler runs)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int) -> dict[str, Any]:
     """One measurement in this (fresh) process."""
     torch.set_num_threads(threads)
@@ -155,6 +166,7 @@ def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int
     model.zero_grad(set_to_none=True)
 
     r: dict[str, Any] = {"threads": torch.get_num_threads(), "error": None}
+    c0 = _cpu()
     t0 = time.perf_counter()
     if variant == "stampout":
         auto = model_name not in ("llama", *USER_AND_HF)  # (the zoo's and the user's decoders mark their layers)
@@ -172,6 +184,7 @@ def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int
         if training:
             _loss(out).backward()
     r["first_call_s"] = time.perf_counter() - t0
+    r["cpu_s"] = _cpu() - c0
     r["out_max_abs_diff"] = (out.detach().float() - ref.float()).abs().max().item()
     ok = r["out_max_abs_diff"] <= OUT_TOL
     if training:
@@ -217,8 +230,12 @@ def _env(cache_dir: str) -> dict[str, str]:
 
 
 def _worker(cell: dict[str, Any], cache_dir: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = _env(cache_dir)
+    if cell["variant"] == BASE:  # the same worker, stampout imported from the other tree
+        env["PYTHONPATH"] = os.pathsep.join((os.path.abspath(args.base_src), env.get("PYTHONPATH", "")))
+        cell = {**cell, "variant": "stampout"}
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps({**cell, "threads": args.threads})]
-    res, err = run_json_worker(cmd, timeout=args.timeout, env=_env(cache_dir))
+    res, err = run_json_worker(cmd, timeout=args.timeout, env=env)
     return res if err is None else {"first_call_s": None, **err}
 
 
@@ -249,6 +266,10 @@ def _t(cell: dict[str, Any] | None) -> float | None:
     return cell.get("median_s", cell.get("first_call_s"))
 
 
+def _cpu_of(cell: dict[str, Any] | None) -> float | None:
+    return None if not cell or cell.get("error") else cell.get("cpu_s")
+
+
 def _s(t: float | None) -> str:
     return "-" if t is None else f"{t:.2f}"
 
@@ -277,7 +298,7 @@ def report(rows: list[dict[str, Any]]) -> None:
                   caption="cold: fresh process, empty TORCHINDUCTOR_CACHE_DIR; warm: another fresh process on the same "
                   "directory. Targets (issue 21): cold <= 0.40 inference, <= 0.25 training, warm <= 0.15 vs torch "
                   "nested; <= 0.50 vs repeated blocks.")
-    for col in ("model", "layers", "mode", "peer", "stampout cold", "peer cold", "ratio", "stampout warm",
+    for col in ("model", "layers", "mode", "peer", "stampout cold", "peer cold", "ratio", "cpu ratio", "stampout warm",
                 "peer warm", "ratio", "stampout correct", "peer correct"):
         table.add_column(col, justify="left" if col in ("model", "mode", "peer") else "right")
     for row in rows:
@@ -286,8 +307,11 @@ def report(rows: list[dict[str, Any]]) -> None:
             if peer == "stampout":
                 continue
             target, warm_target = TARGETS["repeated" if peer == "compile_repeated_blocks" else row["mode"]]
+            if peer == BASE:  # before/after: below 1 is better
+                target = warm_target = 1.0
             table.add_row(row["model"], str(row["layers"]), row["mode"], LABELS[peer],
                           _s(_t(s["cold"])), _s(_t(p["cold"])), _ratio(_t(s["cold"]), _t(p["cold"]), target),
+                          _ratio(_cpu_of(s["cold"]), _cpu_of(p["cold"]), target),
                           _s(_t(s["warm"])), _s(_t(p["warm"])), _ratio(_t(s["warm"]), _t(p["warm"]), warm_target),
                           _correct(s["cold"]), _correct(p["cold"]))
     con.print(table)
@@ -303,8 +327,8 @@ def report(rows: list[dict[str, Any]]) -> None:
     for col in ("model", "layers", "mode", "run", "first call", *names.values(), "caches"):
         phases.add_column(col, justify="left" if col in ("model", "mode", "run") else "right")
     for row in rows:
-        for run in ("cold", "warm"):
-            cell = row["variants"]["stampout"][run]
+        for variant, run in [(v, r) for v in ("stampout", BASE) if v in row["variants"] for r in ("cold", "warm")]:
+            cell = row["variants"][variant][run]
             if cell.get("error"):
                 continue
             c = cell.get("caches", {})
@@ -312,7 +336,8 @@ def report(rows: list[dict[str, Any]]) -> None:
                       f"{c.get('autograd_cache_bypass', 0)} {c.get('fxgraph_cache_hit', 0)}/"
                       f"{c.get('fxgraph_cache_miss', 0)}/{c.get('fxgraph_cache_bypass', 0)}")
             got = cell.get("phases", {})
-            phases.add_row(row["model"], str(row["layers"]), row["mode"], run, _s(_t(cell)),
+            phases.add_row(row["model"], str(row["layers"]), row["mode"], run if variant == "stampout" else f"{run} (before)",
+                           _s(_t(cell)),
                            *[_s(got.get(n)) if got.get(n, 0) >= 0.005 else "" for n in names], caches)
     con.print(phases)
     for row in rows:
@@ -339,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="cold+warm pairs per cell (medians are reported)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads in each worker")
     p.add_argument("--timeout", type=float, default=900, help="seconds allowed per worker")
+    p.add_argument("--base-src", help="also stampout imported from this tree's src (before/after in one run)")
+    p.add_argument("--no-llama", action="store_true", help="skip the zoo's LlamaLike (only --models)")
     p.add_argument("--quick", action="store_true", help="LlamaLike 2 layers, inference, no diffusers")
     p.add_argument("--out", default=os.path.join(_HERE, "out", "first_call.json"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -355,8 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         args.layers, args.modes, args.diffusers, args.models = [2], ["inference"], [], []
 
     started = time.perf_counter()
-    plan = [(name, n, m, args.variants) for name in ("llama", *args.models) for n in sorted(set(args.layers))
-            for m in args.modes]
+    variants = [*args.variants, *([BASE] if args.base_src else [])]
+    plan = [(name, n, m, variants) for name in ((), ("llama",))[not args.no_llama] + tuple(args.models)
+            for n in sorted(set(args.layers)) for m in args.modes]
     plan += [(d, args.diffusers_layers, m, list(DIFFUSERS_VARIANTS))
              for d in args.diffusers for m in args.diffusers_modes]
     rows = []

@@ -59,6 +59,8 @@ SWITCHES: tuple[Switch, ...] = (
            "not to; 'whole' always hands Inductor the whole graph; 'apart' compiles regions apart wherever possible"),
     Switch("thin_glue", 1.0, "regions are compiled apart when the glue does at most this many times their work"),
     Switch("cpp_wrapper", True, "inductor: graphs without region calls inside compile on CPU with the C++ wrapper"),
+    Switch("batch_kernels", True, "inductor: the CPU kernels of each module Inductor's Python wrapper generates "
+           "are built as one library (kernel_batch.py)"),
     Switch("avoid_reused_subgraph_buffer_bug", True, "inductor: no buffer reuse in differentiated graphs with "
            "region calls inside (a torch bug; False only to reproduce it)"),
     Switch("avoid_horizontal_fusion_bug", True, "inductor: no horizontal fusion on CPU (a torch bug; False only "
@@ -84,6 +86,7 @@ replay_max_bytes: int
 glue: str
 thin_glue: float
 cpp_wrapper: bool
+batch_kernels: bool
 avoid_reused_subgraph_buffer_bug: bool
 avoid_horizontal_fusion_bug: bool
 stamp_out_lowering: bool

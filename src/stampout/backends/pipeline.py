@@ -9,6 +9,8 @@ half the time on a 2-core machine. Inside `overlapped()`, on the calling thread 
 - the generated module's final `async_compile.wait(globals())` is recorded instead of waited on;
 - a C++-wrapper build (`CppWrapperCodeCache.load_pybinding`) is submitted to Inductor's compile pool and
   the module gets an entry point that resolves on first use;
+- the Python wrapper's kernels (`AsyncCompile.cpp_pybinding`) are collected and built as one library per
+  module, handed to the pool at the module's wait (kernel_batch.py; `config.batch_kernels`);
 
 so the next graph's lowering runs while the compiler works. Leaving the context waits for all of it (timed
 as `c++ compile`), so the compiled callables are complete before anyone calls them; compile errors surface
@@ -29,7 +31,19 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import timing
+from .. import config
+from . import kernel_batch, timing
+
+
+_local = threading.local()  # .inside: this thread is inside overlapped()
+
+
+def batches_kernels() -> bool:
+    """Whether the Python-wrapper modules this thread loads now build their kernels as one library each."""
+    from ..torch_internals import CppPythonBindingsCodeCache, get_compile_threads
+
+    return (getattr(_local, "inside", False) and config.batch_kernels and get_compile_threads() > 1
+            and kernel_batch.supported(CppPythonBindingsCodeCache))
 
 
 class DeferredEntry:
@@ -51,7 +65,13 @@ class DeferredEntry:
 @contextlib.contextmanager
 def overlapped() -> Iterator[None]:
     """Defer Inductor's waits for the C++ compiler on this thread until the context exits."""
-    from ..torch_internals import AsyncCompile, CppWrapperCodeCache, get_compile_threads
+    from ..torch_internals import (
+        AsyncCompile,
+        CppPythonBindingsCodeCache,
+        CppWrapperCodeCache,
+        LambdaFuture,
+        get_compile_threads,
+    )
 
     if not (hasattr(AsyncCompile, "wait") and hasattr(CppWrapperCodeCache, "load_pybinding_async")):
         yield  # not torch 2.13's Inductor: compile without overlap
@@ -61,11 +81,15 @@ def overlapped() -> Iterator[None]:
     wait = AsyncCompile.wait
     load_pybinding = CppWrapperCodeCache.load_pybinding.__func__
     owned = "load_pybinding" in CppWrapperCodeCache.__dict__
+    cpp_pybinding = AsyncCompile.cpp_pybinding
+    batch = kernel_batch.Collector(CppPythonBindingsCodeCache, AsyncCompile.submit, LambdaFuture)
 
     def ours() -> bool:  # this thread's compile, and Inductor has a pool to hand the compiler to
         return threading.get_ident() == thread and get_compile_threads() > 1
 
     def deferred_wait(self: Any, scope: dict[str, Any]) -> None:
+        if ours():
+            batch.close()
         if not ours() or "__file__" not in scope:  # only generated modules' final wait
             return wait(self, scope)
         pending.append(lambda: wait(self, scope))
@@ -77,16 +101,25 @@ def overlapped() -> Iterator[None]:
         pending.append(entry.resolve)
         return entry
 
+    def batched_cpp_pybinding(self: Any, argtypes: Any, source_code: Any, *args: Any, **kwargs: Any) -> Any:
+        future = batch.add(argtypes, source_code) if ours() and batches_kernels() and not (args or kwargs) else None
+        return cpp_pybinding(self, argtypes, source_code, *args, **kwargs) if future is None else future
+
+    outer, _local.inside = getattr(_local, "inside", False), True
     AsyncCompile.wait = deferred_wait
+    AsyncCompile.cpp_pybinding = batched_cpp_pybinding
     CppWrapperCodeCache.load_pybinding = classmethod(deferred_load_pybinding)
     try:
         yield
     finally:
         AsyncCompile.wait = wait
+        AsyncCompile.cpp_pybinding = cpp_pybinding
+        _local.inside = outer
         if owned:
             CppWrapperCodeCache.load_pybinding = classmethod(load_pybinding)
         else:
             del CppWrapperCodeCache.load_pybinding
+    batch.close()
     with timing.phase("c++ compile"):
         for finish in pending:
             finish()

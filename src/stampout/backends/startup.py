@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..torch_internals import patch_permanently
-from . import progress, store
+from . import pipeline, progress, store
 
 log = logging.getLogger("stampout.backends")
 
@@ -193,7 +193,8 @@ def _write(content: Any, extension: str, *args: Any, **kwargs: Any) -> Any:
         elif extension != "optimized.cpp":
             _state.binary = None
             if extension == "py" and isinstance(content, str):
-                _state.kernels, _state.loaded = content.count(_KERNEL_LOAD), 0
+                kernels = content.count(_KERNEL_LOAD)  # (built as one library when batched: pipeline.py)
+                _state.kernels, _state.loaded = min(kernels, 1) if pipeline.batches_kernels() else kernels, 0
     return result
 
 
