@@ -24,12 +24,35 @@ import stampout
 from stampout.trace import code
 
 _PACKAGE = '''
+import collections
+import contextvars
+
 import torch
 
 SCALE = 2.0
 REGISTRY = {"act": torch.relu}
 _MEMO = {}
 _MISSING = object()
+GAIN = contextvars.ContextVar("gain", default=1.0)
+
+
+class Instantiating(collections.OrderedDict):  # (as transformers' ACT2FN: a new module per item read)
+    def __getitem__(self, key):
+        cls, kwargs = super().__getitem__(key)
+        return cls(**kwargs)
+
+
+ACTIVATIONS = Instantiating({"gelu": (torch.nn.GELU, {}), "prelu": (torch.nn.PReLU, {})})
+
+
+class Plain(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        assert len(ACTIVATIONS) == 2
+        return self.lin(x) * SCALE
 
 
 def factor(n):
@@ -53,7 +76,7 @@ class Block(torch.nn.Module):
         return self.lin.in_features
 
     def forward(self, x):
-        return self.act(self.lin(x)) * factor(self.width) + SCALE
+        return self.act(self.lin(x)) * factor(self.width) * GAIN.get() + SCALE
 '''
 
 
@@ -116,6 +139,35 @@ def test_a_memo_cache_entry_changed_between_calls_is_seen(package, regions):
         pkg._MEMO[4] = 10.0 + step  # (the memo now says something else for the same key)
 
     _calls(package, regions, change)
+
+
+@pytest.mark.parametrize("regions", [None, "auto"])
+def test_a_context_variable_set_between_calls_is_seen(package, regions):
+    tokens = []
+
+    def change(pkg, step):
+        tokens.append(pkg.GAIN.set(2.0 + step))  # (a ContextVar the code reads: state it cannot guard, eager)
+
+    try:
+        _calls(package, regions, change)
+    finally:
+        for token in reversed(tokens):
+            package.GAIN.reset(token)
+
+
+@pytest.mark.parametrize("regions", [None, "auto"])
+def test_a_dict_subclass_whose_items_are_made_per_read_is_read_as_stored(package, regions):
+    """stampout's own walks and guards read a dict subclass's items as stored, never through its `__getitem__`
+    (which made a PReLU with fake parameters per read while capturing: left in a module global, the program ran
+    eagerly, and the layers traced per call)."""
+    torch.manual_seed(0)
+    model = _Stack(package.Plain)
+    compiled = stampout.compile(model, backend="eager", regions=regions)
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.breaks == [] and compiled.stats.captures == 1
+    assert compiled.stats.traces == (1 if regions else 0)
 
 
 def test_torch_and_what_it_requires_stay_library_code(package):

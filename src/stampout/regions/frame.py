@@ -253,7 +253,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             return
         if isinstance(value, dict):
             self.guard(source, Kind.KEYS, tuple(value), where)
-        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        for key, item in (dict.items(value) if isinstance(value, dict) else enumerate(value)):  # (as stored: a
+            # subclass's `__getitem__` is its Python, which may make a new value per read: transformers' ACT2FN)
             self.adopt(item, Item(source, key), where=where)
         if not isinstance(value, tuple):
             self._note_container(value, source, where)

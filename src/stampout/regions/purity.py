@@ -217,9 +217,10 @@ def torch_state_call(fn: Any, frame: types.FrameType | None = None) -> str | Non
 _STDLIB = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
                 | dict.fromkeys(sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")))
 # Standard-library code whose C calls are its own business: output (logging's timestamps), imports, source
-# lines for messages, waiting with timeouts.
+# lines for messages, waiting with timeouts, a callable's signature (`inspect.unwrap` keys its cycle check by
+# `id()`: the addresses stay inside the call).
 _QUIET_STDLIB = ("logging" + os.sep, "importlib" + os.sep, "warnings.py", "linecache.py", "tokenize.py",
-                 "traceback.py", "threading.py")
+                 "traceback.py", "threading.py", "inspect.py")
 _WATCHED: dict[str, bool] = caches.register({}, "regions.purity watched files")
 
 

@@ -191,7 +191,7 @@ def fake_places(value: Any) -> list[tuple[Any, Any, Place, Any]]:
             continue
         places: list[tuple[Any, Any, Place, Any]] = []
         if type(v) in (dict, list) or isinstance(v, dict):
-            places = [(v, k, Place.ITEM, x) for k, x in (v.items() if isinstance(v, dict) else enumerate(v))]
+            places = [(v, k, Place.ITEM, x) for k, x in (dict.items(v) if isinstance(v, dict) else enumerate(v))]
         elif type(v) is set:
             places = [(v, x, Place.MEMBER, x) for x in v]
         elif type(v) is types.FunctionType:
