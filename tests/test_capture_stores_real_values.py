@@ -3,6 +3,9 @@ where eager would have stored a real value, the real value is stored or the capt
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -134,3 +137,45 @@ def test_a_module_made_in_the_call_draws_its_weights_on_every_call_as_eager():
         expected = fresh_layer(x)
         torch.manual_seed(seed)
         torch.testing.assert_close(cap(x), expected)
+
+
+RECENT: collections.deque = collections.deque(maxlen=3)
+
+
+def _keeps_recent(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    RECENT.append(h)
+    return h + 1
+
+
+def test_a_traced_value_kept_in_a_global_deque_is_given_its_real_value():
+    # (the real-value walk set dict and list items only: the deque kept the capture's FakeTensor)
+    RECENT.clear()
+    x = torch.randn(3)
+    stampout.capture(_keeps_recent, x)
+    assert len(RECENT) == 1 and type(RECENT[0]) is torch.Tensor
+    torch.testing.assert_close(RECENT[0], x * 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    t: torch.Tensor
+
+
+KEPT: dict = {}
+
+
+def _keeps_frozen(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    KEPT["last"] = _Frozen(h)
+    return h + 1
+
+
+def test_a_traced_value_in_a_frozen_dataclass_is_given_its_real_value():
+    # (the real value was set with setattr, which a frozen dataclass refuses: the capture raised
+    # FrozenInstanceError and left the FakeTensor there)
+    KEPT.clear()
+    x = torch.randn(3)
+    stampout.capture(_keeps_frozen, x)
+    assert type(KEPT["last"].t) is torch.Tensor
+    torch.testing.assert_close(KEPT["last"].t, x * 2)

@@ -25,6 +25,14 @@ MODE_OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
+# Note: eager's random numbers
+# Inductor draws the random numbers of `dropout`, `rand_like`, `randn` with its own generator, seeded once per call
+# from torch's: the values differ from eager's for the same seed, and torch's generator is left in another state,
+# so what the program draws after a compiled call differs too (a data sampler, the next step's dropout). stampout
+# compiles with Inductor's `fallback_random` (random ops run torch's own kernels, in eager's order): the same
+# numbers and the same generator state as eager, at the cost of not fusing them.
+
+
 def inductor_patches(backend: Any, mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
     """The Inductor config patches `mode` and `options` ask for; refused at once when they cannot apply."""
     if mode is not None and mode not in MODE_OPTIONS:
@@ -43,7 +51,9 @@ def inductor_patches(backend: Any, mode: str | None, options: dict[str, Any] | N
             "pass e.g. options={'max_autotune': True}",
         ))
     patches = dict(MODE_OPTIONS[mode]) if mode is not None else dict(options or {})
-    if patches and backend != "inductor":
+    if backend == "inductor":  # (see Note: eager's random numbers; options={"fallback_random": False} opts out)
+        patches.setdefault("fallback_random", True)
+    elif patches:
         raise BackendError(message(
             f"mode={mode!r} / options={options!r} configure Inductor, but backend={backend!r}", user_location(),
             "drop mode= and options=, or use backend='inductor'",

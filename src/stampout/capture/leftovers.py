@@ -79,13 +79,7 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tupl
             # value for them; the fake of a real tensor the program read (`self.steps += 1` stores the buffer it
             # wrote in place): that tensor, whose writes are the Capture's calls' to make, as BatchNorm's
             value = concrete(value) if real is None else real
-            if kind is Place.ATTR:
-                setattr(obj, key, value)
-            elif kind is Place.MEMBER:
-                obj.discard(key)
-                obj.add(value)
-            else:
-                obj[key] = value
+            kind.store(obj, key, value)
             return
         if type(value) is FakeTensor and id(value) in nodes and (id(obj), key) not in seen:
             seen.add((id(obj), key))
@@ -184,10 +178,4 @@ def make_real(cap: Capture, left: list[tuple[Any, Any, Place]], args: tuple, kwa
                 t.copy_(value)
     for k, ((obj, key, kind), value) in enumerate(zip(left, outputs[len(outputs) - len(left):])):
         value = carried.get(k, value)
-        if kind is Place.ATTR:
-            setattr(obj, key, value)
-        elif kind is Place.MEMBER:  # (a set's fake member, the key, gives way to its real value)
-            obj.discard(key)
-            obj.add(value)
-        else:
-            obj[key] = value
+        kind.store(obj, key, value)  # (a set's fake member, the key, gives way to its real value)

@@ -200,10 +200,7 @@ class Capture:
                     f"{source.name()} was there at capture and is missing now", user_location(),
                     "pass inputs of the same structure as at capture, or capture again",
                 ))
-            if kind is Place.ATTR:
-                setattr(holder, key, value)
-            else:
-                holder[key] = value
+            kind.store(holder, key, value)
 
     def __repr__(self) -> str:
         """A few lines: what was captured, its graph's size and its region calls (not the model's tensors)."""

@@ -5,6 +5,7 @@ starts) and the package's __init__.py (the steps along it, and the one import po
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,19 @@ class Place(enum.Enum):
     ATTR = "attr"  # attribute `key` (setattr)
     ITEM = "item"  # item `key` of a list or dict (holder[key] = ...)
     MEMBER = "member"  # a member of a set (the key is the member itself)
+
+    def store(self, holder: Any, key: Any, value: Any) -> None:
+        """Put `value` at this place of `holder`; a frozen dataclass's field as its own `__init__` sets it."""
+        if self is Place.ATTR:
+            try:
+                setattr(holder, key, value)
+            except dataclasses.FrozenInstanceError:
+                object.__setattr__(holder, key, value)
+        elif self is Place.MEMBER:
+            holder.discard(key)
+            holder.add(value)
+        else:
+            holder[key] = value
 
 
 class Source:

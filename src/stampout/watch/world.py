@@ -190,7 +190,7 @@ def fake_places(value: Any) -> list[tuple[Any, Any, Place, Any]]:
         if not inside:
             continue
         places: list[tuple[Any, Any, Place, Any]] = []
-        if type(v) in (dict, list) or isinstance(v, dict):
+        if type(v) in (dict, list) or isinstance(v, (dict, collections.deque)):  # (a deque takes `d[i] = t` too)
             places = [(v, k, Place.ITEM, x) for k, x in (dict.items(v) if isinstance(v, dict) else enumerate(v))]
         elif type(v) is set:
             places = [(v, x, Place.MEMBER, x) for x in v]
