@@ -420,7 +420,8 @@ class InstanceFacts:
     def run(self, check: Callable, leaves: list[Any], fn: Any, anchors: tuple) -> Any:
         memo = self._memo
         if memo is not None:
-            if memo.anchors is anchors and same_mros(memo.mros) and memo.facts.check((leaves, *memo.roots)):
+            roots = memo.roots  # (the called function as it is now: the facts compare it with the memo's)
+            if memo.anchors is anchors and same_mros(memo.mros) and memo.facts.check((leaves, *roots[:3], fn)):
                 memo.hits += 1
                 self.hits += 1
                 out = memo.rest(leaves, fn, memo.combined)
