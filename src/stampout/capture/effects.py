@@ -275,8 +275,11 @@ class Registries:
     def made_modules(self) -> list[str]:
         """`Owner.name` of each submodule registered during the call that was not in the tree before (its
         parameters were initialized on fakes: a capture cannot give them eager's values)."""
+        changed = [c for c in self.changed() if c[1] == "_modules"]
+        if not changed:  # (no submodule registry changed: nothing made)
+            return []
         known = {id(m) for m, *_ in self.before}
-        return [f"{type(m).__name__}.{k}" for m, name, d, old in self.changed() if name == "_modules"
+        return [f"{type(m).__name__}.{k}" for m, _, d, old in changed
                 for k, v in d.items() if old.get(k) is not v and v is not None and id(v) not in known]
 
     def put_back(self) -> None:

@@ -60,13 +60,14 @@ def uninitialized_module(fn: Callable) -> str | None:
     return None
 
 
-def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan) -> list[tuple[Any, Any, Place]]:
+def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan,
+                    clean: dict[int, Any] | None = None) -> list[tuple[Any, Any, Place]]:
     """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`, `seen.add(t)`):
     (holder, key, Place), each appended to `plan.extra` so the graph computes its real
-    value."""
+    value. `clean` (filled where nothing is found): what the holders reach, none of it holding a traced value."""
     found: list[tuple[Any, Any, Place]] = []
-    if not holds_fake(holders, whole=True):  # (one walk: no fake and no symbolic size anywhere the holders reach,
-        return found  # so no place below holds one either; a program that stores none pays one walk, not one a holder)
+    if not holds_fake(holders, whole=True, clean=clean):  # (one walk: no fake and no symbolic size anywhere the
+        return found  # holders reach, so no place below holds one; a program that stores none pays one walk)
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
     reals = {id(fake): t for t, fake in tracer._fakes.values() if type(t) is not FakeTensor}

@@ -127,6 +127,7 @@ class ProgramCapture:
         self.unreplayable = ""
         self.left: list = []
         self.refusal: str | None = None  # (a capture refused once the objects are as eager leaves them)
+        self.clean: dict[int, Any] = {}  # (what the left-over pass found reaching no traced value: see store_on_inputs)
 
     def run(self) -> Capture:
         """The hops, in order; the `Capture`."""
@@ -378,7 +379,7 @@ class ProgramCapture:
                 holders += [h for h in held if not isinstance(h, (list, dict, set))
                             or type(h) in (list, dict) and in_input_container(held[h])]
             holders += [h for h in held if type(h) is set]  # (a set: no store is repeated, its fakes made real)
-            self.left = left_over_fakes(holders, tracer, plan)
+            self.left = left_over_fakes(holders, tracer, plan, self.clean)
             self.left += self.handler.snapshot.graph_values(tracer.root.nodes, plan.extra)  # memo dicts, globals
             self.refusal = self.refusal or drawn_store(tracer, self.left, plan.extra[len(plan.extra) - len(self.left):],
                                                        self.made_modules)
@@ -455,18 +456,21 @@ class ProgramCapture:
                                        user_location(), "store the tensors themselves, or use stampout.compile")
         # A tensor the graph computes, still fake where no store can put its real value (a dict key, a tuple): refused.
         nodes = self.tracer.root.nodes
-        places = [*self.objects(), *self.handler.snapshot.contents()]
+        objects = self.objects()  # (the same list below: moved_parameter, in between, only reads)
+        places = [*objects, *self.handler.snapshot.contents()]
         # (not real: export puts the objects back itself.) First whether anything traced is left at all: where not
         # (the common case), what that walk went through is clean for the world repair below, which then walks
         # none of it again (Note: clean objects; nothing in between stores a traced value)
-        clean: dict[int, Any] = {}
+        # The left-over pass's clean objects too, where it found nothing left (so no fake was made real) and no
+        # container the program was given was copied back: what ran since stored real values only.
+        clean = self.clean if not self.unreplayable else {}
         stuck = real and holds_fake(places, whole=True, clean=clean) and found_within(
             places, lambda v: type(v) is FakeTensor and id(v) in nodes, first=True, whole=True)
         moved = (moved_parameter(cap, CallContext([self.fn, *self.leaves], frame_function(self.fn)))
                  if real and self.refusal is None and not stuck else None)
         # What the graph could not compute (a region's cached_property, a cache filled inside a region): put back
         # as it was before the program ran.
-        left_behind = restore_world(self.handler, None, self.objects(), self.fields_before, clean)
+        left_behind = restore_world(self.handler, None, objects, self.fields_before, clean)
         if stuck and self.refusal is None:
             self.refusal = message("stampout.capture cannot trace this program: it stores a traced tensor where no "
                                    "store can give it its real value (a dict key, a tuple, a partial's arguments, "

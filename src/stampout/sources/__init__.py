@@ -33,6 +33,16 @@ class Attr(Source):
     def key(self) -> tuple:
         return ("attr", self.parent.key(), self.attr)
 
+    def __hash__(self) -> int:
+        """From the parent's (cached) hash, not its key built again: a new path to a parameter of a deep model hashes
+        in one step. Equal keys give equal hashes still: a parent's hash is a function of its key (only Attr keys
+        start with "attr")."""
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = hash(("attr", hash(self.parent), self.attr))
+            return self._hash
+
     def name(self) -> str:
         if self.attr.isdigit():
             return f"{self.parent.name()}[{self.attr}]"

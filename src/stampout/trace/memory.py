@@ -108,7 +108,7 @@ class CapturedMemory:
         self.spans = Spans()
         self.storages: dict[int, tuple[int, int] | None] = {}  # storage _cdata -> its span, for storages seen
 
-    def claim(self, t: torch.Tensor, name: str) -> str | None:
+    def claim(self, t: torch.Tensor, name: Any) -> Any:
         """Note `t` (read by the capture as `name`); the name of an earlier tensor whose distinct storage
         overlaps its memory, or None."""
         try:

@@ -65,8 +65,10 @@ def _function_apply(cls: type) -> Callable:
     return target
 
 
-def refuse_shared_memory(memory: CapturedMemory, t: torch.Tensor, name: str) -> None:
-    """A capture cannot read two tensors in distinct storages over the same memory: their fakes would be apart."""
+def refuse_shared_memory(memory: CapturedMemory, t: torch.Tensor, name: Any) -> None:
+    """A capture cannot read two tensors in distinct storages over the same memory: their fakes would be apart.
+    `name`: what the message calls `t`, a string or a Source (spelled out only for the message: a stamped layer
+    lifts ten parameters, each with a path of six steps)."""
     other = memory.claim(t, name)
     if other is not None:
         raise CaptureError(message(
@@ -109,7 +111,7 @@ class Recording:
                 "stampout.compile runs such a module eagerly; hold a plain tensor (t.as_subclass(torch.Tensor)) "
                 "to capture it"))
         name = found[0] if found is not None else f"lifted_tensor_{len(self.lifted)}"
-        refuse_shared_memory(self.memory, t, found[1].name() if found and found[1] is not None else name)
+        refuse_shared_memory(self.memory, t, found[1] if found and found[1] is not None else name)
         if self.regions is not None:
             self.regions.note_root_lift(t)
         # A stamped region lifts many parameters: their placeholders' meta['val'] is filled when `gm` is
