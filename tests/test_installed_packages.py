@@ -45,6 +45,13 @@ class Instantiating(collections.OrderedDict):  # (as transformers' ACT2FN: a new
 ACTIVATIONS = Instantiating({"gelu": (torch.nn.GELU, {}), "prelu": (torch.nn.PReLU, {})})
 
 
+def install_scale_hook(module, factor):  # (as transformers' output capture installs its hooks: closures)
+    def scale(mod, args, out):
+        return out * factor
+
+    module.register_forward_hook(scale)
+
+
 class Plain(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -168,6 +175,21 @@ def test_a_dict_subclass_whose_items_are_made_per_read_is_read_as_stored(package
         torch.testing.assert_close(compiled(x), model(x))
     assert compiled.breaks == [] and compiled.stats.captures == 1
     assert compiled.stats.traces == (1 if regions else 0)
+
+
+@pytest.mark.parametrize("regions", [None, "auto"])
+def test_a_hook_closing_over_a_value_is_captured_and_its_cell_guarded(package, regions):
+    torch.manual_seed(0)
+    model = _Stack(package.Plain)
+    package.install_scale_hook(model.layers[0].lin, 2.0)
+    compiled = stampout.compile(model, backend="eager", regions=regions)
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.breaks == [] and compiled.stats.captures == 1  # (was: a closure it cannot reach, eager)
+    hook = next(iter(model.layers[0].lin._forward_hooks.values()))
+    hook.__closure__[0].cell_contents = 3.0
+    torch.testing.assert_close(compiled(x), model(x))
 
 
 def test_torch_and_what_it_requires_stay_library_code(package):

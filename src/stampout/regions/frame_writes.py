@@ -5,6 +5,7 @@ that makes one it cannot replay is ineligible (see RegionFrame); `undo` puts the
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ class FrameWrites:
     guard: Callable[..., None]
     adopt: Callable[..., None]
     mark_ineligible: Callable[..., None]
+    _defer: Callable[..., None]
 
     def _begin_writes(self, leaves: list[Any]) -> None:
         self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
@@ -130,6 +132,11 @@ class FrameWrites:
     def note_hooks(self, module: Any, hooks: tuple, source: Source) -> None:
         """A module the trace reads, with its hooks then (`hooks`, as guarded)."""
         self.hooked.append((module, hooks, source, _hook_copies(module)))
+        for name in HOOK_DICTS:  # (the hooks by identity, in `hooks`: their code, defaults and cells when they run)
+            held = module.__dict__.get(name)
+            for key, hook in list(dict.items(held)) if isinstance(held, dict) else ():
+                if type(hook) is types.FunctionType:
+                    self._defer(hook, Item(Attr(source, name), key))
 
     def _close_hooks(self) -> None:
         """A hook registered or removed on a module the trace read (`self.lin.register_forward_hook(..)` in
