@@ -21,6 +21,7 @@ from ..torch_internals import (
     without_module_hooks,
 )
 from .grad_identity import separate_by_requires_grad
+from .undifferentiated import detach_undifferentiated_operands
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 from .whole_region import whole_region
 
@@ -119,6 +120,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         gm = inline_regions(gm)
     else:
         inline_writing_regions(gm, example_inputs, inputs_too=True)  # (inline.py: writes into inputs at run time)
+        detach_undifferentiated_operands(gm)  # (undifferentiated.py: eager's None gradients)
         separate_by_requires_grad(gm)
     key = None if why is not None else _graph_key(gm, example_inputs)
     whole = whole_region(gm) if why is None else None

@@ -44,6 +44,7 @@ from ..errors import StampoutError
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
 from . import pipeline, progress, split, startup, timing, toolchain
 from .grad_identity import separate_by_requires_grad
+from .undifferentiated import detach_undifferentiated_operands
 from .inline import inline_regions, inline_writing_regions, subclass_operands
 
 log = logging.getLogger("stampout.backends")
@@ -252,6 +253,7 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     inline_writing_regions(gm, example_inputs)
+    detach_undifferentiated_operands(gm)  # (undifferentiated.py: eager's None gradients)
     separate_by_requires_grad(gm)
     startup.fill_torch_key()
     if _on_cpu(example_inputs):
