@@ -157,9 +157,10 @@ class ProgramCapture:
             raise CaptureError(self.refusal)
         return cap
 
-    def objects(self) -> list[Any]:
-        """The objects the program's Python may have changed: its modules and the objects its inputs hold."""
-        return [*modules_of(self.fn), *held_map(self.leaves, self.labels)]
+    def objects(self, modules: list[Any] | None = None) -> list[Any]:
+        """The objects the program's Python may have changed: its modules (`modules`, where listed already) and the
+        objects its inputs hold."""
+        return [*(modules_of(self.fn) if modules is None else modules), *held_map(self.leaves, self.labels)]
 
     def refuse_lost_gradients(self) -> None:
         refusal = autograd_refusal(self.fn, own_hooks_outside=self.body is not None and not self.sharded,
@@ -237,10 +238,10 @@ class ProgramCapture:
             hold_input_containers(held, self.signature_of, fn, self.fake_args, self.fake_kwargs)
         self.held = held
         self.before = {id(obj): object_fields(obj) for obj in held}
-        self.fields_before = FieldsBefore.take(self.objects())  # (what the world repair puts back)
+        modules = modules_of(fn)  # (one list for both: nothing in between changes the tree)
+        self.fields_before = FieldsBefore.take(self.objects(modules))  # (what the world repair puts back)
         states = RandomStates.save()
         self.tracer.rng_state = states.torch_cpu
-        modules = modules_of(fn)
         registries = Registries(modules)
         handler.snapshot.note_program([frame_function(fn), *methods_of(modules), *hooks_of(modules)])
         handler.snapshot.note_settings()
