@@ -50,8 +50,8 @@ print(json.dumps({"small": small, "paid": startup.STATS, "remembered": remembere
 
 @pytest.mark.inductor
 def test_the_header_is_precompiled_in_the_background_only_where_it_pays(tmp_path):
-    """Two kernel modules (a tiny region's forward and backward): built without the precompiled header, none
-    started. With the bar at one module: one precompile, on the background thread, and the store names its
+    """Two kernel modules (a tiny region's forward and backward, their kernels one library): built without the
+    precompiled header, none started. With the bar at one module: one precompile, on the background thread, and the store names its
     `.gch`; outputs and gradients are eager's both times."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -63,7 +63,7 @@ def test_the_header_is_precompiled_in_the_background_only_where_it_pays(tmp_path
     assert proc.returncode == 0, proc.stderr[-6000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     small, paid = got["small"], got["paid"]
-    assert small["headers_deferred"] >= 2 and small["headers_background"] == 0, small
+    assert small["headers_deferred"] >= 1 and small["headers_background"] == 0, small  # (one library: kernel_batch)
     assert small["headers_precompiled"] == 0 and small["headers_built"] == 0, small
     assert paid["headers_background"] == 1 and paid["headers_precompiled"] == 0, paid
     assert got["remembered"] and all(got["remembered"]), got

@@ -12,8 +12,9 @@ does), and on a copy of the graph whose nodes carry `example_value` (AOTAutograd
 with tensor method calls otherwise). Cold, nothing waits that need not: Inductor's once-per-process C++
 ISA checks are cut to the one that decides and start in the background (toolchain.py), and a restart neither
 hashes torch's sources nor precompiles headers for modules already built (startup.py); in training the
-backward is lowered with the forward, while the forward's C++ compiles (pipeline.py); a graph without region
-calls inside is one C++ file (Inductor's C++ wrapper) instead of three compiler runs per kernel. Every phase
+backward is lowered with the forward, and C++ compiles run while the next graph lowers (pipeline.py); the
+Python wrapper's kernels of a compile are one library, one compiler run (kernel_batch.py); a graph without
+region calls inside is one C++ file (Inductor's C++ wrapper) in inference. Every phase
 is timed (`STAMPOUT_LOGS=+timing`, see timing.py).
 
 Two torch 2.13 Inductor bugs give wrong gradients; stampout compiles around both:
@@ -270,7 +271,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     what = "whole graph" if reason else f"{len(split.region_calls(gm))} region calls, eager glue"
     if reason:
         progress.expect(1)  # (compiled apart, split.build counts the regions it will compile)
-    with timing.record(f"inductor compile: {what}"), pipeline.overlapped(), startup.scope():
+    with timing.record(f"inductor compile: {what}"), startup.scope(), pipeline.overlapped():
         if reason:
             if has_region_calls(gm):
                 log.info("inductor: compiling the whole graph: %s", reason)

@@ -1,24 +1,27 @@
-"""One C++ library per generated module: the CPU kernels of Inductor's Python wrapper built together.
+"""One C++ library per compile: the CPU kernels of Inductor's Python wrapper built together.
 
 Inductor's Python wrapper loads each CPU kernel with `async_compile.cpp_pybinding(argtypes, source)`: one C++
-file and one compiler run per kernel, each parsing the kernel header cpp_prefix.h (ATen's vectorized headers,
-about 1.5 s on 2 cores; 0.8 s per kernel with the header precompiled, which itself takes about 4.5 s). A training
-region's forward and backward have 5-15 kernels each, so the compiler time of a region is mostly that header.
+file and one compiler run per kernel, each parsing the kernel header cpp_prefix.h (ATen's vectorized headers:
+about 1.6 s CPU of the 1.9 s a file of 6 small kernels takes at -O3; with the header precompiled 0.8 s per kernel,
+after 4.5 s to precompile it). A training region's forward and backward load 5-15 kernels each, so the compiler
+time of a compile was mostly that header.
 
-Inside `pipeline.overlapped()` (this thread, with a compile pool), `collect()` takes each `cpp_pybinding` call
-into the open *batch* and returns a future; the generated module's `async_compile.wait(globals())` (or the first
-future resolved) closes the batch and hands ONE library build to Inductor's compile pool: the kernels' sources
-one after another, each in a namespace of its own with its entry point renamed `kernel_<i>` (a macro, so the
-body is untouched) and torch's own Python-binding code for it, and one `PyInit_kernel` that gathers the entry
-points. A kernel that arrives after its module's batch closed starts a new batch. The library goes through
-`CppPythonBindingsCodeCache.load_async` as one kernel would: the same compiler command and flags, cached by its
-source (a restart on the same cache directory builds nothing), loaded as one module.
+Inside `pipeline.overlapped()` (this thread, with a compile pool), `Collector.add` takes each `cpp_pybinding`
+call into the open *batch* and returns a future. A generated module's final `async_compile.wait(globals())`
+closes the batch once it holds `CLOSE_AT` kernels; a smaller batch stays open for the next module's kernels (the
+backward's, the next region's), and the end of `overlapped()` closes it. Closing hands ONE library build to
+Inductor's compile pool: the kernels' sources one after another, each in a namespace of its own with its entry
+point renamed `kernel_<i>` (a macro, so the body is untouched) and torch's own Python-binding code for it, and one
+`PyInit_kernel` that gathers the entry points. A future resolved before its batch closed closes it; a kernel that
+arrives after that starts a new batch. The library goes through `CppPythonBindingsCodeCache.load_async` as one
+kernel would: the same compiler command and flags, cached by its source (a restart on the same cache directory,
+which loads the same modules in the same order, builds nothing), loaded as one module.
 
 What is batched is decided from the source alone and fails closed: a kernel whose preprocessor lines are not
 leading `#include`s and `#pragma`s, or a call with arguments beyond (argtypes, source), goes Inductor's own way;
-a batch of one kernel is Inductor's own build; a batch whose build or load fails is built again kernel by kernel
-the way Inductor builds them (a warning says so). The generated Python code and each kernel's code are unchanged
-(no cache key changes); only how many compiler runs build them.
+a batch of one kernel is Inductor's own build; a batch whose source, build or load fails is built again kernel by
+kernel the way Inductor builds them (a warning says so). The generated Python code and each kernel's code are
+unchanged (no cache key changes); only how many compiler runs build them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ log = logging.getLogger("stampout.backends")
 _NAMESPACE = "stampout_batch_{}"
 _ENTRY = "kernel_{}"
 _DIRECTIVE = re.compile(r"^\s*#\s*(\w+)")
+# A batch closes at the end of a module once it has this many kernels; a smaller one takes the next module's kernels
+# too (the forward's and the backward's, several regions'), until the compile ends: each more library costs a parse
+# of cpp_prefix.h (about 1.6 s CPU), about what 16 kernels' own code costs the compiler.
+CLOSE_AT = 16
 # This process: kernels built in batches, batches built, kernels left to Inductor (not batchable, or alone),
 # batches whose build failed and were built kernel by kernel.
 STATS = {"kernels_batched": 0, "batches": 0, "kernels_alone": 0, "batches_failed": 0}
@@ -110,7 +117,7 @@ def combined_source(cls: Any, kernels: list[tuple[list[str], list[str], str]]) -
 
 
 class Batch:
-    """Kernels of one generated module, built as one library once closed."""
+    """Kernels of one or more generated modules, built as one library once closed."""
 
     def __init__(self, cls: Any, submit: Callable[..., Any]) -> None:
         self.cls, self.submit = cls, submit
@@ -165,7 +172,7 @@ class Batch:
 
 
 class Collector:
-    """The open batch of one thread's compile: `cpp_pybinding` calls join it until the module waits."""
+    """The open batch of one thread's compile: `cpp_pybinding` calls join it until it closes."""
 
     def __init__(self, cls: Any, submit: Callable[..., Any], future: Callable[[Callable[[], Any]], Any]) -> None:
         self.cls, self.submit, self.future = cls, submit, future
@@ -188,8 +195,10 @@ class Collector:
             self.open = None
         return batch.entry(index)
 
-    def close(self) -> None:
-        """Close the open batch: its build goes to the pool."""
+    def close(self, at_module_end: bool = False) -> None:
+        """Close the open batch: its build goes to the pool. At a module's end, only a batch of `CLOSE_AT`
+        kernels or more."""
+        if self.open is None or (at_module_end and len(self.open.kernels) < CLOSE_AT):
+            return
         batch, self.open = self.open, None
-        if batch is not None:
-            batch.close()
+        batch.close()

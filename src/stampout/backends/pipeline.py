@@ -9,8 +9,9 @@ half the time on a 2-core machine. Inside `overlapped()`, on the calling thread 
 - the generated module's final `async_compile.wait(globals())` is recorded instead of waited on;
 - a C++-wrapper build (`CppWrapperCodeCache.load_pybinding`) is submitted to Inductor's compile pool and
   the module gets an entry point that resolves on first use;
-- the Python wrapper's kernels (`AsyncCompile.cpp_pybinding`) are collected and built as one library per
-  module, handed to the pool at the module's wait (kernel_batch.py; `config.batch_kernels`);
+- the Python wrapper's kernels (`AsyncCompile.cpp_pybinding`) are collected and built as one library (per
+  compile, or per `kernel_batch.CLOSE_AT` kernels), handed to the pool when a module's wait finds the batch full
+  or when the context exits (kernel_batch.py; `config.batch_kernels`);
 
 so the next graph's lowering runs while the compiler works. Leaving the context waits for all of it (timed
 as `c++ compile`), so the compiled callables are complete before anyone calls them; compile errors surface
@@ -88,10 +89,11 @@ def overlapped() -> Iterator[None]:
         return threading.get_ident() == thread and get_compile_threads() > 1
 
     def deferred_wait(self: Any, scope: dict[str, Any]) -> None:
-        if ours():
-            batch.close()
         if not ours() or "__file__" not in scope:  # only generated modules' final wait
+            if ours():
+                batch.close()
             return wait(self, scope)
+        batch.close(at_module_end=True)  # (a small batch stays open for the next module's kernels)
         pending.append(lambda: wait(self, scope))
 
     def deferred_load_pybinding(cls: Any, *args: Any, **kwargs: Any) -> Any:
