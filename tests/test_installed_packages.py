@@ -26,6 +26,7 @@ from stampout.trace import code
 _PACKAGE = '''
 import collections
 import contextvars
+import os
 
 import torch
 
@@ -59,7 +60,7 @@ class Plain(torch.nn.Module):
 
     def forward(self, x):
         assert len(ACTIVATIONS) == 2
-        return self.lin(x) * SCALE
+        return self.lin(x) * SCALE * float(os.environ.get("FAKEPKG_GAIN", "1"))
 
 
 def factor(n):
@@ -189,6 +190,23 @@ def test_a_hook_closing_over_a_value_is_captured_and_its_cell_guarded(package, r
     assert compiled.breaks == [] and compiled.stats.captures == 1  # (was: a closure it cannot reach, eager)
     hook = next(iter(model.layers[0].lin._forward_hooks.values()))
     hook.__closure__[0].cell_contents = 3.0
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+@pytest.mark.parametrize("regions", [None, "auto"])
+def test_the_environment_read_through_the_os_module_is_guarded_by_the_names_read(package, regions, monkeypatch):
+    """`os.environ.get(name)` through the package's `os` global: the variable read is guarded, the rest of the
+    environment is not (Inductor sets variables of its own while compiling: a guard on all of them captured a
+    transformers Llama again on every generate call)."""
+    torch.manual_seed(0)
+    model = _Stack(package.Plain)
+    compiled = stampout.compile(model, backend="eager", regions=regions)
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(compiled(x), model(x))
+    monkeypatch.setenv("STAMPOUT_TEST_UNRELATED", "1")
+    torch.testing.assert_close(compiled(x), model(x))
+    assert compiled.stats.captures == 1
+    monkeypatch.setenv("FAKEPKG_GAIN", "3")
     torch.testing.assert_close(compiled(x), model(x))
 
 

@@ -33,7 +33,8 @@ BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleT
                 types.ClassMethodDescriptorType, OpOverload, OpOverloadPacket,
                 HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType, re.Pattern,
                 type(collections.namedtuple("_Pair", "a").a), types.MemberDescriptorType, types.GetSetDescriptorType,
-                type(threading.Lock()), type(threading.RLock()))  # (a lock: taken and given back within a call)
+                type(threading.Lock()), type(threading.RLock()),  # (a lock: taken and given back within a call)
+                type(os.environ))  # (the process environment: what is read of it, by name: guards/namespaces.py)
 
 
 _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
