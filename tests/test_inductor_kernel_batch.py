@@ -119,3 +119,72 @@ def test_a_batch_whose_build_fails_is_built_kernel_by_kernel(caplog):
     entries = [f() for f in futures]
     assert [e() for e in entries] == _FakeCache.built and len(_FakeCache.built) == 3
     assert "building 3 kernels as one library failed" in caplog.text
+
+
+class _RecordingCache(_FakeCache):
+    """A combined build that succeeds: the library has `kernel_<i>` for each kernel of the batch."""
+
+    libraries: list = []
+
+    @classmethod
+    def load_async(cls, code, device, submit_fn=None):
+        count = code.count("PyInit_kernel_") // 2  # (each kernel's own PyInit, and its call in PyInit_kernel)
+        cls.libraries.append(count)
+        module = type("Library", (), {f"kernel_{i}": (lambda i=i: i) for i in range(count)})
+        return lambda: module
+
+
+def test_a_small_batch_spans_modules_and_a_kernel_resolved_early_closes_it(monkeypatch):
+    """Below CLOSE_AT, a module's end leaves the batch open for the next module's kernels; a future resolved
+    before the batch closed closes it, and the next kernel starts a new batch."""
+    monkeypatch.setattr(kernel_batch, "CLOSE_AT", 3)
+    collector = kernel_batch.Collector(_RecordingCache, None, lambda get: get)
+    def kernel(i: int) -> str:
+        return _KERNEL.replace("out_ptr0", f"out_ptr{i}")
+
+    first = [collector.add(["float*"], kernel(i)) for i in range(2)]
+    collector.close(at_module_end=True)  # 2 < CLOSE_AT: still open
+    first.append(collector.add(["float*"], kernel(2)))
+    collector.close(at_module_end=True)  # 3: closed, built as one library
+    assert _RecordingCache.libraries == [3] and [f()() for f in first] == [0, 1, 2]
+    early = [collector.add(["float*"], kernel(i)) for i in range(3, 5)]
+    assert early[1]()() == 1 and _RecordingCache.libraries == [3, 2]  # resolved early: this batch closed
+    late = collector.add(["float*"], kernel(5))
+    collector.close()
+    assert late()() == kernel(5) == _FakeCache.built[-1]  # a batch of one: Inductor's own build
+
+
+def test_the_hooks_stay_while_any_thread_is_inside_overlapped_and_torchs_come_back_after_the_last():
+    """Two threads inside `pipeline.overlapped()`, the first to enter leaving first: the second keeps its hooks
+    (its kernels batched, its waits deferred), and once both have left torch's own methods are back."""
+    import threading
+
+    from stampout.backends import pipeline
+    from stampout.torch_internals import AsyncCompile, CppWrapperCodeCache, get_compile_threads
+
+    originals = (AsyncCompile.wait, AsyncCompile.cpp_pybinding, CppWrapperCodeCache.__dict__.get("load_pybinding"))
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
+
+    def first() -> None:
+        with pipeline.overlapped():
+            a_in.set()
+            b_in.wait(30)
+        a_out.set()
+
+    def second() -> None:
+        a_in.wait(30)
+        with pipeline.overlapped():
+            b_in.set()
+            a_out.wait(30)
+            seen["wait"], seen["batching"] = AsyncCompile.wait, pipeline.batches_kernels()
+        seen["outside"] = pipeline.batches_kernels()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seen["wait"] is pipeline._deferred_wait and seen["batching"] is (get_compile_threads() > 1) and seen["outside"] is False
+    assert (AsyncCompile.wait, AsyncCompile.cpp_pybinding,
+            CppWrapperCodeCache.__dict__.get("load_pybinding")) == originals

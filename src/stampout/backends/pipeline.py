@@ -15,7 +15,9 @@ half the time on a 2-core machine. Inside `overlapped()`, on the calling thread 
 
 so the next graph's lowering runs while the compiler works. Leaving the context waits for all of it (timed
 as `c++ compile`), so the compiled callables are complete before anyone calls them; compile errors surface
-there. Other threads' compiles are untouched.
+there. Other threads' compiles are untouched: the hooks are installed while any thread is inside `overlapped()`
+and act only for the threads inside (this thread's innermost context, a thread-local); the last thread to leave
+puts torch's methods back.
 
 With one compile thread (`TORCHINDUCTOR_COMPILE_THREADS=1`, or `torch._inductor.config.compile_threads = 1`)
 Inductor has no pool: `AsyncCompile.submit` runs the build at once, and `load_async` calls it while holding
@@ -36,14 +38,32 @@ from .. import config
 from . import kernel_batch, timing
 
 
-_local = threading.local()  # .inside: this thread is inside overlapped()
+_local = threading.local()  # .inside: the innermost overlapped() of this thread (an _Overlap), or None
+_lock = threading.Lock()
+_installed: dict[str, Any] = {}  # while any thread is inside overlapped(): what the hooks replaced, and .users
+
+
+class _Overlap:
+    """One overlapped() of one thread: the waits it deferred and its batch of kernels."""
+
+    def __init__(self, batch: kernel_batch.Collector) -> None:
+        self.pending: list[Callable[[], Any]] = []
+        self.batch = batch
+
+
+def _current() -> _Overlap | None:
+    """This thread's overlapped(), when Inductor has a pool to hand the compiler to."""
+    from ..torch_internals import get_compile_threads
+
+    here = getattr(_local, "inside", None)
+    return here if here is not None and get_compile_threads() > 1 else None
 
 
 def batches_kernels() -> bool:
     """Whether the Python-wrapper modules this thread loads now build their kernels as one library each."""
-    from ..torch_internals import CppPythonBindingsCodeCache, get_compile_threads
+    from ..torch_internals import CppPythonBindingsCodeCache
 
-    return (getattr(_local, "inside", False) and config.batch_kernels and get_compile_threads() > 1
+    return (_current() is not None and config.batch_kernels
             and kernel_batch.supported(CppPythonBindingsCodeCache))
 
 
@@ -63,65 +83,85 @@ class DeferredEntry:
         return (self._fn or self.resolve())(*args)
 
 
+def _deferred_wait(self: Any, scope: dict[str, Any]) -> None:
+    here = _current()
+    if here is None or "__file__" not in scope:  # only generated modules' final wait
+        if here is not None:
+            here.batch.close()
+        return _installed["wait"](self, scope)
+    here.batch.close(at_module_end=True)  # (a small batch stays open for the next module's kernels)
+    wait = _installed["wait"]  # (called after the context exits, when the hooks may be gone)
+    here.pending.append(lambda: wait(self, scope))
+
+
+def _deferred_load_pybinding(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    from ..torch_internals import AsyncCompile
+
+    here = _current()
+    if here is None or "submit_fn" in kwargs:
+        return _installed["load_pybinding"](cls, *args, **kwargs)
+    entry = DeferredEntry(cls.load_pybinding_async(*args, submit_fn=AsyncCompile.submit, **kwargs))
+    here.pending.append(entry.resolve)
+    return entry
+
+
+def _batched_cpp_pybinding(self: Any, argtypes: Any, source_code: Any, *args: Any, **kwargs: Any) -> Any:
+    here = _current()
+    future = (here.batch.add(argtypes, source_code) if here is not None and batches_kernels() and not (args or kwargs)
+              else None)
+    return _installed["cpp_pybinding"](self, argtypes, source_code, *args, **kwargs) if future is None else future
+
+
+def _install() -> None:
+    """The hooks, once for all threads inside overlapped() (each acts only for a thread inside)."""
+    from ..torch_internals import AsyncCompile, CppWrapperCodeCache
+
+    with _lock:
+        if not _installed:
+            _installed.update(wait=AsyncCompile.wait, cpp_pybinding=AsyncCompile.cpp_pybinding,
+                              load_pybinding=CppWrapperCodeCache.load_pybinding.__func__,
+                              owned="load_pybinding" in CppWrapperCodeCache.__dict__, users=0)
+            AsyncCompile.wait = _deferred_wait
+            AsyncCompile.cpp_pybinding = _batched_cpp_pybinding
+            CppWrapperCodeCache.load_pybinding = classmethod(_deferred_load_pybinding)
+        _installed["users"] += 1
+
+
+def _uninstall() -> None:
+    """The originals back once no thread is inside overlapped()."""
+    from ..torch_internals import AsyncCompile, CppWrapperCodeCache
+
+    with _lock:
+        _installed["users"] -= 1
+        if _installed["users"]:
+            return
+        AsyncCompile.wait = _installed["wait"]
+        AsyncCompile.cpp_pybinding = _installed["cpp_pybinding"]
+        if _installed["owned"]:
+            CppWrapperCodeCache.load_pybinding = classmethod(_installed["load_pybinding"])
+        else:
+            del CppWrapperCodeCache.load_pybinding
+        _installed.clear()
+
+
 @contextlib.contextmanager
 def overlapped() -> Iterator[None]:
     """Defer Inductor's waits for the C++ compiler on this thread until the context exits."""
-    from ..torch_internals import (
-        AsyncCompile,
-        CppPythonBindingsCodeCache,
-        CppWrapperCodeCache,
-        LambdaFuture,
-        get_compile_threads,
-    )
+    from ..torch_internals import AsyncCompile, CppPythonBindingsCodeCache, CppWrapperCodeCache, LambdaFuture
 
-    if not (hasattr(AsyncCompile, "wait") and hasattr(CppWrapperCodeCache, "load_pybinding_async")):
+    if not (hasattr(AsyncCompile, "wait") and hasattr(AsyncCompile, "cpp_pybinding")
+            and hasattr(CppWrapperCodeCache, "load_pybinding_async")):
         yield  # not torch 2.13's Inductor: compile without overlap
         return
-    thread = threading.get_ident()
-    pending: list[Callable[[], Any]] = []
-    wait = AsyncCompile.wait
-    load_pybinding = CppWrapperCodeCache.load_pybinding.__func__
-    owned = "load_pybinding" in CppWrapperCodeCache.__dict__
-    cpp_pybinding = AsyncCompile.cpp_pybinding
-    batch = kernel_batch.Collector(CppPythonBindingsCodeCache, AsyncCompile.submit, LambdaFuture)
-
-    def ours() -> bool:  # this thread's compile, and Inductor has a pool to hand the compiler to
-        return threading.get_ident() == thread and get_compile_threads() > 1
-
-    def deferred_wait(self: Any, scope: dict[str, Any]) -> None:
-        if not ours() or "__file__" not in scope:  # only generated modules' final wait
-            if ours():
-                batch.close()
-            return wait(self, scope)
-        batch.close(at_module_end=True)  # (a small batch stays open for the next module's kernels)
-        pending.append(lambda: wait(self, scope))
-
-    def deferred_load_pybinding(cls: Any, *args: Any, **kwargs: Any) -> Any:
-        if not ours() or "submit_fn" in kwargs:
-            return load_pybinding(cls, *args, **kwargs)
-        entry = DeferredEntry(cls.load_pybinding_async(*args, submit_fn=AsyncCompile.submit, **kwargs))
-        pending.append(entry.resolve)
-        return entry
-
-    def batched_cpp_pybinding(self: Any, argtypes: Any, source_code: Any, *args: Any, **kwargs: Any) -> Any:
-        future = batch.add(argtypes, source_code) if ours() and batches_kernels() and not (args or kwargs) else None
-        return cpp_pybinding(self, argtypes, source_code, *args, **kwargs) if future is None else future
-
-    outer, _local.inside = getattr(_local, "inside", False), True
-    AsyncCompile.wait = deferred_wait
-    AsyncCompile.cpp_pybinding = batched_cpp_pybinding
-    CppWrapperCodeCache.load_pybinding = classmethod(deferred_load_pybinding)
+    here = _Overlap(kernel_batch.Collector(CppPythonBindingsCodeCache, AsyncCompile.submit, LambdaFuture))
+    outer, _local.inside = getattr(_local, "inside", None), here
+    _install()
     try:
         yield
     finally:
-        AsyncCompile.wait = wait
-        AsyncCompile.cpp_pybinding = cpp_pybinding
         _local.inside = outer
-        if owned:
-            CppWrapperCodeCache.load_pybinding = classmethod(load_pybinding)
-        else:
-            del CppWrapperCodeCache.load_pybinding
-    batch.close()
+        _uninstall()
+    here.batch.close()
     with timing.phase("c++ compile"):
-        for finish in pending:
+        for finish in here.pending:
             finish()
