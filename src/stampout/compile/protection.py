@@ -45,6 +45,8 @@ class Protection:
         if guard.kind in (Kind.LEN, Kind.KEYS) and isinstance(guard.source.resolve(self.ctx, self.memo),
                                                                (list, dict, set)):
             return False  # (`self.memory.append(t)`: its length changes, its holder sees no write)
+        if guard.kind is Kind.TYPE and not self._step_watched(guard.source):
+            return False  # (`self.cfg.__class__ = Other`: written through the config's own class, not its holder)
         return self.path(guard.source)
 
     def path(self, source: Source) -> bool:

@@ -1,0 +1,67 @@
+"""Red-team checks of the guard fast paths (compile/protection.py, guards/instance_facts.py): a change made between
+calls somewhere the per-call check skips must still be seen, the outputs equal to eager PyTorch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+
+DEPTH, DEEP = 8, 6
+
+
+class Cfg:
+    eps = 0.0
+
+
+class OtherCfg(Cfg):
+    eps = 5.0
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: Cfg) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.1 * torch.tanh(self.lin(x)) + self.cfg.eps
+
+
+class Marked(Layer):
+    forward = stampout.region(Layer.forward)
+
+
+class Deep(nn.Module):
+    def __init__(self, layer: type[Layer], shared: bool) -> None:
+        super().__init__()
+        cfg = Cfg()
+        self.layers = nn.ModuleList(layer(cfg if shared else Cfg()) for _ in range(DEPTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("layer", [Layer, Marked], ids=["plain", "regions"])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-config", "own-config"])
+def test_a_config_objects_class_assigned_between_calls_is_seen(backend, layer, shared):
+    """`cfg.__class__ = Other` writes through the config's own class, not through the module holding it: the class
+    guard on `self.cfg` is not one only a write to a watched module can invalidate (it was: the compiled program
+    kept adding the old class's `eps`)."""
+    torch.manual_seed(0)
+    model = Deep(layer, shared)
+    fn = stampout.compile(model, backend=backend)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fn(x), model(x))
+        model.layers[DEEP].cfg.__class__ = OtherCfg
+        expected = model(x)
+        for _ in range(2):
+            torch.testing.assert_close(fn(x), expected)
+    assert fn.stats.captures == 2
