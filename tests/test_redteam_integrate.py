@@ -65,3 +65,23 @@ def test_a_config_objects_class_assigned_between_calls_is_seen(backend, layer, s
         for _ in range(2):
             torch.testing.assert_close(fn(x), expected)
     assert fn.stats.captures == 2
+
+
+def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+    return out * 2
+
+
+@pytest.mark.xfail(strict=True, reason="a hook stored straight into a module's _forward_hooks dict (no "
+                   "register_forward_hook call) bumps no epoch: the protected hooks guard is not re-checked and the "
+                   "compiled program runs without the hook. Seeing it needs the hook dicts' versions in the per-call "
+                   "module-dict sentinel (a cost per module per call)")
+def test_a_hook_stored_straight_into_a_modules_hook_dict_is_seen():
+    torch.manual_seed(0)
+    model = Deep(Marked, shared=True)
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            fn(x)
+        model.layers[DEEP].lin._forward_hooks[10**6] = _scale_output
+        torch.testing.assert_close(fn(x), model(x))
