@@ -85,3 +85,86 @@ def test_a_hook_stored_straight_into_a_modules_hook_dict_is_seen():
             fn(x)
         model.layers[DEEP].lin._forward_hooks[10**6] = _scale_output
         torch.testing.assert_close(fn(x), model(x))
+
+
+class _Base:
+    scale = 1.0
+
+    @staticmethod
+    def compute(x: torch.Tensor) -> torch.Tensor:
+        return x * 1.0
+
+
+class _Helper(_Base):
+    pass
+
+
+class _Meta(type):
+    factor = 1.0
+
+
+class _WithMeta(metaclass=_Meta):
+    pass
+
+
+class ClassValueLayer(nn.Module):
+    """Reads classes reached as values (a global, an attribute): nothing watches their attribute reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.kind = _Helper
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _Helper.compute(self.lin(x)) + self.kind.scale + _WithMeta.factor
+        return x + 0.1 * torch.tanh(y)
+
+
+class ClassValueDeep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(ClassValueLayer() for _ in range(DEPTH))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+_SHADOWS = {
+    "subclass-shadows-staticmethod": lambda: setattr(_Helper, "compute", staticmethod(lambda x: x * 3.0)),
+    "subclass-shadows-attribute": lambda: setattr(_Helper, "scale", 2.0),
+    "class-shadows-metaclass-attribute": lambda: setattr(_WithMeta, "factor", 3.0),
+    "bases-assigned": lambda: setattr(_Helper, "__bases__", (type("Other", (_Base,), {"scale": 7.0}),)),
+}
+
+
+@pytest.fixture
+def _classes_restored():
+    yield
+    _Helper.__bases__ = (_Base,)
+    for cls, name in ((_Helper, "compute"), (_Helper, "scale"), (_WithMeta, "factor")):
+        if name in cls.__dict__:
+            delattr(cls, name)
+
+
+@pytest.mark.usefixtures("_classes_restored")
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("change", _SHADOWS.values(), ids=_SHADOWS.keys())
+def test_a_name_shadowed_on_a_class_reached_as_a_value_is_seen(change, backend):
+    """A class reached as a value has each class of its MRO's dict guarded item by item: a name a subclass (or the
+    class over a metaclass's) adds later shadows the base's, a `__bases__` assignment makes another MRO; neither
+    was seen (the compiled program kept the base's value)."""
+    torch.manual_seed(0)
+    model = ClassValueDeep()
+    fn = stampout.compile(model, backend=backend)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fn(x), model(x))
+        change()
+        expected = model(x)
+        for _ in range(2):
+            torch.testing.assert_close(fn(x), expected)
+    assert fn.stats.captures == 2

@@ -22,6 +22,7 @@ from ..torch_internals import TensorBase, dict_sentinel
 from ..trace.code import is_user_file
 
 _MISSING = object()
+ABSENT_NAME = _MISSING  # noted as a name's value: the name must stay absent (a subclass must not shadow a base's)
 
 
 def class_dict(cls: type) -> dict:
@@ -105,7 +106,9 @@ class NamespaceReads:
         """Every name noted as the trace found it (after a failed capture whose program stored into a namespace)."""
         for namespace, names in self._reads.values():
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value:
+                if value is _MISSING:
+                    namespace.pop(name, None)
+                elif namespace.get(name, _MISSING) is not value:
                     namespace[name] = value
         for namespace, before in self._whole.values():
             for name in [k for k in namespace if k not in before]:

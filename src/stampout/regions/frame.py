@@ -16,7 +16,7 @@ import torch
 
 from .. import config
 from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
-from ..guards.namespaces import class_dict, patched_tensor_methods
+from ..guards.namespaces import ABSENT_NAME, class_dict, patched_tensor_methods
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
@@ -169,6 +169,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             elif isinstance(value, type):  # (`cfg.scale`, `Cfg.act(x)` on the class itself, or called: its
                 # `__init__` runs; no watch sees what its namespace holds being read)
                 self._adopt_class(value, where)
+                self._guard_unshadowed(value, where)
                 if type(value) is not type:  # (a user metaclass: its properties, `Cfg.shift`)
                     self._adopt_class(type(value), where)
         elif isinstance(value, (list, tuple, dict)):
@@ -225,6 +226,20 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                     self._adopt_callable(value, Item(namespace, name), where)
                 elif not self.note_by_identity(fields, klass.__qualname__, name, value, Item(namespace, name)):
                     self.adopt(value, Item(namespace, name), where=where)
+
+    def _guard_unshadowed(self, cls: type, where: str) -> None:
+        """A class reached as a value (`Helper.scale`, `self.kind.make(x)`) reads names along its MRO with no watch:
+        its `__mro__` by identity (`__bases__` assigned), and each name a user base class or metaclass defines as
+        absent from the user classes before it (`Helper.scale = 2.0` shadows `Base.scale`), in the NamespaceReads."""
+        self.guard(Attr(Absolute(cls, cls.__qualname__), "__mro__"), Kind.ID, cls.__mro__, where)
+        mro = [k for k in cls.__mro__ if is_user_class_object(k)]
+        meta = [k for k in type(cls).__mro__ if is_user_class_object(k)]  # (`Cfg.factor` found on its metaclass)
+        for i, klass in [*enumerate(mro[1:], 1), *((len(mro), k) for k in meta)]:
+            for name in class_dict(klass):
+                if name not in PATCHED_NAMES and not (name.startswith("__") and name.endswith("__")):
+                    for earlier in mro[:i]:
+                        if name not in earlier.__dict__:
+                            self.namespaces.note(class_dict(earlier), earlier.__qualname__, name, ABSENT_NAME)
 
     def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
         """Python attributes set on a tensor (`weight.scale = 0.5`) are state a trace may read."""
