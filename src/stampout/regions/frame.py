@@ -168,10 +168,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 self._note_user_namespace(value)
             elif isinstance(value, type):  # (`cfg.scale`, `Cfg.act(x)` on the class itself, or called: its
                 # `__init__` runs; no watch sees what its namespace holds being read)
-                self._adopt_class(value, where)
-                self._guard_unshadowed(value, where)
-                if type(value) is not type:  # (a user metaclass: its properties, `Cfg.shift`)
-                    self._adopt_class(type(value), where)
+                self.adopt_class_value(value, where)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
         elif class_set(value):
@@ -226,6 +223,14 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                     self._adopt_callable(value, Item(namespace, name), where)
                 elif not self.note_by_identity(fields, klass.__qualname__, name, value, Item(namespace, name)):
                     self.adopt(value, Item(namespace, name), where=where)
+
+    def adopt_class_value(self, cls: type, where: str) -> None:
+        """A class reached as a value (`cfg.scale`, `Cfg.act(x)` on the class itself, or called: its `__init__`
+        runs; no watch sees what its namespace holds being read)."""
+        self._adopt_class(cls, where)
+        self._guard_unshadowed(cls, where)
+        if type(cls) is not type:  # (a user metaclass: its properties, `Cfg.shift`)
+            self._adopt_class(type(cls), where)
 
     def _guard_unshadowed(self, cls: type, where: str) -> None:
         """A class reached as a value (`Helper.scale`, `self.kind.make(x)`) reads names along its MRO with no watch:

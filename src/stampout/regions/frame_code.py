@@ -25,6 +25,7 @@ class FrameCode:
     writes: list[str]
     guard: Callable[..., None]
     adopt: Callable[..., None]
+    adopt_class_value: Callable[..., None]
     _note_container: Callable[..., None]
     mark_ineligible: Callable[..., None]
 
@@ -261,6 +262,8 @@ class FrameCode:
                     break  # stampout's stand-in while capturing (`torch.compiler.is_compiling`)
                 if attr in namespace and namespace[attr] is found and by_name(found):
                     self.namespaces.note(namespace, value.__name__, attr, found)
+                    if isinstance(found, type):  # (`usub.Thing().val`: what its class holds, as a class value's)
+                        self.adopt_class_value(found, where)
                 else:
                     self.adopt(found, src, where=where)
                     break
