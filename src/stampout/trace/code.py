@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import caches
+from .. import caches, config
 
 _OWN_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 _STDLIB_DIRS = tuple(dict.fromkeys(
@@ -42,28 +42,31 @@ class CodeFacts:
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
 _USER_FILES: dict[str, bool] = caches.register({}, "trace.code user files")
+_USER_FILES_WATCHING: dict[str, bool] = caches.register({}, "trace.code user files, installed packages watched")
 
 
 def is_user_file(filename: str) -> bool:
-    """Code outside torch, stampout and the standard library: a user's files, code made by `exec` (whose file
-    is `<...>`), and every installed package (site-packages, dist-packages: transformers, diffusers, a package
-    of the user's) but torch's own distribution and what it requires (sympy, jinja2, ...: torch's machinery,
-    called while tracing). An installed package keeps memo caches, registries and globals as a user's file
-    does, so it is watched as one (a venv's `platstdlib` holds site-packages: the path's shape decides)."""
-    user = _USER_FILES.get(filename)
+    """Code outside torch, stampout and the standard library: a user's files and code made by `exec` (whose file
+    is `<...>`). Installed packages (site-packages, dist-packages: transformers, diffusers, a package of the
+    user's) with `config.watch_installed`, but torch's own distribution and what it requires (sympy, jinja2, ...:
+    torch's machinery, called while tracing): an installed package keeps memo caches, registries and globals as a
+    user's file does (a venv's `platstdlib` holds site-packages: the path's shape decides). Without the switch,
+    what lies under the standard library's folders (a venv's site-packages) is library code."""
+    known = _USER_FILES_WATCHING if config.watch_installed else _USER_FILES
+    user = known.get(filename)
     if user is None:
-        user = _USER_FILES[filename] = _is_user_file(filename)
+        user = known[filename] = _is_user_file(filename, config.watch_installed)
     return user
 
 
-def _is_user_file(filename: str) -> bool:
+def _is_user_file(filename: str, installed: bool) -> bool:
     if filename.startswith(_GENERATED):
         return False
     if filename.startswith(_TOOLS):
         return True
     if filename.startswith(_OWN_DIRS):
         return False  # (torch, stampout: wherever they are installed)
-    if any(part in filename for part in _INSTALLED):
+    if installed and any(part in filename for part in _INSTALLED):
         return not filename.startswith(_torch_distributions())
     return not filename.startswith(_STDLIB_DIRS)
 
