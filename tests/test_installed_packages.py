@@ -96,9 +96,10 @@ def package(tmp_path, monkeypatch):
     (site / "fakepkg" / "__init__.py").write_text(textwrap.dedent(_PACKAGE))
     monkeypatch.setattr(code, "_STDLIB_DIRS", (*code._STDLIB_DIRS, str(stdlib) + os.sep))
     monkeypatch.syspath_prepend(str(site))
-    stampout.reset()
-    yield importlib.import_module("fakepkg")
-    sys.modules.pop("fakepkg", None)
+    with stampout.config.patch(watch_installed=True):
+        stampout.reset()
+        yield importlib.import_module("fakepkg")
+        sys.modules.pop("fakepkg", None)
     stampout.reset()
 
 
@@ -217,3 +218,11 @@ def test_torch_and_what_it_requires_stay_library_code(package):
     assert not code.is_user_file(torch.__file__) and not code.is_user_file(sympy.__file__)
     assert not code.is_user_file(jinja2.__file__)
     assert code.is_user_file(transformers.__file__)
+
+
+def test_installed_packages_are_library_code_unless_watched(package):
+    """`config.watch_installed` (STAMPOUT_WATCH_INSTALLED=1) decides; off, a venv's site-packages is library code."""
+    assert code.is_user_file(package.__file__)
+    with stampout.config.patch(watch_installed=False):
+        assert not code.is_user_file(package.__file__)
+    assert code.is_user_file(package.__file__)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import config
 from ..guards.guard import Kind, is_constant
 from ..guards.hook_keys import HOOK_DICTS, hooks_key
 from ..sources import MISSING, Arg, Attr, Item, Source
@@ -49,8 +50,10 @@ class FrameWrites:
         self.hooked: list[tuple[Any, tuple, Source, tuple]] = []  # (module, its hooks when read, source, copies
         # of its hook dicts then): hook dicts are no watched state, so they are compared at the end
         self.tree_hooks = [(m, hooks_key(m), _hook_copies(m)) for leaf in leaves if isinstance(leaf, torch.nn.Module)
-                           for m in leaf.modules()]  # (the same, for every module under an argument: a hook
-        # registered on one reached by a walk, `named_children()`, as transformers' output capture installs them)
+                           for m in leaf.modules()] if config.watch_installed else []  # (the same, for every
+        # module under an argument: a hook registered on one reached by a walk, `named_children()`, as transformers'
+        # output capture installs them; put back only where the installing package is watched: its own record of
+        # having installed them is then put back too, else the eager run finds them gone and not reinstalled)
         # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
         self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
 

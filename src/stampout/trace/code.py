@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import caches
+from .. import caches, config
 
 _OWN_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
 _STDLIB_DIRS = tuple(dict.fromkeys(
@@ -42,28 +42,31 @@ class CodeFacts:
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
 _USER_FILES: dict[str, bool] = caches.register({}, "trace.code user files")
+_USER_FILES_WATCHING: dict[str, bool] = caches.register({}, "trace.code user files, installed packages watched")
 
 
 def is_user_file(filename: str) -> bool:
-    """Code outside torch, stampout and the standard library: a user's files, code made by `exec` (whose file
-    is `<...>`), and every installed package (site-packages, dist-packages: transformers, diffusers, a package
-    of the user's) but torch's own distribution and what it requires (sympy, jinja2, ...: torch's machinery,
-    called while tracing). An installed package keeps memo caches, registries and globals as a user's file
-    does, so it is watched as one (a venv's `platstdlib` holds site-packages: the path's shape decides)."""
-    user = _USER_FILES.get(filename)
+    """Code outside torch, stampout and the standard library: a user's files and code made by `exec` (whose file
+    is `<...>`). Installed packages (site-packages, dist-packages: transformers, diffusers, a package of the
+    user's) with `config.watch_installed`, but torch's own distribution and what it requires (sympy, jinja2, ...:
+    torch's machinery, called while tracing): an installed package keeps memo caches, registries and globals as a
+    user's file does (a venv's `platstdlib` holds site-packages: the path's shape decides). Without the switch,
+    what lies under the standard library's folders (a venv's site-packages) is library code."""
+    known = _USER_FILES_WATCHING if config.watch_installed else _USER_FILES
+    user = known.get(filename)
     if user is None:
-        user = _USER_FILES[filename] = _is_user_file(filename)
+        user = known[filename] = _is_user_file(filename, config.watch_installed)
     return user
 
 
-def _is_user_file(filename: str) -> bool:
+def _is_user_file(filename: str, installed: bool) -> bool:
     if filename.startswith(_GENERATED):
         return False
     if filename.startswith(_TOOLS):
         return True
     if filename.startswith(_OWN_DIRS):
         return False  # (torch, stampout: wherever they are installed)
-    if any(part in filename for part in _INSTALLED):
+    if installed and any(part in filename for part in _INSTALLED):
         return not filename.startswith(_torch_distributions())
     return not filename.startswith(_STDLIB_DIRS)
 
@@ -89,17 +92,25 @@ def _distribution_roots(name: str) -> tuple[str, ...]:
             dist = importlib.metadata.distribution(wanted)
         except importlib.metadata.PackageNotFoundError:
             continue
-        for file in dist.files or ():
-            top = file.parts[0] if file.parts else ""
-            if top in ("..", "__pycache__") or top.endswith((".dist-info", ".egg-info", ".data", ".pth")):
-                continue
-            path = str(dist.locate_file(top)) + ("" if top.endswith(".py") else os.sep)
-            roots[path] = None
-            roots[os.path.realpath(path) + ("" if top.endswith(".py") else os.sep)] = None
+        for top in _top_level(dist):
+            for path in (str(dist.locate_file(top)), os.path.realpath(dist.locate_file(top))):
+                roots[path + os.sep] = None
+                roots[path + ".py"] = None
         for requirement in dist.requires or ():
             if "extra" not in requirement.partition(";")[2]:
                 todo.append(re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0])
     return tuple(roots)
+
+
+def _top_level(dist: importlib.metadata.Distribution) -> list[str]:
+    """The names a distribution installs at the top of site-packages: its top_level.txt (torch's RECORD lists
+    15,000 files: reading it costs a capture a quarter second), else the first parts of its files."""
+    listed = dist.read_text("top_level.txt")
+    if listed:
+        return [line.strip() for line in listed.splitlines() if line.strip()]
+    tops = {file.parts[0].removesuffix(".py") for file in dist.files or () if file.parts}
+    return sorted(t for t in tops if t not in ("..", "__pycache__") and not t.endswith(
+        (".dist-info", ".egg-info", ".data", ".pth")))
 
 
 def module_file(module: types.ModuleType | None) -> str | None:
