@@ -119,9 +119,18 @@ def test_fsdp_blocks_take_a_siblings_entry_when_its_guards_pass(ranks):
         stats = report["stats"]
         assert (stats["traces"], stats["reuses"], stats["captures"]) == (2, 2, 2), stats
         assert report["shared"] == [True, True, False, True]
-        # (blocks 1 and 3 also run block 0's generated guard predicates: the same guards, one function each)
-        assert report["predicates"] == [True, True, False, True]
     assert reports[0]["stats"] == reports[1]["stats"]
+
+
+@needs_gloo
+@on_ranks(TWINS)
+@pytest.mark.xfail(strict=True, reason="since classes and functions reached as values are guarded with what they "
+                   "define (session 35), a sibling block's guards differ from block 0's in some guard: each block "
+                   "generates its own guard predicates (right, costs a guard compile per block)")
+def test_fsdp_sibling_blocks_share_block_zeros_guard_predicates(ranks):
+    """Blocks 1 and 3 also run block 0's generated guard predicates: the same guards, one function each."""
+    for report in ranks(TWINS):
+        assert report["predicates"] == [True, True, False, True]
 
 
 @needs_gloo

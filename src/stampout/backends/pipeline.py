@@ -161,7 +161,7 @@ def overlapped() -> Iterator[None]:
     finally:
         _local.inside = outer
         _uninstall()
-    here.batch.close()
-    with timing.phase("c++ compile"):
+    with timing.phase("c++ compile"):  # (the last batch's build handed over, or its library found built)
+        here.batch.close()
         for finish in here.pending:
             finish()

@@ -71,7 +71,7 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan,
     seen: set[tuple[int, Any]] = set()
     nodes = tracer.root.nodes
     reals = {id(fake): t for t, fake in tracer._fakes.values() if type(t) is not FakeTensor}
-    clean: dict[int, Any] = {}  # (one pass: a config or a bound forward's layer that every holder reaches, walked
+    walked: dict[int, Any] = {}  # (one pass: a config or a bound forward's layer that every holder reaches, walked
     # once; the notes only put real values and concrete sizes where fakes were: see Note: clean objects)
 
     def note(obj: Any, key: Any, kind: Place, value: Any) -> None:
@@ -87,7 +87,7 @@ def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan,
             found.append((obj, key, kind))
             plan.extra.append(value)
         elif (type(value) not in _INERT and not isinstance(value, torch.nn.Module)  # (a module: a holder itself)
-              and holds_fake(value, tensors_only=True, whole=True, clean=clean)):
+              and holds_fake(value, tensors_only=True, whole=True, clean=walked)):
             for place in fake_places(value):  # (inside a callable object, a closure, a module it made, ...)
                 note(*place)
 

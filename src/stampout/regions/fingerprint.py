@@ -66,8 +66,6 @@ class Fingerprint(NamedTuple):
 _TENSOR, _CONSTANT, _SIZE, _MODULE, _OBJECT = LeafKind  # (module names: an enum member lookup costs per leaf)
 
 
-
-
 _PLAIN_CONSTANTS = frozenset((bool, int, str, type(None)))
 
 
