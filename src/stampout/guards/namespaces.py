@@ -20,6 +20,7 @@ import torch
 
 from ..torch_internals import TensorBase, dict_sentinel
 from ..trace.code import is_user_file
+from .values import same_constant
 
 _MISSING = object()
 ABSENT_NAME = _MISSING  # noted as a name's value: the name must stay absent (a subclass must not shadow a base's)
@@ -93,7 +94,7 @@ class NamespaceReads:
         """`label.name` of the first name that no longer holds the object the trace found; None if all hold."""
         for key, (namespace, names) in self._reads.items():
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value:
+                if not same_constant(namespace.get(name, _MISSING), value):  # (a constant: by its value)
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, before) in self._whole.items():
             if len(namespace) != len(before) or any(namespace.get(k, _MISSING) is not v for k, v in before.items()):

@@ -11,9 +11,10 @@ from typing import Any
 
 from ..guards.guard import Kind
 from ..guards.namespaces import TENSOR_DICT, NamespaceReads
+from ..guards.values import immutable_constant
 from ..sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
 from ..trace.code import code_facts, is_user_file, is_user_module
-from .objects import by_name, immutable_constant, ours
+from .objects import by_name, ours
 
 
 class FrameCode:

@@ -43,17 +43,6 @@ _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold pe
 _SLOT = types.MemberDescriptorType
 
 
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
-
-
-def immutable_constant(value: Any) -> bool:
-    """A constant no one can change in place (a scalar, or a tuple or frozenset of them): its identity says its
-    value."""
-    if type(value) in _IMMUTABLE:
-        return True
-    return type(value) in (tuple, frozenset) and all(immutable_constant(v) for v in value)
-
-
 def class_set(value: Any) -> bool:
     """A set of classes (a registry of types): guarded by its members, each compared by identity (its metaclass
     neither compares nor hashes otherwise)."""
