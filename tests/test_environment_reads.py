@@ -66,3 +66,42 @@ def test_a_region_reading_the_environment_is_reused_while_it_holds(env_var):
     cap = stampout.capture(program, torch.ones(2))
     assert (cap.stats.traces, cap.stats.reuses) == (1, 2)
     torch.testing.assert_close(cap(torch.ones(2)), program(torch.ones(2)))
+
+
+class _EnvLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    @stampout.region
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * (2.0 if os.environ.get(NAME) == "1" else 1.0)
+
+
+class _EnvStack(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_EnvLayer() for _ in range(n)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_capture_stamping_every_region_from_an_earlier_entry_keeps_its_environment_guard(env_var):
+    """A capture whose region calls are all stamped out from an entry an earlier capture traced (a layer appended:
+    the program captures again, the region's entry still holds) imports that entry's guard on the names it read
+    (a NAMESPACE guard, whose expected value is None): it was dropped as an argument the frame cannot name, so the
+    variable set afterwards was not seen."""
+    torch.manual_seed(0)
+    model, x = _EnvStack(3), torch.randn(2, 4)
+    fn = stampout.compile(model, backend="eager")
+    os.environ[NAME] = "1"
+    torch.testing.assert_close(fn(x), model(x))
+    os.environ[NAME] = "0"
+    torch.testing.assert_close(fn(x), model(x))
+    model.layers.append(_EnvLayer())  # captured again: every region call stamped from the "0" entry
+    torch.testing.assert_close(fn(x), model(x))
+    os.environ[NAME] = "1"
+    torch.testing.assert_close(fn(x), model(x))

@@ -54,6 +54,10 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("constant_max_numel", 1 << 20, "results larger than this are not folded into constants (constants.py)"),
     Switch("replay_max_bytes", 1 << 30, "an op that fails on fakes is replayed on real tensors up to this size, "
            "to give the real error (op_errors.py)"),
+    Switch("watch_installed", False, "code in installed packages (site-packages: transformers, diffusers, a pip "
+           "package of yours) is watched as a user's file: its memo caches, registries and globals guarded (code.py; "
+           "torch and what it requires stay library code). Off: a venv's site-packages is library code, unwatched; "
+           "on: ~3x the per-call guard cost on HF models today", "STAMPOUT_WATCH_INSTALLED", lambda raw: raw == "1"),
     # backends
     Switch("glue", "auto", "inductor: 'auto' compiles regions apart with eager glue when split.py finds no reason "
            "not to; 'whole' always hands Inductor the whole graph; 'apart' compiles regions apart wherever possible"),
@@ -85,6 +89,7 @@ guard_max_items: int
 names_max_depth: int
 constant_max_numel: int
 replay_max_bytes: int
+watch_installed: bool
 glue: str
 thin_glue: float
 cpp_wrapper: bool

@@ -71,8 +71,9 @@ def _assignment(name: str, source: Source, expr: str, base: str, key: str, opera
         read, caught = f"{base}.cell_contents", "(AttributeError, ValueError)"  # ValueError, see _cell_contents)
     elif type(source) is Attr and expr == source.expr(base) and written_as_is(source.attr):
         read, caught = f"{base}.{source.attr}", "AttributeError"
-    elif type(source) is Item and expr == f"_item({base}, {key})":
-        read, caught = f"{base}[{key}]", "(KeyError, IndexError, TypeError)"
+    elif type(source) is Item and expr == f"_item({base}, {key})":  # (a subclass's: its stored item, by _item)
+        read = f"{base}[{key}] if type({base}) in _PLAIN_ITEMS else _item({base}, {key})"
+        caught = "(KeyError, IndexError, TypeError)"
     elif type(source) is Closure and expr == source.expr(base):  # (no closure, too short, an empty cell: MISSING)
         read = f"fn.__closure__[{source.index}].cell_contents"
         caught = "(AttributeError, TypeError, IndexError, ValueError)"

@@ -20,8 +20,10 @@ import torch
 
 from ..torch_internals import TensorBase, dict_sentinel
 from ..trace.code import is_user_file
+from .values import same_constant
 
 _MISSING = object()
+ABSENT_NAME = _MISSING  # noted as a name's value: the name must stay absent (a subclass must not shadow a base's)
 
 
 def class_dict(cls: type) -> dict:
@@ -92,7 +94,7 @@ class NamespaceReads:
         """`label.name` of the first name that no longer holds the object the trace found; None if all hold."""
         for key, (namespace, names) in self._reads.items():
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value:
+                if not same_constant(namespace.get(name, _MISSING), value):  # (a constant: by its value)
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, before) in self._whole.items():
             if len(namespace) != len(before) or any(namespace.get(k, _MISSING) is not v for k, v in before.items()):
@@ -105,7 +107,9 @@ class NamespaceReads:
         """Every name noted as the trace found it (after a failed capture whose program stored into a namespace)."""
         for namespace, names in self._reads.values():
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value:
+                if value is _MISSING:
+                    namespace.pop(name, None)
+                elif namespace.get(name, _MISSING) is not value:
                     namespace[name] = value
         for namespace, before in self._whole.values():
             for name in [k for k in namespace if k not in before]:

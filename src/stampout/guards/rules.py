@@ -49,6 +49,7 @@ class Kind(enum.Enum):
     ABSENT = "attribute absent"
     LEN = "length"
     KEYS = "dict keys"
+    MEMBERS = "set members"  # a set of classes (a registry): the same classes, compared by identity
     NO_OVERRIDE = "no per-instance override"  # absent, or one of stampout's transient auto-region marks
     SAME = "same object as"  # expected: another Source that must resolve to the very same object
     DISTINCT = "distinct objects"  # expected: other Sources; no two of them and the source resolve to one object
@@ -270,6 +271,20 @@ class KeysRule(Rule):
 
     def condition(self, guard: Expecting, var: str, const: str) -> str:
         return f"(isinstance({var}, dict) and tuple({var}) == {const})"
+
+
+@_rule(Kind.MEMBERS)
+class MembersRule(Rule):
+    """expected: a frozenset of classes (whose metaclasses compare them by identity: see regions/objects.py)."""
+
+    def observe(self, value: Any) -> Any:
+        return frozenset(value) if type(value) in (set, frozenset) else MISSING
+
+    def condition(self, guard: Expecting, var: str, const: str) -> str:
+        return f"((type({var}) is set or type({var}) is frozenset) and {var} == {const})"
+
+    def show(self, guard: Expecting, observed: Any) -> str:
+        return "{" + ", ".join(sorted(getattr(c, "__qualname__", "?") for c in observed)) + "}"
 
 
 @_rule(Kind.SAME)

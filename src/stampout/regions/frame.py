@@ -17,10 +17,9 @@ import torch
 
 from .. import config
 from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
-from ..guards.namespaces import patched_tensor_methods
+from ..guards.namespaces import ABSENT_NAME, class_dict, patched_tensor_methods
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
-from ..trace.code import is_user_file
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES, size_key
 from ..watch.classpatch import PATCHED_NAMES
@@ -35,6 +34,7 @@ from .objects import (
     BY_IDENTITY,
     CONTAINERS,
     accepted_types,
+    class_set,
     found_on_class,
     hidden_state,
     instance_fields,
@@ -167,21 +167,21 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.guard(source, Kind.TYPE, (functools.partial,), where)
             for part in ("func", "args", "keywords"):
                 self.adopt(getattr(value, part), Attr(source, part), where=where)
-        elif isinstance(value, (staticmethod, classmethod, property)):  # (a class's entry: the functions it runs)
-            self.guard(source, Kind.ID, value, where)
-            for role in ("__func__",) if not isinstance(value, property) else ("fget", "fset", "fdel"):
-                if getattr(value, role) is not None:
-                    self.adopt(getattr(value, role), Attr(source, role), where=where)
-        elif isinstance(value, BY_IDENTITY):
+        elif isinstance(value, (property, staticmethod, classmethod)):
+            self.adopt_descriptor(value, source, where)
+        elif isinstance(value, BY_IDENTITY) or type(value) is object:  # (`_MISSING = object()`: no state at all)
             self.guard(source, Kind.ID, value, where)
             if isinstance(value, types.ModuleType):  # (reached as a value: any of its attributes may be read)
                 self._note_user_namespace(value)
-            elif isinstance(value, type):  # (`cfg.scale`, `Cfg.act(x)` on the class itself: no watch sees the read)
-                self._adopt_class(value, where)
-                if type(value) is not type:  # (a user metaclass: its properties, `Cfg.shift`)
-                    self._adopt_class(type(value), where)
+            elif isinstance(value, type):  # (`cfg.scale`, `Cfg.act(x)` on the class itself, or called: its
+                # `__init__` runs; no watch sees what its namespace holds being read)
+                self.adopt_class_value(value, where)
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
+        elif class_set(value):
+            self.guard(source, Kind.MEMBERS, frozenset(value), where)
+            if type(value) is set:  # (mutable: adding to it in the trace is a side effect)
+                self._note_container(value, source, where)
         elif not hidden_state(type(value)) and self.watch.watch(value):
             if not from_arg:
                 self.guard(source, Kind.TYPE, accepted_types(value), where)
@@ -218,16 +218,42 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                 continue
             self._classes.add(klass)
             namespace = Attr(Absolute(klass, klass.__qualname__), "__dict__")
-            for name, value in list(klass.__dict__.items()):
-                if name in PATCHED_NAMES:
+            fields = class_dict(klass)
+            for name, value in list(fields.items()):
+                if name in PATCHED_NAMES or name == "_abc_impl":  # (an ABC's registry: `abc`'s bookkeeping)
                     continue
                 # Dunder methods too (`act(x)` calls `__call__`, `table[3]` `__getitem__`, `Klass()` `__init__`:
                 # through type slots, with no attribute read to guard); dunder data (`__module__`, `__dict__`,
                 # dataclass tables) is the class's own bookkeeping.
-                if isinstance(value, types.FunctionType):  # (a method's own attributes: guarded if it has any)
-                    self._adopt_callable(value, Item(namespace, name), where, fields=bool(vars(value)))
-                elif not (name.startswith("__") and name.endswith("__")) or isinstance(value, _METHODS):
+                if (name.startswith("__") and name.endswith("__")) and not isinstance(value, _METHODS):
+                    continue
+                if type(value) is types.FunctionType and any(not k.startswith("__") for k in vars(value)):
+                    # (a method with attributes of its own: guarded with them)
+                    self._adopt_callable(value, Item(namespace, name), where)
+                elif not self.note_by_identity(fields, klass.__qualname__, name, value, Item(namespace, name)):
                     self.adopt(value, Item(namespace, name), where=where)
+
+    def adopt_class_value(self, cls: type, where: str) -> None:
+        """A class reached as a value (`cfg.scale`, `Cfg.act(x)` on the class itself, or called: its `__init__`
+        runs; no watch sees what its namespace holds being read)."""
+        self._adopt_class(cls, where)
+        self._guard_unshadowed(cls, where)
+        if type(cls) is not type:  # (a user metaclass: its properties, `Cfg.shift`)
+            self._adopt_class(type(cls), where)
+
+    def _guard_unshadowed(self, cls: type, where: str) -> None:
+        """A class reached as a value (`Helper.scale`, `self.kind.make(x)`) reads names along its MRO with no watch:
+        its `__mro__` by identity (`__bases__` assigned), and each name a user base class or metaclass defines as
+        absent from the user classes before it (`Helper.scale = 2.0` shadows `Base.scale`), in the NamespaceReads."""
+        self.guard(Attr(Absolute(cls, cls.__qualname__), "__mro__"), Kind.ID, cls.__mro__, where)
+        mro = [k for k in cls.__mro__ if is_user_class_object(k)]
+        meta = [k for k in type(cls).__mro__ if is_user_class_object(k)]  # (`Cfg.factor` found on its metaclass)
+        for i, klass in [*enumerate(mro[1:], 1), *((len(mro), k) for k in meta)]:
+            for name in class_dict(klass):
+                if name not in PATCHED_NAMES and not (name.startswith("__") and name.endswith("__")):
+                    for earlier in mro[:i]:
+                        if name not in earlier.__dict__:
+                            self.namespaces.note(class_dict(earlier), earlier.__qualname__, name, ABSENT_NAME)
 
     def _adopt_tensor_attributes(self, t: torch.Tensor, source: Source, where: str) -> None:
         """Python attributes set on a tensor (`weight.scale = 0.5`) are state a trace may read."""
@@ -257,7 +283,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         if isinstance(value, dict):
             self.guard(source, Kind.KEYS, tuple(value), where)
             self._objects.extend((key, Absolute(key, f"a key of {source.name()}")) for key in value if _by_identity(key))
-        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+        for key, item in (dict.items(value) if isinstance(value, dict) else enumerate(value)):  # (as stored: a
+            # subclass's `__getitem__` is its Python, which may make a new value per read: transformers' ACT2FN)
             self.adopt(item, Item(source, key), where=where)
         if not isinstance(value, tuple):
             self._note_container(value, source, where)
@@ -329,16 +356,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             # A class attribute (method, property, default): the class's entry, and no instance override.
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
             entry = ClassAttr(TypeOf(base), name)
-            if isinstance(raw, property):
-                self.guard(entry, Kind.ID, raw, where)
-                for part, role in ((raw.fget, "fget"), (raw.fset, "fset")):
-                    if isinstance(part, types.FunctionType) and is_user_file(part.__code__.co_filename):
-                        self.adopt_function(part, Attr(entry, role))
-            elif isinstance(raw, (staticmethod, classmethod)):
-                self.guard(entry, Kind.ID, raw, where)
-                self.adopt(raw.__func__, Attr(entry, "__func__"), where=where)
-            else:
-                self.adopt(raw, entry, where=where)
+            self.adopt(raw, entry, where=where)
 
     def _guard_tree(self, module: torch.nn.Module, source: Source, walk: str, where: str) -> None:
         """The program walks a module's registries (`self.children()`, `self.named_parameters()`): the names in

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..guards.guard import Kind
 from ..guards.namespaces import TENSOR_DICT, NamespaceReads
+from ..guards.values import immutable_constant
 from ..sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
 from ..trace.code import code_facts, is_user_file, is_user_module
 from .objects import by_name, ours
@@ -25,6 +26,7 @@ class FrameCode:
     writes: list[str]
     guard: Callable[..., None]
     adopt: Callable[..., None]
+    adopt_class_value: Callable[..., None]
     _note_container: Callable[..., None]
     mark_ineligible: Callable[..., None]
 
@@ -32,9 +34,12 @@ class FrameCode:
         self._functions: set[types.CodeType] = set()  # codes whose globals (and cells, if known) are guarded
         self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
         self._guarded_code: set[tuple[types.CodeType, int]] = set()
+        self._ran: set[types.CodeType] = set()  # user code that ran in this trace
         self._adopted: dict[int, Callable] = {}  # functions whose cells and defaults are guarded
         self.cells_read: list[tuple[Any, Callable, Any]] = []  # (closure cell, its function, what it held when
         # read) of functions reached as values: a cell the program rebinds (`nonlocal`) is user state
+        self._methods: dict[types.CodeType, list[tuple[Callable, Source]]] = {}  # functions guarded by identity
+        # alone so far (where each was found): their code, defaults and cells are guarded once that code runs
         self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
         self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
 
@@ -64,7 +69,7 @@ class FrameCode:
                 self.cells_read.append((closure[i], fn, value))
             self.adopt(value, cell, where=f"closure of {code.co_qualname}")
         if as_source is None:
-            self.on_code(code, fn.__globals__, own=True)
+            self.on_code(code, fn.__globals__, own=True, fn=fn)
 
     def _adopt_callable(self, fn: types.FunctionType, source: Source, where: str, fields: bool = True) -> None:
         """A Python function: a region wrapper by its innermost function, others by identity, and in both
@@ -76,11 +81,8 @@ class FrameCode:
                                  fields=bool(vars(marked.fn)))
             return
         self.guard(source, Kind.ID, fn, where)
-        if is_user_file(fn.__code__.co_filename):
-            self.guard(Attr(source, "__code__"), Kind.ID, fn.__code__, where)  # (`f.__code__ = g.__code__`)
-            self.adopt_function(fn, source)
-            if not fields:
-                return
+        self._defer(fn, source)
+        if fields and is_user_file(fn.__code__.co_filename):
             # Its attributes (`helper.k = 3.0`, read as `helper.k` or `getattr(helper, "k", 1)`: no watch sees it)
             attrs = Attr(source, "__dict__")
             self.guard(attrs, Kind.KEYS, tuple(vars(fn)), where)
@@ -89,9 +91,78 @@ class FrameCode:
                     self.adopt(v, Item(attrs, k), where=where)
             self._note_container(vars(fn), attrs, where)  # (`log.last = n` in the trace: a store to replay)
 
-    def on_code(self, code: types.CodeType, g: dict, own: bool = False, where: str = "") -> None:
+    def note_by_identity(self, namespace: dict, label: str, name: str, value: Any, source: Source) -> bool:
+        """A class attribute or a helper's global guarded by identity alone, in the NamespaceReads (one dict-version
+        check per namespace, however many names: a class of transformers defines hundreds): a function, or a
+        property, staticmethod or classmethod of functions, or an immutable constant. A function's code, defaults
+        and cells are guarded when its code runs in this trace (a method that never runs changed nothing). False
+        for anything else (a class, a container, stampout's own region wrappers): adopted as a value."""
+        if type(value) in (property, staticmethod, classmethod):
+            if any(not k.startswith("__") for k in getattr(value, "__dict__", None) or ()):
+                return False
+            parts = [(getattr(value, p, None), p) for p in (("fget", "fset", "fdel") if type(value) is property
+                                                            else ("__func__",))]
+            if not all(fn is None or type(fn) is types.FunctionType for fn, _ in parts):
+                return False
+            functions = [(fn, Attr(source, part)) for fn, part in parts if fn is not None]
+        elif type(value) is types.FunctionType:
+            if ours(value) or getattr(value, "__stampout_region__", None) is not None:
+                return False
+            functions = [(value, source)]
+        elif immutable_constant(value):
+            functions = []
+        else:
+            return False
+        self.namespaces.note(namespace, label, name, value)
+        for fn, at in functions:
+            self._defer(fn, at)
+        return True
+
+    def _defer(self, fn: types.FunctionType, source: Source) -> None:
+        """A user function found at `source`, guarded by identity: its code (`f.__code__ = g.__code__`), defaults
+        and cells are guarded now if that code ran in this trace already, else when it runs (every function found
+        with that code then: closures made per layer share one)."""
+        code = fn.__code__
+        if not is_user_file(code.co_filename):
+            return
+        if code in self._ran:
+            self.guard(Attr(source, "__code__"), Kind.ID, code, f"code of {code.co_qualname}")
+            self.adopt_function(fn, source)
+            return
+        found = self._methods.setdefault(code, [])
+        if not any(f is fn for f, _ in found):
+            found.append((fn, source))
+
+    def adopt_descriptor(self, value: property | staticmethod | classmethod, source: Source, where: str) -> None:
+        """A property, staticmethod or classmethod (found on a class): by identity (its functions are read-only
+        fields of it), and the code of the functions it runs as a function's: `__code__`, defaults, closure cells.
+        A subclass may keep more state than these: fields of its own (not the dunders a staticmethod copies from
+        its function) are refused."""
+        self.guard(source, Kind.ID, value, where)
+        if any(not k.startswith("__") for k in getattr(value, "__dict__", None) or ()):
+            self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} with attributes of its own")
+        parts = ("fget", "fset", "fdel") if isinstance(value, property) else ("__func__",)
+        for part in parts:
+            fn = getattr(value, part, None)
+            if isinstance(fn, types.FunctionType) and is_user_file(fn.__code__.co_filename):
+                self.guard(Attr(Attr(source, part), "__code__"), Kind.ID, fn.__code__, where)
+                self.adopt_function(fn, Attr(source, part))
+            elif fn is not None and not isinstance(fn, types.FunctionType):
+                self.adopt(fn, Attr(source, part), where=where)
+
+    def on_code(self, code: types.CodeType, g: dict, own: bool = False, where: str = "",
+                frame: types.FrameType | None = None, fn: Callable | None = None) -> None:
         """Python code is about to run in this trace: guard the globals it may read (and `module.attr`
         chains), record the globals it assigns, and refuse closures this frame cannot reach."""
+        self._ran.add(code)
+        found = self._methods.pop(code, ())
+        if len(found) > 1 and code.co_freevars and (fn is not None or frame is not None):  # (one decorator's
+            # wrapper, around many functions: the one running)
+            running = [(f, at) for f, at in found if f is fn or fn is None and _same_cells(f, frame.f_locals)]
+            self._methods[code] = [(f, at) for f, at in found if all(f is not r for r, _ in running)]
+            found = running  # (none: the one running was found otherwise, or its cells are refused below)
+        for f, source in found:  # (guarded by identity so far: it runs, so all of it)
+            self._defer(f, source)
         key = (code, id(g))
         if key in self._guarded_code:
             return
@@ -103,8 +174,11 @@ class FrameCode:
             self.mark_ineligible(
                 f"runs {code.co_qualname}, a closure over {', '.join(free)} that stampout cannot reach"
             )
-        if "__getattribute__" in code.co_names:  # (`object.__getattribute__(obj, name)`: a slot wrapper, no C-call
-            # event, around the watched class's own lookup; `super().__getattribute__` skips its shim)
+        # (`object.__getattribute__(obj, name)`: a slot wrapper, no C-call event, around the watched class's own
+        # lookup; `super().__getattribute__` skips its shim. Not in a class's own `__getattribute__`, a config's
+        # alias table: it runs inside the watched lookup, which reports the value it returns, guarded by reading
+        # it again through it)
+        if "__getattribute__" in code.co_names and code.co_name != "__getattribute__":
             self.mark_ineligible(f"reads attributes through __getattribute__ in {code.co_qualname} (a read no watch "
                                  "sees)")
         label = f"{g.get('__name__', '?')}.globals"
@@ -118,7 +192,7 @@ class FrameCode:
                     self._adopt_module_chains(value, source, name, facts.chains, where)
                     if name in facts.escapes:
                         self._note_user_namespace(value)
-                else:
+                elif own or not self.note_by_identity(g, label, name, value, source):  # (a helper's global)
                     self.adopt(value, source, where=where)
         for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again
             if isinstance(g.get(chain[0]), types.ModuleType):
@@ -189,7 +263,25 @@ class FrameCode:
                     break  # stampout's stand-in while capturing (`torch.compiler.is_compiling`)
                 if attr in namespace and namespace[attr] is found and by_name(found):
                     self.namespaces.note(namespace, value.__name__, attr, found)
+                    if isinstance(found, type):  # (`usub.Thing().val`: what its class holds, as a class value's)
+                        self.adopt_class_value(found, where)
                 else:
                     self.adopt(found, src, where=where)
                     break
                 value = found
+
+
+def _same_cells(fn: types.FunctionType, local: dict) -> bool:
+    """Whether `fn`'s closure cells hold what the running frame's free variables (in `local`) hold: `fn` is the
+    function of that frame, among others with its code. (The frame's locals at its call event may lack some.)"""
+    compared = False
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        if name not in local:
+            continue
+        try:
+            if cell.cell_contents is not local[name]:
+                return False
+        except ValueError:  # (an empty cell)
+            return False
+        compared = True
+    return compared

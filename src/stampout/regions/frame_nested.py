@@ -71,7 +71,7 @@ class FrameNested:
             if written and source is not None and (source in written or guard.kind is Kind.TENSOR and isinstance(
                     guard.expected, TensorMeta) and guard.expected.cls is FakeTensor and _within(source, written)):
                 continue
-            if source is None or expected is None:
+            if source is None or guard.kind is Kind.SAME and expected is None:  # (NAMESPACE: expected None)
                 # An argument this frame cannot name is an object the traced code made itself (its state
                 # comes from what this frame read); anything else would be unguarded: refuse.
                 if any(not _made_here(leaves[i], self.watch) for i in unnamed):

@@ -5,9 +5,13 @@ that makes one it cannot replay is ineligible (see RegionFrame); `undo` puts the
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
+from .. import config
 from ..guards.guard import Kind, is_constant
 from ..guards.hook_keys import HOOK_DICTS, hooks_key
 from ..sources import MISSING, Arg, Attr, Item, Source
@@ -29,6 +33,7 @@ class FrameWrites:
     guard: Callable[..., None]
     adopt: Callable[..., None]
     mark_ineligible: Callable[..., None]
+    _defer: Callable[..., None]
 
     def _begin_writes(self, leaves: list[Any]) -> None:
         self.writes: list[str] = []  # Python side effects on objects from outside: "target at file:line"
@@ -44,6 +49,11 @@ class FrameWrites:
         # then): a Python attribute the trace sets on a parameter or buffer is found at the end
         self.hooked: list[tuple[Any, tuple, Source, tuple]] = []  # (module, its hooks when read, source, copies
         # of its hook dicts then): hook dicts are no watched state, so they are compared at the end
+        self.tree_hooks = [(m, hooks_key(m), _hook_copies(m)) for leaf in leaves if isinstance(leaf, torch.nn.Module)
+                           for m in leaf.modules()] if config.watch_installed else []  # (the same, for every
+        # module under an argument: a hook registered on one reached by a walk, `named_children()`, as transformers'
+        # output capture installs them; put back only where the installing package is watched: its own record of
+        # having installed them is then put back too, else the eager run finds them gone and not reinstalled)
         # Python attributes of the input tensors (`x.scale = 2.0` in forward): compared at the end
         self._input_fields = [(i, t, dict(t.__dict__)) for i, t in enumerate(leaves) if type(t) is FakeTensor]
 
@@ -105,7 +115,7 @@ class FrameWrites:
             for i, item in enumerate(value):
                 self.note_input_containers(item, Item(source, i))
         elif isinstance(value, dict):
-            for k, item in value.items():
+            for k, item in dict.items(value):
                 self.note_input_containers(item, Item(source, k))
 
     def on_write(self, obj: Any, name: str, value: Any, old: Any) -> None:
@@ -124,8 +134,12 @@ class FrameWrites:
 
     def note_hooks(self, module: Any, hooks: tuple, source: Source) -> None:
         """A module the trace reads, with its hooks then (`hooks`, as guarded)."""
-        d = module.__dict__
-        self.hooked.append((module, hooks, source, tuple(dict(d[n]) if d.get(n) else None for n in HOOK_DICTS)))
+        self.hooked.append((module, hooks, source, _hook_copies(module)))
+        for name in HOOK_DICTS:  # (the hooks by identity, in `hooks`: their code, defaults and cells when they run)
+            held = module.__dict__.get(name)
+            for key, hook in list(dict.items(held)) if isinstance(held, dict) else ():
+                if type(hook) is types.FunctionType:
+                    self._defer(hook, Item(Attr(source, name), key))
 
     def _close_hooks(self) -> None:
         """A hook registered or removed on a module the trace read (`self.lin.register_forward_hook(..)` in
@@ -134,6 +148,11 @@ class FrameWrites:
             if hooks_key(module) != hooks:
                 self.mark_ineligible(f"registers or removes a hook of {source.name()} (a Python side effect a "
                                      "stamped or compiled call would not repeat)")
+        for module, hooks, _ in self.tree_hooks:
+            if hooks_key(module) != hooks:
+                self.mark_ineligible(f"registers or removes a hook of a {type(module).__name__} under its arguments "
+                                     "(a Python side effect a stamped or compiled call would not repeat)")
+                return
 
     def _close_instance_reads(self) -> None:
         """An attribute read from an object's `__dict__` and changed behind its `__setattr__` during the trace
@@ -167,7 +186,7 @@ def put_back(container: Any, before: Any) -> None:
     """A dict, list or set as it was (`before`: a copy of its items); a dict untouched is left alone (compared by
     identity: values may be tensors, whose == compares elements)."""
     if isinstance(container, dict):
-        if list(container) != list(before) or any(container[k] is not v for k, v in before.items()):
+        if list(container) != list(before) or any(dict.get(container, k) is not v for k, v in before.items()):
             container.clear()
             container.update(before)
     elif isinstance(container, list):
@@ -196,7 +215,7 @@ def undo(program: Any) -> None:
                 fields[k] = before[k]
             else:
                 del fields[k]
-    for module, _, _, saved in reversed(program.hooked):
+    for module, _, saved in [*((m, None, c) for m, _, _, c in reversed(program.hooked)), *program.tree_hooks]:
         for name, before in zip(HOOK_DICTS, saved):
             hooks = module.__dict__.get(name)
             if hooks is not None:
@@ -206,3 +225,9 @@ def undo(program: Any) -> None:
             setattr(obj, name, old)
         elif peek(obj, name) is not MISSING:
             delattr(obj, name)
+
+
+def _hook_copies(module: Any) -> tuple:
+    """Copies of a module's hook dicts (None where empty)."""
+    d = module.__dict__
+    return tuple(dict(d[n]) if d.get(n) else None for n in HOOK_DICTS)

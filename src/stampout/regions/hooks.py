@@ -137,7 +137,7 @@ class CallHooks:
                 with DisableTorchFunction(), listeners(None, None):
                     snapshot.note_code(frame, code_facts(code).names)
                     for f in self.frames:
-                        f.on_code(code, g)
+                        f.on_code(code, g, frame=frame)
         elif event == "call" and self.frames and code.co_filename.startswith(_NN_MODULES):
             g = frame.f_globals
             with DisableTorchFunction(), listeners(None, None):

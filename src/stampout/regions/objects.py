@@ -7,6 +7,8 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import re
+import threading
 import types
 from typing import Any
 
@@ -29,14 +31,23 @@ CONTAINERS = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, tor
 BY_IDENTITY = (types.BuiltinFunctionType, types.BuiltinMethodType, types.ModuleType, type,
                 types.MethodWrapperType, types.WrapperDescriptorType, types.MethodDescriptorType,
                 types.ClassMethodDescriptorType, OpOverload, OpOverloadPacket,
-                HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType,
-                type(collections.namedtuple("_Pair", "a").a), types.MemberDescriptorType, types.GetSetDescriptorType)
+                HigherOrderOperator, functools._lru_cache_wrapper, types.CodeType, re.Pattern,
+                type(collections.namedtuple("_Pair", "a").a), types.MemberDescriptorType, types.GetSetDescriptorType,
+                type(threading.Lock()), type(threading.RLock()),  # (a lock: taken and given back within a call)
+                type(os.environ))  # (the process environment: what is read of it, by name: guards/namespaces.py)
 
 
 _MEMBER = type(type.__dict__["__dict__"])  # slot and getset descriptors hold per-instance values
 
 
 _SLOT = types.MemberDescriptorType
+
+
+def class_set(value: Any) -> bool:
+    """A set of classes (a registry of types): guarded by its members, each compared by identity (its metaclass
+    neither compares nor hashes otherwise)."""
+    return type(value) in (set, frozenset) and all(
+        isinstance(v, type) and type(v).__eq__ is type.__eq__ and type(v).__hash__ is type.__hash__ for v in value)
 
 
 def raw_meta(t: torch.Tensor) -> tuple:
@@ -52,12 +63,12 @@ def contents(value: Any) -> Any:
     if is_constant(value):
         return const_key(value)
     if isinstance(value, dict):
-        return tuple((k, id(v)) for k, v in value.items())
+        return tuple((k, id(v)) for k, v in dict.items(value))  # (a subclass's own item reads: its Python)
     return tuple(id(v) for v in value)
 
 
 def copy_value(value: Any) -> Any:
-    return dict(value) if isinstance(value, dict) else list(value)
+    return dict(dict.items(value)) if isinstance(value, dict) else list(value)
 
 
 def accepted_types(obj: Any) -> tuple[type, ...]:

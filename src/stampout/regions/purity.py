@@ -59,6 +59,7 @@ _PURE_TYPES = frozenset({
     reversed, type(iter([])), type(iter(())), type(iter("")),
 })
 _RNG_MODULES = ("numpy.random", "random", "_random")
+_PYTHON_METHODS = (types.FunctionType, staticmethod, classmethod, property)
 _torch_generator = Generator
 _MODULE_VERDICTS: dict[Any, bool] = caches.register({}, "regions.purity function verdicts")
 _METHOD_VERDICTS: dict[tuple[type, str], bool] = caches.register({}, "regions.purity method verdicts")
@@ -98,8 +99,10 @@ def _pure_module(module: str, name: str) -> bool:
 
 
 def _owner(cls: type, name: str) -> type:
+    """The class that defines the C method `name` called on a `cls`: not a Python override of the same name
+    (`super().get(key)` in a dict subclass's own `get` calls dict's)."""
     for klass in cls.__mro__:
-        if name in klass.__dict__:
+        if name in klass.__dict__ and not isinstance(klass.__dict__[name], _PYTHON_METHODS):
             return klass
     return cls
 
@@ -214,9 +217,10 @@ def torch_state_call(fn: Any, frame: types.FrameType | None = None) -> str | Non
 _STDLIB = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
                 | dict.fromkeys(sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")))
 # Standard-library code whose C calls are its own business: output (logging's timestamps), imports, source
-# lines for messages, waiting with timeouts.
+# lines for messages, waiting with timeouts, a callable's signature (`inspect.unwrap` keys its cycle check by
+# `id()`: the addresses stay inside the call).
 _QUIET_STDLIB = ("logging" + os.sep, "importlib" + os.sep, "warnings.py", "linecache.py", "tokenize.py",
-                 "traceback.py", "threading.py")
+                 "traceback.py", "threading.py", "inspect.py")
 _WATCHED: dict[str, bool] = caches.register({}, "regions.purity watched files")
 
 

@@ -210,9 +210,13 @@ class SlotItem(Source):
 
 
 def _item(container: Any, key: Any) -> Any:
+    """`container[key]`; of a dict subclass, the item as stored (its own `__getitem__` or `__missing__` is its
+    Python, which may make a new value per read, or log it: transformers' ACT2FN makes an activation module)."""
     if container is MISSING:
         return MISSING
     try:
+        if isinstance(container, dict) and type(container) is not dict:
+            return dict.__getitem__(container, key)
         return container[key]
     except (KeyError, IndexError, TypeError):
         return MISSING
@@ -253,5 +257,5 @@ def module_path(root: Source, qualified_name: str) -> Source:
     return source
 
 
-RESOLVE_HELPERS = {"_item": _item, "_slot_item": _slot_item, "_cell": _cell, "_leaf": _leaf, "_type_of": _type_of,
+RESOLVE_HELPERS = {"_item": _item, "_PLAIN_ITEMS": (dict, list, tuple), "_slot_item": _slot_item, "_cell": _cell, "_leaf": _leaf, "_type_of": _type_of,
                    "mro_attr": mro_attr, "_MISSING": MISSING, "_cell_contents": _cell_contents}

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dis
+import importlib.metadata
 import os
+import re
 import sys
 import sysconfig
 import types
@@ -11,14 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import caches
+from .. import caches, config
 
-_LIBRARY_DIRS = tuple(dict.fromkeys(
-    [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep]
-    + [os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")]
+_OWN_DIRS = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+_STDLIB_DIRS = tuple(dict.fromkeys(
+    [os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")]
     + [sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib")]
 ))
+_INSTALLED = tuple(os.sep + name + os.sep for name in ("site-packages", "dist-packages"))
 _LOADS_ATTR = ("LOAD_ATTR", "LOAD_METHOD")
+_HEAP_TYPE = 1 << 9  # (Py_TPFLAGS_HEAPTYPE: a class made by a class statement or `type(...)`, not a C one)
 _TOOLS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools") + os.sep  # the zoo: user code
 # Python's, stampout's and FX's generated code
 _GENERATED = ("<frozen", "<stampout guards>", "<eval_with_key", "<torch", "<string>")
@@ -38,16 +42,75 @@ class CodeFacts:
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
 _USER_FILES: dict[str, bool] = caches.register({}, "trace.code user files")
+_USER_FILES_WATCHING: dict[str, bool] = caches.register({}, "trace.code user files, installed packages watched")
 
 
 def is_user_file(filename: str) -> bool:
-    """Code outside torch, stampout and the standard library (Hugging Face and diffusers included: user
-    models live there; so does code made by `exec`, whose file is `<...>`)."""
-    user = _USER_FILES.get(filename)
+    """Code outside torch, stampout and the standard library: a user's files and code made by `exec` (whose file
+    is `<...>`). Installed packages (site-packages, dist-packages: transformers, diffusers, a package of the
+    user's) with `config.watch_installed`, but torch's own distribution and what it requires (sympy, jinja2, ...:
+    torch's machinery, called while tracing): an installed package keeps memo caches, registries and globals as a
+    user's file does (a venv's `platstdlib` holds site-packages: the path's shape decides). Without the switch,
+    what lies under the standard library's folders (a venv's site-packages) is library code."""
+    known = _USER_FILES_WATCHING if config.watch_installed else _USER_FILES
+    user = known.get(filename)
     if user is None:
-        user = _USER_FILES[filename] = (not filename.startswith(_LIBRARY_DIRS + _GENERATED)
-                                        or filename.startswith(_TOOLS))
+        user = known[filename] = _is_user_file(filename, config.watch_installed)
     return user
+
+
+def _is_user_file(filename: str, installed: bool) -> bool:
+    if filename.startswith(_GENERATED):
+        return False
+    if filename.startswith(_TOOLS):
+        return True
+    if filename.startswith(_OWN_DIRS):
+        return False  # (torch, stampout: wherever they are installed)
+    if installed and any(part in filename for part in _INSTALLED):
+        return not filename.startswith(_torch_distributions())
+    return not filename.startswith(_STDLIB_DIRS)
+
+
+@caches.memo
+def _torch_distributions() -> tuple[str, ...]:
+    """The folders and files of torch's distribution and its required distributions, transitively (not its
+    extras): installed code torch runs as its own (sympy for symbolic sizes, jinja2 for Inductor's templates)."""
+    return _distribution_roots("torch")
+
+
+def _distribution_roots(name: str) -> tuple[str, ...]:
+    roots: dict[str, None] = {}
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        wanted = todo.pop()
+        key = re.sub(r"[-_.]+", "-", wanted).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            dist = importlib.metadata.distribution(wanted)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for top in _top_level(dist):
+            for path in (str(dist.locate_file(top)), os.path.realpath(dist.locate_file(top))):
+                roots[path + os.sep] = None
+                roots[path + ".py"] = None
+        for requirement in dist.requires or ():
+            if "extra" not in requirement.partition(";")[2]:
+                todo.append(re.split(r"[\s<>=!~;\[(]", requirement, maxsplit=1)[0])
+    return tuple(roots)
+
+
+def _top_level(dist: importlib.metadata.Distribution) -> list[str]:
+    """The names a distribution installs at the top of site-packages: its top_level.txt (torch's RECORD lists
+    15,000 files: reading it costs a capture a quarter second), else the first parts of its files."""
+    listed = dist.read_text("top_level.txt")
+    if listed:
+        return [line.strip() for line in listed.splitlines() if line.strip()]
+    tops = {file.parts[0].removesuffix(".py") for file in dist.files or () if file.parts}
+    return sorted(t for t in tops if t not in ("..", "__pycache__") and not t.endswith(
+        (".dist-info", ".egg-info", ".data", ".pth")))
 
 
 def module_file(module: types.ModuleType | None) -> str | None:
@@ -59,8 +122,10 @@ def module_file(module: types.ModuleType | None) -> str | None:
 
 def is_user_class(klass: type) -> bool:
     """A class of user code: its module's file is user code, or its module has no file or is not imported (a
-    class made by `exec` or `type(...)`). Not `object`."""
-    return klass is not object and is_user_file(module_file(sys.modules.get(klass.__module__)) or "<module>")
+    class made by `exec` or `type(...)`). Not a class defined in C (`object`, `BaseException`: no Python made it,
+    and its namespace cannot be written)."""
+    return bool(klass.__flags__ & _HEAP_TYPE) and is_user_file(module_file(sys.modules.get(klass.__module__))
+                                                                or "<module>")
 
 
 def is_user_module(module: types.ModuleType | None) -> bool:

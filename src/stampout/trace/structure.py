@@ -394,10 +394,12 @@ def found_within(value: Any, wanted: Callable[[Any], bool], depth: int | None = 
             return first
         if level >= depth:
             return False
-        if t in (list, tuple, set, frozenset) or isinstance(v, (list, tuple)):
+        if t in (list, tuple, set, frozenset):
             inside = v
+        elif isinstance(v, (list, tuple)):
+            inside = _base_items(v)  # (not a subclass's own Python: see referents)
         elif isinstance(v, dict):
-            inside = v.values()
+            inside = dict.values(v)
         else:
             fields = plain_fields(v)
             if fields is None:
@@ -490,10 +492,20 @@ def referents(v: Any) -> list[Any]:
     if isinstance(v, torch.nn.Module):  # (its fields by name, less the flags and the empty hook dicts: quicker)
         return [x for x in v.__dict__.values() if type(x) not in ATOMIC and (type(x) not in _MAPS or x)]
     if isinstance(v, (dict, list, tuple, set, frozenset)):  # (a subclass: a namedtuple, torch.return_types, a
-        fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too)
-        inside = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
+        fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too. Read by the base class's C
+        # methods: a subclass's own `__getitem__` or `__iter__` is the user's Python, which may make things, as
+        # transformers' ACT2FN makes a new activation module per item read)
+        inside = [*dict.keys(v), *dict.values(v)] if isinstance(v, dict) else _base_items(v)
         return [*inside, *(fields.values() if type(fields) is dict else ())]
     return [] if _shut(t) else gc.get_referents(v)
+
+
+def _base_items(v: list | tuple | set | frozenset) -> list[Any]:
+    """The items of a container subclass as its C base class holds them (no Python `__iter__` of the subclass)."""
+    for base in (list, tuple, set, frozenset):
+        if isinstance(v, base):
+            return list(base.__iter__(v))
+    return []
 
 
 def _contents(cell: Any) -> list[Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..trace.frames import python_hooks_off
 from . import classpatch
 from .classpatch import EPOCH, READ_IDS, WRITE_IDS, Need
 
@@ -31,7 +32,8 @@ def _make_shim(cls: type) -> type:
         "__qualname__": cls.__qualname__,
         "_stampout_original": cls,
     }
-    return type(cls)(cls.__name__, (cls,), namespace)
+    with python_hooks_off():  # (the class's `__init_subclass__` and metaclass run for stampout, not the program)
+        return type(cls)(cls.__name__, (cls,), namespace)
 
 
 def _cached_shim(cache: dict[type, type | None], make: Callable[[type], type], cls: type) -> type | None:

@@ -190,8 +190,8 @@ def fake_places(value: Any) -> list[tuple[Any, Any, Place, Any]]:
         if not inside:
             continue
         places: list[tuple[Any, Any, Place, Any]] = []
-        if isinstance(v, (dict, list, collections.deque)):  # (a deque takes `d[i] = t` too)
-            places = [(v, k, Place.ITEM, x) for k, x in (v.items() if isinstance(v, dict) else enumerate(v))]
+        if type(v) in (dict, list) or isinstance(v, (dict, collections.deque)):  # (a deque takes `d[i] = t` too)
+            places = [(v, k, Place.ITEM, x) for k, x in (dict.items(v) if isinstance(v, dict) else enumerate(v))]
         elif type(v) is set:
             places = [(v, x, Place.MEMBER, x) for x in v]
         elif type(v) is types.FunctionType:

@@ -18,7 +18,7 @@ import torch
 from .. import config
 from ..sources import Place
 from ..torch_internals import FakeTensor
-from ..trace.code import code_facts, is_user_class, is_user_code, is_user_module
+from ..trace.code import code_facts, is_user_class, is_user_code, is_user_file, is_user_module
 from ..trace.shapes import concrete
 from ..trace.structure import ATOMIC, tensors_within
 from .classpatch import PATCHED_NAMES
@@ -38,6 +38,19 @@ def _identities(container: Any) -> tuple:
     if type(container) is dict:
         return tuple((k, id(v)) for k, v in list(container.items()))
     return tuple(id(v) for v in container)
+
+
+def _running_local(frame: types.FrameType, name: str, value: Any) -> bool:
+    """Whether the closure variable `name` of the code running in `frame` is a local of a user frame still running
+    below it (the call's `**kwargs` a comprehension reads, a nested function called in place): made by this call,
+    not state kept between calls. The walk stops at the first frame not of user code (torch's module call,
+    stampout's capture): a closure over a frame above the capture (a test's list) is user state."""
+    f = frame.f_back
+    while f is not None and is_user_file(f.f_code.co_filename):
+        if name in f.f_code.co_cellvars and f.f_locals.get(name, _GONE) is value:
+            return True
+        f = f.f_back
+    return False
 
 
 @dataclass
@@ -155,8 +168,9 @@ class Snapshot:
         if code.co_freevars:  # containers it closes over (a list the forward appends to)
             local = frame.f_locals
             cells = {name: local.get(name) for name in code.co_freevars}
-            for value in cells.values():
-                self.note(value, 1)
+            for name, value in cells.items():
+                if not _running_local(frame, name, value):
+                    self.note(value, 1)
         self._note_store_targets(code_facts(code).attribute_stores, g, cells)
 
     def _note_store_targets(self, chains: list[tuple[str, ...]], g: dict, cells: dict[str, Any]) -> None:
