@@ -182,6 +182,7 @@ PyMODINIT_FUNC PyInit_MODULE_NAME(void) { return PyModule_Create(&module); }
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _LOCK = threading.Lock()
 _LOADED: list[Any] = []  # [module or None] once tried
+_BUILDING: list[threading.Thread] = []  # the build started in the background
 
 
 def _build() -> Any:
@@ -220,26 +221,47 @@ def _build() -> Any:
     raise RuntimeError("the tensor object layout is not the one the native check knows")
 
 
-def native() -> Any:
-    """The compiled extension (built on the first call, in this thread); None where it cannot be had."""
+def _load() -> None:
+    try:
+        module = _build()
+    except Exception as e:  # (no compiler, other headers, another layout: the Python checks stay)
+        log.info("no native tensor check (%s: %s); the Python checks run", type(e).__name__, e)
+        module = None
+    _LOADED.append(module)
+
+
+def native(wait: bool = True) -> Any:
+    """The compiled extension; None where it cannot be had. The first call builds it (about a second, once per
+    machine and torch version): in this thread, or with `wait=False` in a thread of its own (None until it is
+    there: `pending()` says whether it may still come)."""
     if not _LOADED:
         with _LOCK:
-            if not _LOADED:
-                try:
-                    _LOADED.append(_build())
-                except Exception as e:  # (no compiler, other headers, another layout: the Python checks stay)
-                    log.info("no native tensor check (%s: %s); the Python checks run", type(e).__name__, e)
-                    _LOADED.append(None)
+            if not _LOADED and not _BUILDING:
+                if not wait:
+                    _BUILDING.append(threading.Thread(target=_load, name="stampout native check build", daemon=True))
+                    _BUILDING[0].start()
+                    return None
+                _load()
+        if not _LOADED:
+            if not wait:
+                return None
+            _BUILDING[0].join()
     return _LOADED[0]
+
+
+def pending() -> bool:
+    """Whether a build of the extension started with `native(wait=False)` is still running."""
+    return not _LOADED and bool(_BUILDING)
 
 
 def tensor_facts(tensors: tuple, pointers: bool = False) -> Callable[[tuple], bool] | None:
     """A check `check(values)` that `values` (a tuple) are tensors of `tensors`' classes and metadata (and, with
     `pointers`, data pointers), as now; None where the native check cannot vouch for them (a tensor of another
-    class or layout, symbolic sizes, no storage) or is not available."""
+    class or layout, symbolic sizes, no storage) or is not available (yet: while `pending()`, its build runs in
+    the background, so that no call waits for it)."""
     if not all(type(t) in _PLAIN for t in tensors):
         return None
-    module = native()
+    module = native(wait=False)
     if module is None:
         return None
     capsule = module.record(tuple(tensors), pointers)
