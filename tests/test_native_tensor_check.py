@@ -129,6 +129,6 @@ def test_the_first_build_runs_beside_the_calls(tmp_path):
     import subprocess
     import sys
 
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", _FIRST_BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -9,7 +9,8 @@ compile/per_call_aliases.py) were one Python method call per tensor each: about 
 with depth. This check reads all of it in one loop, a few ns per tensor.
 
 The extension is compiled on first need with the system's C++ compiler against torch's headers (c10 only: about
-one second) into the Inductor cache dir, and loaded from there afterwards. Where it cannot be built or loaded,
+one second, in a background thread) into torch's extensions dir (`TORCH_EXTENSIONS_DIR`, `~/.cache/torch_extensions`),
+and loaded from there afterwards. Where it cannot be built or loaded,
 or the tensor object layout it assumes does not hold (checked on a probe tensor at load), `tensor_facts` answers
 None and the callers keep their Python checks. It is stricter than TensorGuards (the thread's dispatch key
 modifiers are compared as they were, not applied), never looser: a failure sends the caller to its exact check.
@@ -189,9 +190,11 @@ def _build() -> Any:
     torch_dir = os.path.dirname(torch.__file__)
     key = hashlib.sha256(f"{_SOURCE}{torch.__version__}{sys.version}".encode()).hexdigest()[:16]
     name = f"stampout_tensors_{key}"
-    from . import cache_dir
-
-    folder = os.path.join(cache_dir(), "stampout", "native")
+    # (torch's own place for extensions built at run time: it depends on torch and Python only, not on a cache
+    # a cold Inductor run starts empty)
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torch_extensions")
+    folder = os.path.join(base, "stampout")
     target = os.path.join(folder, name + sysconfig.get_config_var("EXT_SUFFIX"))
     if not os.path.exists(target):
         os.makedirs(folder, exist_ok=True)
