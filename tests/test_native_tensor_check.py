@@ -87,3 +87,48 @@ def test_many_tensors_read_per_call_changed_in_place_are_seen(change, captures):
     torch.testing.assert_close(fn(x, cache), model(x, cache))
     torch.testing.assert_close(fn(x, cache), model(x, cache))
     assert fn.stats.captures == captures
+
+
+_FIRST_BUILD = r"""
+import functools, time, torch, stampout
+from torch import nn
+from stampout.torch_internals import native_tensors
+
+
+class Cache:
+    def __init__(self, n):
+        self.keys = [torch.randn(2, 3) for _ in range(n)]
+
+
+class Reader(nn.Module):
+    def forward(self, x, cache):
+        for k in cache.keys:
+            x = x + k.sum()
+        return x
+
+
+cache, model, x = Cache(32), Reader(), torch.randn(2, 3)
+fn = stampout.compile(model, backend="eager")
+for _ in range(3):  # (the build runs in the background meanwhile: the calls take the Python checks)
+    torch.testing.assert_close(fn(x, cache), model(x, cache))
+assert native_tensors.pending()
+native_tensors._BUILDING[0].join()
+for _ in range(3):
+    torch.testing.assert_close(fn(x, cache), model(x, cache))
+entry = fn._compiled._entries[-1]
+assert isinstance(entry.deferred.fast, functools.partial), entry.deferred.fast  # (the native check now)
+cache.keys[3].as_strided_((3, 2), (1, 3))
+torch.testing.assert_close(fn(x, cache), model(x, cache))
+assert fn.stats.captures == 2
+"""
+
+
+def test_the_first_build_runs_beside_the_calls(tmp_path):
+    """In a process whose cache has no build yet, no call waits for it: the Python checks run until it is there."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _FIRST_BUILD], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..guards.guard import NATIVE_FROM
-from ..torch_internals import tensor_facts
+from ..torch_internals import native_pending, tensor_facts
 from ..trace.memory import Spans, memory_span, spans_of
 from ..trace.structure import aliases_of, show_aliases
 
@@ -100,6 +100,11 @@ class PerCallAliases:
         same: Callable[[tuple], bool] | None = None
         if alone:  # (one native pass over them where there are many: their metadata and pointers, as now)
             same = tensor_facts(per_call, pointers=True) if len(per_call) >= NATIVE_FROM else None
+            if same is None and len(per_call) >= NATIVE_FROM and native_pending():
+                def same(now: tuple) -> bool:  # (until the native check is built: then remembered anew)
+                    if not native_pending():
+                        self._memo = None
+                    return tuple(map(_data_ptr, now)) == pointers
             same = same or (lambda now: tuple(map(_data_ptr, now)) == pointers)
         else:
             pointers = (*map(id, per_call), *pointers)

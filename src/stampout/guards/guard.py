@@ -16,7 +16,7 @@ import torch
 
 from .. import caches
 from ..sources import MISSING, Absolute, Attr, CallContext, Closure, Item, SlotItem, Source, mro_attr
-from ..torch_internals import DisableTorchFunction, tensor_facts, tensor_guards
+from ..torch_internals import DisableTorchFunction, native_pending, tensor_facts, tensor_guards
 from ..trace.names import written_as_is
 from ..trace.tensormeta import meta_values, tensor_kind, tensor_meta
 from .hook_keys import describe_hooks, hooks_key
@@ -168,14 +168,6 @@ _storage_offset = torch.Tensor.storage_offset
 NATIVE_FROM = 16  # tensors from which a check is made native (fewer: TensorGuards costs about as little)
 
 
-def _fast_check(values: tuple, offsets: tuple) -> Callable[[tuple], bool]:
-    native = tensor_facts(values) if len(values) >= NATIVE_FROM else None
-    if native is not None:
-        return native
-    guards = tensor_guards(list(values))
-    return lambda now: guards.check(*now) and tuple(map(_storage_offset, now)) == offsets
-
-
 class DeferredTensors:
     """The metadata checks `compile_guards` left out of a generated predicate (`deferred`), on the tensors it
     returns: one native pass (class, sizes, strides, storage offset, dtype, device, requires_grad, dispatch keys:
@@ -198,8 +190,22 @@ class DeferredTensors:
         if not all(isinstance(v, torch.Tensor) and meta_values(v) == e for v, e in zip(values, self.expected)):
             return False
         if fast is None and len({id(v) for v in values}) == len(values):
-            self.fast = _fast_check(tuple(values), self.offsets)  # (TensorGuards rejects a tensor listed twice)
+            self.fast = self._fast_check(tuple(values))  # (TensorGuards rejects a tensor listed twice)
         return True
+
+    def _fast_check(self, values: tuple) -> Callable[[tuple], bool]:
+        native = tensor_facts(values) if len(values) >= NATIVE_FROM else None
+        if native is not None:
+            return native
+        guards, offsets = tensor_guards(list(values)), self.offsets
+        waiting = len(values) >= NATIVE_FROM and native_pending()
+
+        def fast(now: tuple) -> bool:
+            if waiting and not native_pending():
+                self.fast = None  # (built: the next call's exact check makes the native one)
+            return guards.check(*now) and tuple(map(_storage_offset, now)) == offsets
+
+        return fast
 
     def admit(self, values: tuple, n: int) -> tuple | None:
         """A predicate's results (`n` values, then the tensors whose metadata it deferred) less those tensors,

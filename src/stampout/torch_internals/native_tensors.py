@@ -9,7 +9,8 @@ compile/per_call_aliases.py) were one Python method call per tensor each: about 
 with depth. This check reads all of it in one loop, a few ns per tensor.
 
 The extension is compiled on first need with the system's C++ compiler against torch's headers (c10 only: about
-one second) into the Inductor cache dir, and loaded from there afterwards. Where it cannot be built or loaded,
+one second, in a background thread) into torch's extensions dir (`TORCH_EXTENSIONS_DIR`, `~/.cache/torch_extensions`),
+and loaded from there afterwards. Where it cannot be built or loaded,
 or the tensor object layout it assumes does not hold (checked on a probe tensor at load), `tensor_facts` answers
 None and the callers keep their Python checks. It is stricter than TensorGuards (the thread's dispatch key
 modifiers are compared as they were, not applied), never looser: a failure sends the caller to its exact check.
@@ -182,15 +183,18 @@ PyMODINIT_FUNC PyInit_MODULE_NAME(void) { return PyModule_Create(&module); }
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})
 _LOCK = threading.Lock()
 _LOADED: list[Any] = []  # [module or None] once tried
+_BUILDING: list[threading.Thread] = []  # the build started in the background
 
 
 def _build() -> Any:
     torch_dir = os.path.dirname(torch.__file__)
     key = hashlib.sha256(f"{_SOURCE}{torch.__version__}{sys.version}".encode()).hexdigest()[:16]
     name = f"stampout_tensors_{key}"
-    from . import cache_dir
-
-    folder = os.path.join(cache_dir(), "stampout", "native")
+    # (torch's own place for extensions built at run time: it depends on torch and Python only, not on a cache
+    # a cold Inductor run starts empty)
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torch_extensions")
+    folder = os.path.join(base, "stampout")
     target = os.path.join(folder, name + sysconfig.get_config_var("EXT_SUFFIX"))
     if not os.path.exists(target):
         os.makedirs(folder, exist_ok=True)
@@ -220,26 +224,47 @@ def _build() -> Any:
     raise RuntimeError("the tensor object layout is not the one the native check knows")
 
 
-def native() -> Any:
-    """The compiled extension (built on the first call, in this thread); None where it cannot be had."""
+def _load() -> None:
+    try:
+        module = _build()
+    except Exception as e:  # (no compiler, other headers, another layout: the Python checks stay)
+        log.info("no native tensor check (%s: %s); the Python checks run", type(e).__name__, e)
+        module = None
+    _LOADED.append(module)
+
+
+def native(wait: bool = True) -> Any:
+    """The compiled extension; None where it cannot be had. The first call builds it (about a second, once per
+    machine and torch version): in this thread, or with `wait=False` in a thread of its own (None until it is
+    there: `pending()` says whether it may still come)."""
     if not _LOADED:
         with _LOCK:
-            if not _LOADED:
-                try:
-                    _LOADED.append(_build())
-                except Exception as e:  # (no compiler, other headers, another layout: the Python checks stay)
-                    log.info("no native tensor check (%s: %s); the Python checks run", type(e).__name__, e)
-                    _LOADED.append(None)
+            if not _LOADED and not _BUILDING:
+                if not wait:
+                    _BUILDING.append(threading.Thread(target=_load, name="stampout native check build", daemon=True))
+                    _BUILDING[0].start()
+                    return None
+                _load()
+        if not _LOADED:
+            if not wait:
+                return None
+            _BUILDING[0].join()
     return _LOADED[0]
+
+
+def pending() -> bool:
+    """Whether a build of the extension started with `native(wait=False)` is still running."""
+    return not _LOADED and bool(_BUILDING)
 
 
 def tensor_facts(tensors: tuple, pointers: bool = False) -> Callable[[tuple], bool] | None:
     """A check `check(values)` that `values` (a tuple) are tensors of `tensors`' classes and metadata (and, with
     `pointers`, data pointers), as now; None where the native check cannot vouch for them (a tensor of another
-    class or layout, symbolic sizes, no storage) or is not available."""
+    class or layout, symbolic sizes, no storage) or is not available (yet: while `pending()`, its build runs in
+    the background, so that no call waits for it)."""
     if not all(type(t) in _PLAIN for t in tensors):
         return None
-    module = native()
+    module = native(wait=False)
     if module is None:
         return None
     capsule = module.record(tuple(tensors), pointers)
