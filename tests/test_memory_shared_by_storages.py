@@ -102,3 +102,37 @@ def test_the_remembered_per_call_answer_does_not_cover_an_input_over_part_of_a_h
     out = compiled(torch.from_numpy(a.numpy()[2:]), held)
     torch.testing.assert_close(out, write_held_read_input(torch.from_numpy(b.numpy()[2:]), expected_held))
     torch.testing.assert_close(a, b)
+
+
+def test_storages_torch_allocated_are_listed_until_one_over_other_memory_comes(monkeypatch):
+    """(trace/memory.py) A stamped layer's parameters are torch's own storages: no span is computed for them until a
+    storage over memory torch did not allocate for it is claimed, which still finds the one whose memory it is."""
+    from stampout.trace import memory
+
+    spans = []
+    span_of = memory.memory_span
+    monkeypatch.setattr(memory, "memory_span", lambda *a: spans.append(a) or span_of(*a))
+    claimed = memory.CapturedMemory()
+    params = [torch.zeros(4) for _ in range(5)]
+    for i, p in enumerate(params):
+        assert claimed.claim(p, f"p{i}") is None
+        assert claimed.claim(p[1:], f"p{i} again") is None  # (a view: the same storage)
+    assert spans == []
+    assert claimed.claim(torch.from_numpy(params[3].numpy()[2:]), "over p3") == "p3"
+    assert claimed.claim(torch.zeros(4), "another") is None
+    assert claimed.claim(torch.from_numpy(np.zeros(4, dtype=np.float32)), "apart") is None
+
+
+class OverItsWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.view = torch.from_numpy(self.lin.weight.detach().numpy())  # (read after the weight)
+
+    def forward(self, x):
+        return self.lin(x) + self.view.sum()
+
+
+def test_capture_refuses_an_attribute_over_the_memory_of_a_parameter_read_before_it():
+    with pytest.raises(stampout.StampoutError, match="share memory through two different storages"):
+        stampout.capture(OverItsWeight(), torch.zeros(2, 4))

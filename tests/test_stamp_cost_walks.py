@@ -115,3 +115,34 @@ def test_a_backward_hook_is_refused_with_the_path_of_its_module() -> None:
     model.layers[2].lin.register_full_backward_hook(lambda *_: None)
     with pytest.raises(stampout.StampoutError, match=r"Stack\.layers\.2\.lin has a module backward hook"):
         stampout.capture(model, torch.randn(2, 8))
+
+
+def test_the_walk_for_fakes_opens_no_real_tensor_and_no_empty_registry(monkeypatch) -> None:
+    """A module tree is mostly parameters and empty hook dicts and sets: the whole walk for fakes passes over them
+    (a real tensor reaches nothing; an empty container holds nothing), and still finds a fake anywhere else."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = Stack(4)
+    opened: collections.Counter = collections.Counter()
+    referents = structure.referents
+
+    def counting(v):
+        opened[type(v)] += 1
+        return referents(v)
+
+    monkeypatch.setattr(structure, "referents", counting)
+    assert not structure.holds_fake(list(model.modules()), whole=True)
+    assert opened[nn.Parameter] == opened[torch.Tensor] == opened[set] == 0, opened
+    assert opened[Layer] == 4
+    with FakeTensorMode():
+        fake = torch.randn(2)
+        fake_param = nn.Parameter(torch.randn(2))
+    model.layers[2].lin.seen = [1, (2, fake)]
+    assert structure.holds_fake(list(model.modules()), whole=True)
+    del model.layers[2].lin.seen
+    model.layers[3].norm._non_persistent_buffers_set.add(fake)  # (a set the walk skips only when empty)
+    assert structure.holds_fake(list(model.modules()), whole=True)
+    model.layers[3].norm._non_persistent_buffers_set.clear()
+    model.layers[1].lin._parameters["extra"] = fake_param  # (a Parameter made of a fake is a FakeTensor)
+    assert structure.holds_fake(list(model.modules()), whole=True)
+    assert structure.holds_fake([{"k": fake_param}], whole=True, tensors_only=True) is True

@@ -100,13 +100,20 @@ def storages_apart(tensors: list[Any], storages: list[Any]) -> bool:
 class CapturedMemory:
     """The real tensors a capture turns into fakes (its inputs, then each tensor it lifts), by their storages'
     memory: a tensor whose storage is another storage over memory an earlier one covers would be faked apart
-    from it, so `claim` names the earlier one (the capture refuses)."""
+    from it, so `claim` names the earlier one (the capture refuses).
 
-    __slots__ = ("spans", "storages")
+    Storages torch allocated (resizable ones) each own their memory (as in `storages_apart`): they meet only a
+    storage over memory torch did not allocate for it (a NumPy array's, a buffer's, one made over a tensor's
+    memory). Until the first such storage, they are only listed (`owned`, in order); it puts them in `spans`,
+    as `claim` would have one by one, before it is compared (a stamped layer lifts ten parameters: their spans
+    are not computed)."""
+
+    __slots__ = ("spans", "storages", "owned")
 
     def __init__(self) -> None:
         self.spans = Spans()
-        self.storages: dict[int, tuple[int, int] | None] = {}  # storage _cdata -> its span, for storages seen
+        self.storages: dict[int, None] = {}  # storage _cdata of each storage seen
+        self.owned: list[tuple[torch.Tensor, Any, Any]] | None = []  # (tensor, storage, name); None once in spans
 
     def claim(self, t: torch.Tensor, name: Any) -> Any:
         """Note `t` (read by the capture as `name`); the name of an earlier tensor whose distinct storage
@@ -118,7 +125,22 @@ class CapturedMemory:
             return None
         if key in self.storages:
             return None
-        span = self.storages[key] = memory_span(t, storage)
+        self.storages[key] = None
+        owned = self.owned
+        if owned is not None:
+            try:
+                own = _resizable(storage)
+            except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+                own = False
+            if own:
+                owned.append((t, storage, name))
+                return None
+            self.owned = None
+            for earlier, its_storage, its_name in owned:
+                span = memory_span(earlier, its_storage)
+                if span is not None:
+                    self.spans.add(span, its_name)
+        span = memory_span(t, storage)
         if span is None:
             return None
         other = self.spans.overlap(span)

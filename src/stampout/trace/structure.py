@@ -425,10 +425,13 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict
     found: list[Any] = []
     seen: dict[int, Any] = {}  # (by id, kept alive meanwhile)
     skip = clean if clean is not None else {}
+    # A walk for fakes passes over real tensors (a model's parameters: most of what a module tree holds) as over
+    # atomic values: not wanted, and a tensor is a stop (referents: none)
+    passed = _PASSED_FOR_FAKES if wanted is _fake or wanted is _fake_or_symbolic else ATOMIC
     stack = [value]
     while stack:
         v = stack.pop()
-        if type(v) in ATOMIC or id(v) in seen or id(v) in skip:
+        if type(v) in passed or id(v) in seen or id(v) in skip:
             continue
         seen[id(v)] = v
         if wanted(v):
@@ -450,7 +453,8 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict
 _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
 _OWN = ("torch.", "stampout.")  # (functions)
 _INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
-_MAPS = (dict, collections.OrderedDict)
+_EMPTIES = (dict, collections.OrderedDict, set)  # (a module's registries, hook dicts and `_non_persistent_buffers_set`:
+# empty, they hold nothing to walk)
 # The import system's loaders and finders (a module's globals name its `__loader__`; pytest's loader reaches its
 # whole session) and the builtins' namespace (`__builtins__`): no program state. A module's `__spec__` is opened (its
 # names and paths; its loader, shut): a program's store on it (`mod.__spec__.h = h`) is found.
@@ -489,8 +493,8 @@ def referents(v: Any) -> list[Any]:
         return [*cells, v.__defaults__, v.__kwdefaults__, v.__dict__]
     if t is types.CellType:
         return _contents(v)
-    if isinstance(v, torch.nn.Module):  # (its fields by name, less the flags and the empty hook dicts: quicker)
-        return [x for x in v.__dict__.values() if type(x) not in ATOMIC and (type(x) not in _MAPS or x)]
+    if isinstance(v, torch.nn.Module):  # (its fields by name, less the flags and the empty hook dicts and sets: quicker)
+        return [x for x in v.__dict__.values() if type(x) not in ATOMIC and (type(x) not in _EMPTIES or x)]
     if isinstance(v, (dict, list, tuple, set, frozenset)):  # (a subclass: a namedtuple, torch.return_types, a
         fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too. Read by the base class's C
         # methods: a subclass's own `__getitem__` or `__iter__` is the user's Python, which may make things, as
@@ -513,6 +517,10 @@ def _contents(cell: Any) -> list[Any]:
         return [cell.cell_contents]
     except ValueError:  # (an empty cell: a variable not bound yet)
         return []
+
+
+_PASSED_FOR_FAKES = ATOMIC | {torch.Tensor, torch.nn.Parameter}  # (exact classes: a fake's is FakeTensor, also as a
+# Parameter made of a fake)
 
 
 def tensors_within(value: Any) -> list[torch.Tensor]:
