@@ -75,15 +75,17 @@ def run_json_worker(
         return None, {"error": err, "stderr_tail": tail[-20:]}
 
 
-def run_cold_cell(script: str, cell: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+def run_cold_cell(script: str, cell: dict[str, Any], timeout: float = 1800, src: str | None = None) -> dict[str, Any]:
     """``script --worker <cell as JSON>`` in a fresh interpreter with a new, empty TORCHINDUCTOR_CACHE_DIR
-    (removed after): the worker's JSON result, or an error entry."""
+    (removed after): the worker's JSON result, or an error entry. `src`: import stampout from that tree's src."""
     import shutil
     import tempfile
 
     directory = tempfile.mkdtemp(prefix="stampout-bench-")
     try:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": directory}
+        if src is not None:
+            env["PYTHONPATH"] = os.pathsep.join((os.path.abspath(src), env.get("PYTHONPATH", "")))
         result, error = run_json_worker([sys.executable, os.path.abspath(script), "--worker", json.dumps(cell)],
                                         timeout=timeout, env=env)
     finally:

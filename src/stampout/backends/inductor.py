@@ -254,12 +254,15 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     if background.deferrable(example_inputs):  # (a new size's symbolic recapture: see background.py)
-        return background.Deferred(gm, example_inputs, lambda: _compile_graph(gm, example_inputs), "symbolic graph")
-    with background.compiling():
-        return _compile_graph(gm, example_inputs)
+        eager = background.eager_runner(gm)  # (before the compile changes gm)
+        finish_later: list[Callable[[], Any]] = []
+        compiled = _compile_graph(gm, example_inputs, finish_later)
+        return background.Deferred(eager, compiled, finish_later, "symbolic graph")
+    return _compile_graph(gm, example_inputs)
 
 
-def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any],
+                   finish_later: list[Callable[[], Any]] | None = None) -> Callable[..., Any]:
     inline_writing_regions(gm, example_inputs)
     detach_undifferentiated_operands(gm)  # (undifferentiated.py: eager's None gradients)
     separate_by_requires_grad(gm)
@@ -278,7 +281,7 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..
     what = "whole graph" if reason else f"{len(split.region_calls(gm))} region calls, eager glue"
     if reason:
         progress.expect(1)  # (compiled apart, split.build counts the regions it will compile)
-    with timing.record(f"inductor compile: {what}"), startup.scope(), pipeline.overlapped():
+    with timing.record(f"inductor compile: {what}"), startup.scope(), pipeline.overlapped(finish_later):
         if reason:
             if has_region_calls(gm):
                 log.info("inductor: compiling the whole graph: %s", reason)

@@ -15,7 +15,8 @@ half the time on a 2-core machine. Inside `overlapped()`, on the calling thread 
 
 so the next graph's lowering runs while the compiler works. Leaving the context waits for all of it (timed
 as `c++ compile`), so the compiled callables are complete before anyone calls them; compile errors surface
-there. Other threads' compiles are untouched: the hooks are installed while any thread is inside `overlapped()`
+there — unless the caller takes the waits (`overlapped(finish_later)`: background.py runs them on a thread and
+keeps the compiled callables from being called until they are done). Other threads' compiles are untouched: the hooks are installed while any thread is inside `overlapped()`
 and act only for the threads inside (this thread's innermost context, a thread-local); the last thread to leave
 puts torch's methods back.
 
@@ -148,8 +149,9 @@ def _uninstall() -> None:
 
 
 @contextlib.contextmanager
-def overlapped() -> Iterator[None]:
-    """Defer Inductor's waits for the C++ compiler on this thread until the context exits."""
+def overlapped(finish_later: list[Callable[[], Any]] | None = None) -> Iterator[None]:
+    """Defer Inductor's waits for the C++ compiler on this thread until the context exits; with `finish_later`,
+    past it: the waits (and module loads) are appended there, for the caller to run (background.py)."""
     from ..torch_internals import AsyncCompile, CppPythonBindingsCodeCache, CppWrapperCodeCache, LambdaFuture
 
     if not (hasattr(AsyncCompile, "wait") and hasattr(AsyncCompile, "cpp_pybinding")
@@ -164,6 +166,10 @@ def overlapped() -> Iterator[None]:
     finally:
         _local.inside = outer
         _uninstall()
+    if finish_later is not None:
+        here.batch.close()
+        finish_later.extend(here.pending)
+        return
     with timing.phase("c++ compile"):  # (the last batch's build handed over, or its library found built)
         here.batch.close()
         for finish in here.pending:

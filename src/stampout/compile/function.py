@@ -234,11 +234,11 @@ class CompiledFunction:
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
-        # A new size's symbolic recapture (the function already holds a compiled program): Inductor may compile
-        # it in the background, started once the guards below are made (backends/background.py).
+        # A new size's symbolic recapture (the function already holds a compiled program): Inductor may finish
+        # its compile in the background (backends/background.py).
         recompile = cap.shapes is not None and any(isinstance(e, Entry) for e in self._entries)
         try:
-            with progress.compiling(_name(self.fn)), background.recompiling(recompile) as deferred:
+            with progress.compiling(_name(self.fn)), background.recompiling(recompile):
                 compiled = self.backend(cap.gm, example)
         except StampoutError:
             raise
@@ -270,8 +270,6 @@ class CompiledFunction:
                 return self._recapture(args, kwargs, key, ctx)
             log.info("%s: captured with symbolic sizes; it assumes %s", _name(self.fn), cap.shapes.summary())
             log.debug("%s: all the symbolic capture assumes: %s", _name(self.fn), cap.shapes.describe())
-        for compile_later in deferred:
-            compile_later.start()
         entry = Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
         self._add(entry)
