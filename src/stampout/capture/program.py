@@ -327,6 +327,8 @@ class ProgramCapture:
                 if guard_program and program.ineligible:
                     raise ProgramIneligible(program.ineligible[0].reason)
                 program.abandon = guard_program
+                program.input_tensors = {id(t): label for t, label in zip(self.leaves, self.labels)
+                                         if isinstance(t, torch.Tensor)}
                 handler.program = program
                 handler.push(program)
                 if guard_program:

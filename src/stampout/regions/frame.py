@@ -85,6 +85,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self.sources: dict[int, Source] = {}
         self._keep: list[Any] = []
         self._objects: list[tuple[Any, Source]] = []  # modules and objects read, then dict keys held by identity
+        self.input_tensors: dict[int, str] = {}  # a compiled program's real input tensors (the trace gets fakes)
+        self._held_tensors: list[tuple[torch.Tensor, Source]] = []  # (and the other tensors it read: not those)
         self.guards: list[Guard] = []
         self._guarded: set[tuple[Source, Kind]] = set()
         self.ineligible: list[Ineligible] = []
@@ -142,6 +144,11 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         elif isinstance(value, torch.Tensor):
             if not from_arg:
                 self.guard(source, Kind.TENSOR, tensor_meta(value), where)
+                if id(value) in self.input_tensors:  # (`if self._last[0] is x: return self._cached`: False here)
+                    self.mark_ineligible(f"reads at {source.name()} the tensor it is given as "
+                                         f"{self.input_tensors[id(value)]} (the trace sees two tensors, eager one)")
+                elif self.input_tensors and not isinstance(value, torch.nn.Parameter):
+                    self._held_tensors.append((value, source))
             if self._name(value, source, where):
                 self._adopt_tensor_attributes(value, source, where)
         elif is_constant(value):
@@ -418,3 +425,12 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             if len(seen) > 1 and not all(isinstance(s, Absolute) for s in seen.values()):
                 first, *rest = seen.values()
                 self.guard(first, Kind.DISTINCT, tuple(rest), "identities of the objects it read")
+        # A compiled program's input tensors and the plain tensors it read in state (not parameters or buffers: a
+        # graph's own inputs have their memory compared per call): `self._last[0] is x` holds for one of eager's calls.
+        buffers = {id(b) for m, _ in self._objects if isinstance(m, torch.nn.Module) for b in m._buffers.values()}
+        held = {id(t): s for t, s in self._held_tensors if id(t) not in buffers}
+        inputs = {id(t): Arg(i, label) for i, (t, label) in enumerate(zip(self.leaves, self.labels))
+                  if isinstance(t, torch.Tensor) and id(t) not in held}
+        if held and inputs:
+            first, *rest = [*inputs.values(), *held.values()]
+            self.guard(first, Kind.DISTINCT, tuple(rest), "identities of its input tensors and those it read")
