@@ -4,6 +4,8 @@ an input object sees each in-place change of one as eager does."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -132,3 +134,17 @@ def test_the_first_build_runs_beside_the_calls(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", _FIRST_BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_instance_dicts_check_sees_writes_and_replaced_dicts():
+    from stampout.torch_internals import instance_dicts_sentinel
+
+    mods = [nn.Linear(2, 2) for _ in range(4)]
+    changes = [lambda m: setattr(m, "foo", 1), lambda m: m.__dict__.__setitem__("bar", 2),
+               lambda m: object.__setattr__(m, "__dict__", dict(m.__dict__)), lambda m: m.__dict__.pop("bar", None)]
+    for change in changes:
+        unwritten = instance_dicts_sentinel(mods)
+        assert isinstance(unwritten, functools.partial) and unwritten.func.__name__ == "check_dicts"
+        assert unwritten()
+        change(mods[2])
+        assert not unwritten()

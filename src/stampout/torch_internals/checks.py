@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils._device import DeviceContext
 
+from .native_tensors import dicts_facts
 from .registry import _load
 
 TensorGuards = _load("torch._C._dynamo.guards", "TensorGuards")
@@ -90,12 +91,15 @@ def instance_dicts_sentinel(objects: list[Any]) -> Callable[[], bool]:
     object on every call (in C, no Python code of it runs), so a dict put in its place (`object.__setattr__(m,
     '__dict__', d)`, which no `__setattr__` sees and which leaves the old dict's version as it was) fails, its
     version tag being another dict's."""
+    holder = tuple(objects)
+    native = dicts_facts(holder)  # (a few ns an object; Dynamo's tree below about 17)
+    if native is not None:
+        return native
     from torch._C._dynamo.guards import RootGuardManager
     from torch._dynamo.guards import GuardManagerType
 
     kind = GuardManagerType.GUARD_MANAGER
     root = RootGuardManager()
-    holder = tuple(objects)
     for i, obj in enumerate(holder):
         node = root.tuple_getitem_manager(i, f"objects[{i}]", obj, kind)
         node.get_generic_dict_manager("__dict__", None, kind).add_dict_version_guard(

@@ -168,7 +168,63 @@ PyObject* check(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   Py_RETURN_TRUE;
 }
 
+struct Dicts {
+  PyObject* objects;  // (a tuple, held)
+  PyObject* dicts;  // (a tuple, held)
+  std::vector<uint64_t> versions;
+};
+
+void drop_dicts(PyObject* capsule) {
+  auto* d = static_cast<Dicts*>(PyCapsule_GetPointer(capsule, "dicts"));
+  Py_XDECREF(d->objects);
+  Py_XDECREF(d->dicts);
+  delete d;
+}
+
+// (objects: tuple) -> capsule: each object's instance dict and its version tag now; None where one has no dict
+PyObject* record_dicts(PyObject*, PyObject* objects) {
+  if (!PyTuple_Check(objects)) {
+    PyErr_SetString(PyExc_TypeError, "record_dicts(tuple)");
+    return nullptr;
+  }
+  Py_ssize_t n = PyTuple_GET_SIZE(objects);
+  PyObject* dicts = PyTuple_New(n);
+  if (dicts == nullptr) return nullptr;
+  auto* d = new Dicts{objects, dicts, std::vector<uint64_t>(n)};
+  Py_INCREF(objects);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject** slot = _PyObject_GetDictPtr(PyTuple_GET_ITEM(objects, i));
+    if (slot == nullptr || *slot == nullptr || !PyDict_CheckExact(*slot)) {
+      PyObject* capsule = PyCapsule_New(d, "dicts", drop_dicts);
+      Py_XDECREF(capsule);
+      Py_RETURN_NONE;
+    }
+    Py_INCREF(*slot);
+    PyTuple_SET_ITEM(dicts, i, *slot);
+    d->versions[i] = reinterpret_cast<PyDictObject*>(*slot)->ma_version_tag;
+  }
+  return PyCapsule_New(d, "dicts", drop_dicts);
+}
+
+// (capsule) -> whether each object still has the instance dict it had, unwritten
+PyObject* check_dicts(PyObject*, PyObject* capsule) {
+  auto* d = static_cast<Dicts*>(PyCapsule_GetPointer(capsule, "dicts"));
+  if (d == nullptr) return nullptr;
+  Py_ssize_t n = PyTuple_GET_SIZE(d->objects);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject** slot = _PyObject_GetDictPtr(PyTuple_GET_ITEM(d->objects, i));
+    PyObject* dict = PyTuple_GET_ITEM(d->dicts, i);
+    if (slot == nullptr || *slot != dict ||
+        reinterpret_cast<PyDictObject*>(dict)->ma_version_tag != d->versions[i]) {
+      Py_RETURN_FALSE;
+    }
+  }
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef methods[] = {
+    {"record_dicts", record_dicts, METH_O, nullptr},
+    {"check_dicts", check_dicts, METH_O, nullptr},
     {"set_offset", set_offset, METH_O, nullptr},
     {"impl_address", impl_address, METH_O, nullptr},
     {"record", record, METH_VARARGS, nullptr},
@@ -255,6 +311,16 @@ def native(wait: bool = True) -> Any:
 def pending() -> bool:
     """Whether a build of the extension started with `native(wait=False)` is still running."""
     return not _LOADED and bool(_BUILDING)
+
+
+def dicts_facts(objects: tuple) -> Callable[[], bool] | None:
+    """A check `check()` that each of `objects` still has the instance `__dict__` it has now, unwritten (its
+    version tag); None where the native check is not available (yet) or an object has no plain dict."""
+    module = native(wait=False) if sys.version_info < (3, 12) else None  # (3.12 reserves bits of the tag)
+    if module is None:
+        return None
+    capsule = module.record_dicts(tuple(objects))
+    return None if capsule is None else functools.partial(module.check_dicts, capsule)
 
 
 def tensor_facts(tensors: tuple, pointers: bool = False) -> Callable[[tuple], bool] | None:
