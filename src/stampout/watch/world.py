@@ -90,7 +90,8 @@ class FieldsBefore:
             inside = kept[1].values()
         if depth < config.scan_depth:
             for x in inside:
-                self._note(x, depth + 1)
+                if type(x) not in ATOMIC:  # (a module's flags and sizes: no call for them)
+                    self._note(x, depth + 1)
 
     def put_back_items(self, value: Any) -> bool:
         """`value`'s items as noted, if noted and none of them traced; whether it was."""
