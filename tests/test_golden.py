@@ -70,79 +70,48 @@ def check(leaves, fn, anchors=()):
     except AttributeError:
         v2 = _MISSING
     try:
-        v3 = v2['__init__']  # Layer.__dict__['__init__']
+        v3 = v2['forward'] if type(v2) in _PLAIN_ITEMS else _item(v2, 'forward')  # Layer.__dict__['forward']
     except (KeyError, IndexError, TypeError):
         v3 = _MISSING
     try:
-        v4 = v3.__code__  # Layer.__dict__['__init__'].__code__
+        v4 = v3.__code__  # Layer.__dict__['forward'].__code__
     except AttributeError:
         v4 = _MISSING
-    if not v4 is e2: return False  # object identity of Layer.__dict__['__init__'].__code__: <code Layer.__init__ at 0x?>
+    if not v4 is e2: return False  # object identity of Layer.__dict__['forward'].__code__: <code region.<locals>.call_region at 0x?>
     try:
-        v5 = v3.__closure__  # Layer.__dict__['__init__'].__closure__
+        v5 = v3.__stampout_region__  # Layer.__dict__['forward'].__stampout_region__
     except AttributeError:
         v5 = _MISSING
     try:
-        v6 = v5[0]  # Layer.__dict__['__init__'].__closure__[0]
-    except (KeyError, IndexError, TypeError):
+        v6 = v5.fn  # Layer.__dict__['forward'].__stampout_region__.fn
+    except AttributeError:
         v6 = _MISSING
+    if not v6 is e3: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn: <function Layer.forward at 0x?>
+    if not ((a7.sentinel or _false)() or a7.unchanged()): return False  # names in namespaces of names read in modules: every name as read
     try:
-        v7 = v6.cell_contents  # Layer.__dict__['__init__'].__closure__[0].cell_contents
-    except (AttributeError, ValueError):
-        v7 = _MISSING
-    if not v7 is e3: return False  # object identity of Layer.__dict__['__init__'].__closure__[0].cell_contents: <type object at 0x?>
-    try:
-        v8 = v2['forward']  # Layer.__dict__['forward']
-    except (KeyError, IndexError, TypeError):
+        v8 = v6.__code__  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
+    except AttributeError:
         v8 = _MISSING
+    if not v8 is e5: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn.__code__: <code Layer.forward at 0x?>
+    v9 = _module_attr(v0, 'lin')  # self.lin
+    if not type(v9) in e6: return False  # class of self.lin: Linear
+    if not (isinstance(v9, _Module) and _no_hooks(v9)): return False  # hooks of self.lin: no hooks
+    v10 = _object_dict(v9)  # self.lin.__dict__
     try:
-        v9 = v8.__code__  # Layer.__dict__['forward'].__code__
-    except AttributeError:
-        v9 = _MISSING
-    if not v9 is e4: return False  # object identity of Layer.__dict__['forward'].__code__: <code region.<locals>.call_region at 0x?>
-    try:
-        v10 = v8.__stampout_region__  # Layer.__dict__['forward'].__stampout_region__
-    except AttributeError:
-        v10 = _MISSING
-    try:
-        v11 = v10.fn  # Layer.__dict__['forward'].__stampout_region__.fn
-    except AttributeError:
+        v11 = v10['forward'] if type(v10) in _PLAIN_ITEMS else _item(v10, 'forward')  # self.lin.__dict__['forward']
+    except (KeyError, IndexError, TypeError):
         v11 = _MISSING
-    if not v11 is e5: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn: <function Layer.forward at 0x?>
-    try:
-        v12 = v11.__code__  # Layer.__dict__['forward'].__stampout_region__.fn.__code__
-    except AttributeError:
-        v12 = _MISSING
-    if not v12 is e6: return False  # object identity of Layer.__dict__['forward'].__stampout_region__.fn.__code__: <code Layer.forward at 0x?>
-    if not ((a13.sentinel or _false)() or a13.unchanged()): return False  # names in namespaces of names read in modules: every name as read
-    v14 = _module_attr(v0, 'lin')  # self.lin
-    if not type(v14) in e8: return False  # class of self.lin: Linear
-    if not (isinstance(v14, _Module) and _no_hooks(v14)): return False  # hooks of self.lin: no hooks
-    v15 = _object_dict(v14)  # self.lin.__dict__
-    try:
-        v16 = v15['forward']  # self.lin.__dict__['forward']
-    except (KeyError, IndexError, TypeError):
-        v16 = _MISSING
-    if not (v16 is _MISSING or _is_auto_mark(v16)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
-    v17 = _module_attr(v14, 'weight')  # self.lin.weight
+    if not (v11 is _MISSING or _is_auto_mark(v11)): return False  # no per-instance override of self.lin.__dict__['forward']: <missing>
+    v12 = _module_attr(v9, 'weight')  # self.lin.weight
     pass  # tensor metadata of self.lin.weight: tensor(shape=[4, 4], stride=[4, 1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
-    v18 = _module_attr(v14, 'bias')  # self.lin.bias
+    v13 = _module_attr(v9, 'bias')  # self.lin.bias
     pass  # tensor metadata of self.lin.bias: tensor(shape=[4], stride=[1], dtype=torch.float32, device=cpu, requires_grad=True) (checked with the others in one C++ call after this function)
-    return (v17, v18, v17, v18, )
+    return (v12, v13, v12, v13, )
 def shared(leaves, fn, anchors=()):  # once per entry, and again after a write to a dict these read
-    try:
-        v1 = a0.__dict__  # Layer.__dict__
-    except AttributeError:
-        v1 = _MISSING
-    try:
-        v2 = v1['__init__']  # Layer.__dict__['__init__']
-    except (KeyError, IndexError, TypeError):
-        v2 = _MISSING
-    if not v2 is e0: return False  # object identity of Layer.__dict__['__init__']: <function Layer.__init__ at 0x?>
-    v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
-    if not v3 is e1: return False  # object identity of globals['torch']: <module torch at 0x?>
-    v5 = mro_attr(a4, 'forward')  # Linear.forward
-    if not v5 is e2: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
+    v0 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
+    if not v0 is e0: return False  # object identity of globals['torch']: <module torch at 0x?>
+    v2 = mro_attr(a1, 'forward')  # Linear.forward
+    if not v2 is e1: return False  # object identity of type(self.lin).forward: <function Linear.forward at 0x?>
     return True
 """  # noqa: E501
 
@@ -174,12 +143,12 @@ COMPILED_GUARD_CODE = """
 def check(leaves, fn, anchors=()):
     v0 = _leaf(leaves, 0)  # self
     if not v0 is e0: return False  # object identity of self: <function scaled at 0x?>
+    if not ((a1.sentinel or _false)() or a1.unchanged()): return False  # names in namespaces of names read in modules: every name as read
     try:
-        v1 = v0.__code__  # self.__code__
+        v2 = v0.__code__  # self.__code__
     except AttributeError:
-        v1 = _MISSING
-    if not v1 is e1: return False  # object identity of self.__code__: <code scaled at 0x?>
-    if not ((a2.sentinel or _false)() or a2.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+        v2 = _MISSING
+    if not v2 is e2: return False  # object identity of self.__code__: <code scaled at 0x?>
     v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
     if not v3 is e3: return False  # object identity of globals['torch']: <module torch at 0x?>
     v4 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
@@ -188,13 +157,13 @@ def check(leaves, fn, anchors=()):
 
 # every call (then one C++ check of the metadata of the tensors it read)
 def check(leaves, fn, anchors=()):
-    v0 = anchors[0]  # self
+    if not ((a0.sentinel or _false)() or a0.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+    v1 = anchors[0]  # self
     try:
-        v1 = v0.__code__  # self.__code__
+        v2 = v1.__code__  # self.__code__
     except AttributeError:
-        v1 = _MISSING
-    if not v1 is e0: return False  # object identity of self.__code__: <code scaled at 0x?>
-    if not ((a2.sentinel or _false)() or a2.unchanged()): return False  # names in namespaces of names read in modules: every name as read
+        v2 = _MISSING
+    if not v2 is e1: return False  # object identity of self.__code__: <code scaled at 0x?>
     v3 = fn.__globals__.get('torch', _MISSING)  # globals['torch']
     if not v3 is e2: return False  # object identity of globals['torch']: <module torch at 0x?>
     v4 = fn.__globals__.get('SCALE', _MISSING)  # globals['SCALE']
