@@ -242,8 +242,8 @@ _LOADED: list[Any] = []  # [module or None] once tried
 _BUILDING: list[threading.Thread] = []  # the build started in the background
 
 
-def _build() -> Any:
-    torch_dir = os.path.dirname(torch.__file__)
+def _target() -> tuple[str, str, str]:
+    """(the module's name, its folder, the path of the built extension)."""
     key = hashlib.sha256(f"{_SOURCE}{torch.__version__}{sys.version}".encode()).hexdigest()[:16]
     name = f"stampout_tensors_{key}"
     # (torch's own place for extensions built at run time: it depends on torch and Python only, not on a cache
@@ -251,7 +251,12 @@ def _build() -> Any:
     base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "torch_extensions")
     folder = os.path.join(base, "stampout")
-    target = os.path.join(folder, name + sysconfig.get_config_var("EXT_SUFFIX"))
+    return name, folder, os.path.join(folder, name + sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def _build() -> Any:
+    torch_dir = os.path.dirname(torch.__file__)
+    name, folder, target = _target()
     if not os.path.exists(target):
         os.makedirs(folder, exist_ok=True)
         source = os.path.join(folder, f"{name}.{os.getpid()}.cpp")
@@ -290,13 +295,13 @@ def _load() -> None:
 
 
 def native(wait: bool = True) -> Any:
-    """The compiled extension; None where it cannot be had. The first call builds it (about a second, once per
-    machine and torch version): in this thread, or with `wait=False` in a thread of its own (None until it is
-    there: `pending()` says whether it may still come)."""
+    """The compiled extension; None where it cannot be had. The first call loads it, or builds it (about a second,
+    once per machine and torch version): in this thread, or with `wait=False` in a thread of its own (None until
+    it is there: `pending()` says whether it may still come)."""
     if not _LOADED:
         with _LOCK:
             if not _LOADED and not _BUILDING:
-                if not wait:
+                if not wait and not os.path.exists(_target()[2]):  # (built already: loaded at once, in ms)
                     _BUILDING.append(threading.Thread(target=_load, name="stampout native check build", daemon=True))
                     _BUILDING[0].start()
                     return None
