@@ -493,7 +493,7 @@ def referents(v: Any) -> list[Any]:
         return [*cells, v.__defaults__, v.__kwdefaults__, v.__dict__]
     if t is types.CellType:
         return _contents(v)
-    if isinstance(v, torch.nn.Module):  # (its fields by name, less the flags and the empty hook dicts and sets: quicker)
+    if isinstance(v, torch.nn.Module):  # (its fields by name, less flags and empty hook dicts and sets: quicker)
         return [x for x in v.__dict__.values() if type(x) not in ATOMIC and (type(x) not in _EMPTIES or x)]
     if isinstance(v, (dict, list, tuple, set, frozenset)):  # (a subclass: a namedtuple, torch.return_types, a
         fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too. Read by the base class's C
