@@ -38,7 +38,7 @@ from .runner import as_call_modules
 log = logging.getLogger("stampout.backends")
 
 _local = threading.local()  # .allowed: inside recompiling(True) on this thread
-_started: list[Deferred] = []  # compiles started and not yet waited for (wait_all)
+_started: list[Deferred] = []  # compiles still finishing (each removes itself when done)
 # This process: compiles whose C++ half went to the background, that finished and serve calls, that failed.
 STATS = {"deferred": 0, "ready": 0, "failed": 0}
 
@@ -96,13 +96,17 @@ class Deferred:
             STATS["failed"] += 1
             log.warning("inductor: building the %s in the background failed (%s: %s); it runs eagerly", self.what,
                         type(error).__name__, (str(error).splitlines() or [""])[0][:200])
-            return
-        STATS["ready"] += 1
-        self._run = self._compiled
-        log.info("inductor: the %s compiled in the background serves calls from now on", self.what)
+        else:
+            STATS["ready"] += 1
+            self._run = self._compiled
+            log.info("inductor: the %s compiled in the background serves calls from now on", self.what)
+        finally:
+            self._finish = []
+            with contextlib.suppress(ValueError):
+                _started.remove(self)
 
 
 def wait_all(timeout: float | None = None) -> None:
     """Wait for every background compile started so far."""
-    while _started:
-        _started.pop(0).wait(timeout)
+    for deferred in list(_started):
+        deferred.wait(timeout)
