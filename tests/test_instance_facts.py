@@ -335,3 +335,53 @@ def test_the_memo_lets_go_of_an_input_the_caller_lets_go_of():
         assert dead() is None and meta() is None
         assert entry.held._memo is None
     assert fn.stats.captures == 1
+
+
+class Tables:
+    """A user class read as a value: its dict and list class attributes (transformers' `_tp_plan`,
+    `_no_split_modules`) are guarded by value, and settled by the memo's facts (the dict's version; the list's length
+    and items by identity)."""
+
+    gains = {"a": 1.0, "b": 2.0}
+    names = ["a", "b"]
+
+
+class ReadsTables(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * Tables.gains[Tables.names[0]] + len(Tables.names)
+
+
+TABLE_CHANGES = {
+    "dict-item": lambda: Tables.gains.__setitem__("a", 3.0),
+    "list-item": lambda: Tables.names.__setitem__(0, "b"),
+    "list-append": lambda: Tables.names.append("c"),
+}
+
+
+@pytest.mark.parametrize("change", TABLE_CHANGES.values(), ids=TABLE_CHANGES.keys())
+def test_a_class_table_changed_in_place_behind_the_memo_is_seen(change, monkeypatch):
+    from stampout.guards import instance_facts
+
+    rest: list = []  # (the guards each memo still runs in Python)
+    compile_guards = instance_facts.compile_guards
+    monkeypatch.setattr(instance_facts, "compile_guards", lambda guards, *a: rest.append(guards) or compile_guards(
+        guards, *a))
+    monkeypatch.setattr(Tables, "gains", {"a": 1.0, "b": 2.0})
+    monkeypatch.setattr(Tables, "names", ["a", "b"])
+    torch.manual_seed(0)
+    model, x = ReadsTables(), torch.randn(2, DIM)
+    fn = stampout.compile(model, backend="eager")
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fn(x), model(x))
+        (entry,) = fn._compiled._entries
+        assert entry.held.hits >= 1 and rest
+        tables = ("Tables.__dict__['gains']", "Tables.__dict__['names']")
+        assert not [g for g in rest[-1] if g.source.name() in tables]  # (settled by the facts)
+        change()
+        torch.testing.assert_close(fn(x), model(x))
+        assert fn.stats.captures == 2

@@ -338,6 +338,21 @@ class _Builder:
             self._dict_nodes[source] = node
         return self._dict_nodes[source]
 
+    def _fixed_table(self, source: Source, value: Any) -> bool:
+        """A plain dict or list of immutable constants (a class's table: transformers' `_tp_plan`,
+        `_no_split_modules`), its value fixed by facts: a dict's version, a list's length and its items by identity."""
+        if type(value) not in (dict, list) or source in self.unnoded and not (
+                type(source) is ClassAttr or source.base() in self.opaque):  # (a class's: noded from its dict's)
+            return False
+        if not all(_immutable(k) and _immutable(v) for k, v in (value.items() if type(value) is dict
+                                                                  else enumerate(value))):
+            return False
+        node = self._contents_of(source)
+        if type(value) is list:
+            for i, item in enumerate(value):
+                self.facts.same_object(self.facts.node(node, "list", i, item), item)
+        return True
+
     def settles(self, guard: Guard) -> bool:
         """Whether the C++ facts fix `guard`'s outcome (it passed on the full pass the memo follows), adding the
         facts it needs."""
@@ -355,7 +370,7 @@ class _Builder:
                 return False
             self.reach(guard.expected)
         elif kind is Kind.CONST:
-            if not _immutable(value):
+            if not _immutable(value) and not self._fixed_table(source, value):
                 return False
         elif kind in (Kind.LEN, Kind.KEYS):
             if source in self.unnoded or type(value) not in ((list, tuple, dict) if kind is Kind.LEN else (dict,)):
