@@ -57,7 +57,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("watch_installed", False, "code in installed packages (site-packages: transformers, diffusers, a pip "
            "package of yours) is watched as a user's file: its memo caches, registries and globals guarded (code.py; "
            "torch and what it requires stay library code). Off: a venv's site-packages is library code, unwatched; "
-           "on: ~3x the per-call guard cost on HF models today", "STAMPOUT_WATCH_INSTALLED", lambda raw: raw == "1"),
+           "on: ~2-3x the per-call guard cost on HF models today", "STAMPOUT_WATCH_INSTALLED", lambda raw: raw == "1"),
     # backends
     Switch("glue", "auto", "inductor: 'auto' compiles regions apart with eager glue when split.py finds no reason "
            "not to; 'whole' always hands Inductor the whole graph; 'apart' compiles regions apart wherever possible"),
