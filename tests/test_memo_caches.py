@@ -423,3 +423,23 @@ def test_a_read_through_object_getattribute_is_not_baked(make):
         values["scale"] = scale
         x = torch.randn(2, 4)
         torch.testing.assert_close(fn(x), model(x))
+
+
+class OwnCachedNoise(nn.Module):
+    def __init__(self, bounded: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.flag = True  # (other fields beside the cache)
+        self.noise = (functools.lru_cache(maxsize=2) if bounded else functools.cache)(lambda: torch.randn(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.noise()
+
+
+@pytest.mark.parametrize("bounded", [False, True], ids=["cache", "lru_cache"])
+def test_capture_refuses_a_random_tensor_cached_by_a_cache_only_the_module_holds(bounded):
+    torch.manual_seed(0)
+    model, x = OwnCachedNoise(bounded), torch.randn(2, 4)
+    with pytest.raises(stampout.StampoutError, match="functools cache of"):
+        stampout.capture(model, x)
+    assert model.noise.cache_info().currsize == 0  # (no traced value left in it)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import operator
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -255,10 +257,12 @@ class ProgramCapture:
         handler.snapshot.note_settings()
         for klass in dict.fromkeys(type(m) for m in modules):  # memo caches kept on the classes (an lru_cache method)
             handler.snapshot.note(klass, 1)
-        for m in modules:  # and on the modules (`self.table = functools.cache(fn)`)
-            for value in list(vars(m).values()):
-                if isinstance(value, functools._lru_cache_wrapper):
-                    handler.snapshot.note(value, 1)
+        for m in modules:  # and on the modules (`self.table = functools.cache(fn)`; the class is not subclassable:
+            fields = vars(m).values()  # its exact class, compared in C, found first)
+            if any(map(operator.is_, map(type, fields), repeat(functools._lru_cache_wrapper))):
+                for value in list(fields):
+                    if type(value) is functools._lru_cache_wrapper:
+                        handler.snapshot.note(value, 1)
         try:
             try:
                 self._modules = None  # (the program's Python runs: the tree is listed again after it)
