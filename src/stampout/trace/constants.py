@@ -48,8 +48,8 @@ def const_key(value: Any) -> Any:
         return (t, complex.__repr__(value))
     if t in (tuple, list, torch.Size):
         return (t, tuple(const_key(v) for v in value))
-    if t in (set, frozenset):
-        return (t, frozenset(const_key(v) for v in value))
+    if t in (set, frozenset):  # (in its iteration order: equal sets may iterate apart, `frozenset([8, 0])`'s
+        return (t, tuple(const_key(v) for v in value))  # and `frozenset([0, 8])`, and a loop over one is traced)
     if t is dict:
         return (t, tuple((const_key(k), const_key(v)) for k, v in value.items()))
     if t in (slice, range):
