@@ -4,6 +4,9 @@ a loop over one is traced in its order, so a set of another order is another con
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from torch import nn
 
@@ -42,3 +45,49 @@ def test_an_equal_set_of_another_order_is_captured_again():
     finally:
         Config.order, ORDER = frozenset([8, 0]), frozenset([8, 0])
     assert fn.stats.captures == 2 and gn.stats.captures == 2
+
+
+class Flag:
+    value = float("nan")
+
+
+class SignOf(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + math.copysign(1.0, Flag.value)
+
+
+def test_a_nan_of_the_other_sign_is_another_constant():
+    model, x = SignOf(), torch.ones(2)
+    fn = stampout.compile(model, backend="eager")
+    try:
+        for value in (float("nan"), float("nan"), -float("nan"), -float("nan")):
+            Flag.value = value
+            torch.testing.assert_close(fn(x), model(x))
+    finally:
+        Flag.value = float("nan")
+    assert fn.stats.captures == 2
+
+
+class Tag(str):
+    pass
+
+
+class TagExtra(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + getattr(Flag.tag, "extra", 0)
+
+
+@pytest.mark.xfail(strict=True, reason="a str (int, float) subclass is a constant compared by its own == "
+                   "(const_key's (type, value)): an equal instance with other attributes, or an __eq__ of its own, "
+                   "passes the CONST guard; before 221bc69 too")
+def test_an_equal_str_subclass_with_other_attributes_is_another_constant():
+    first, second = Tag("ab"), Tag("ab")
+    second.extra = 3
+    model, x = TagExtra(), torch.ones(2)
+    fn = stampout.compile(model, backend="eager")
+    try:
+        for tag in (first, first, second, second):
+            Flag.tag = tag
+            torch.testing.assert_close(fn(x), model(x))
+    finally:
+        del Flag.tag
