@@ -207,6 +207,8 @@ class Builder:
             node = append_node(graph, "placeholder", name, after=last)
         else:
             node = append_node(graph, "placeholder", name, before=next(iter(graph.nodes)) if len(graph.nodes) else None)
+        if node.name != name:  # (taken by a node, or a builtin's: the code begins `add_1 = add`, which a later
+            self._placeholder_names.add(node.name)  # parameter named `add_1` must not be: it would be overwritten)
         self._last_placeholder = node
         if isinstance(value, _OWN_VAL):
             node.meta["val"] = value

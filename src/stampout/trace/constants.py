@@ -10,6 +10,7 @@ in-place change that mixes in a non-constant value forgets every known value.
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -41,20 +42,26 @@ def const_key(value: Any) -> Any:
     """A hashable key equal only for equal constants of the same type (`1`, `1.0`, `True` differ)."""
     t = type(value)
     if t is float:
-        return (t, repr(value))  # exact, and NaN equals NaN
+        return (t, repr(value) if value == value else _nan(value))  # exact, and NaN equals NaN of its sign
     if isinstance(value, float):  # (a float subclass, NumPy's float64: its own == takes 0.0 for -0.0)
-        return (t, float.__repr__(value))
+        return (t, float.__repr__(value) if float.__eq__(value, value) else _nan(value))
     if isinstance(value, complex):
         return (t, complex.__repr__(value))
     if t in (tuple, list, torch.Size):
         return (t, tuple(const_key(v) for v in value))
-    if t in (set, frozenset):
-        return (t, frozenset(const_key(v) for v in value))
+    if t in (set, frozenset):  # (in its iteration order: equal sets may iterate apart, `frozenset([8, 0])`'s
+        return (t, tuple(const_key(v) for v in value))  # and `frozenset([0, 8])`, and a loop over one is traced)
     if t is dict:
         return (t, tuple((const_key(k), const_key(v)) for k, v in value.items()))
     if t in (slice, range):
         return (t, repr(value))
     return (t, value)
+
+
+def _nan(value: float) -> str:
+    """A NaN's text with its sign and payload (repr prints `nan` for all: `math.copysign(1.0, x)` tells them
+    apart)."""
+    return f"nan({struct.pack('>d', value).hex()})"
 
 
 class ConstantValues:
