@@ -45,7 +45,7 @@ def _mutates(node: fx.Node) -> bool:
     return (name.endswith("_") and not name.endswith("__")) or name == "__setitem__" or "out" in node.kwargs
 
 
-def _cuts(node: fx.Node) -> bool:
+def _cuts(node: fx.Node, switches: bool) -> bool:
     if (node.op == "call_method" and node.target == "detach") or (node.op == "call_function"
                                                                   and node.target in _DETACHES):
         return True
@@ -57,8 +57,9 @@ def _cuts(node: fx.Node) -> bool:
     # Computed with grad mode off (`with torch.no_grad():`, `set_grad_enabled(not self.frozen)` in the subgraph)
     # from a tensor that requires grad: no path, as in eager. (Only where an input requires grad: a trace whose
     # inputs did not says nothing of a call whose inputs do.)
-    return not value.requires_grad and any(isinstance(v := _val(n), torch.Tensor) and v.requires_grad
-                                           for n in node.all_input_nodes)
+    # (Only in a subgraph that switches grad mode itself: a whole capture under no_grad is left as it is.)
+    return switches and not value.requires_grad and any(isinstance(v := _val(n), torch.Tensor) and v.requires_grad
+                                                        for n in node.all_input_nodes)
 
 
 def reached_operands(sub: fx.GraphModule) -> frozenset[int] | None:
@@ -66,6 +67,7 @@ def reached_operands(sub: fx.GraphModule) -> frozenset[int] | None:
     tensor (not analysed)."""
     reach: dict[fx.Node, frozenset[int]] = {}
     position = 0
+    switches = any(getattr(n.target, "__name__", "") == "_set_grad_enabled" for n in sub.graph.nodes)
     for node in sub.graph.nodes:
         if node.op == "placeholder":
             reach[node] = frozenset({position})
@@ -76,7 +78,7 @@ def reached_operands(sub: fx.GraphModule) -> frozenset[int] | None:
             return frozenset(found)
         elif _mutates(node):
             return None
-        elif _cuts(node):
+        elif _cuts(node, switches):
             reach[node] = frozenset()
         else:
             found = set()
