@@ -73,10 +73,6 @@ def _scale_output(module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Te
     return out * 2
 
 
-@pytest.mark.xfail(strict=True, reason="a hook stored straight into a module's _forward_hooks dict (no "
-                   "register_forward_hook call) bumps no epoch: the protected hooks guard is not re-checked and the "
-                   "compiled program runs without the hook. Seeing it needs the hook dicts' versions in the per-call "
-                   "module-dict sentinel (a cost per module per call)")
 def test_a_hook_stored_straight_into_a_modules_hook_dict_is_seen():
     torch.manual_seed(0)
     model = Deep(Marked, shared=True)
@@ -172,9 +168,6 @@ def test_a_name_shadowed_on_a_class_reached_as_a_value_is_seen(change, backend):
     assert fn.stats.captures == 2
 
 
-@pytest.mark.xfail(strict=True, reason="a module's whole __dict__ replaced with object.__setattr__ (bypassing the "
-                   "watched __setattr__) bumps no epoch, and the per-call module-dict sentinel checks the old dict's "
-                   "version: the compiled program keeps reading the old attributes")
 def test_a_modules_dict_replaced_past_its_setattr_is_seen():
     torch.manual_seed(0)
     model = Deep(Marked, shared=True)

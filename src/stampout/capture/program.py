@@ -326,13 +326,13 @@ class ProgramCapture:
                                                               self.fake_args, self.fake_kwargs)
         with capturing(self.tracer, handler, self.watch) as ctx:
             if guard_program or self.symbolic:  # (a symbolic capture: to find every size the Python stored)
+                inputs = {id(t): label for t, label in zip(self.leaves, self.labels) if isinstance(t, torch.Tensor)}
                 program = self.program = RegionFrame(frame_function(fn), [fn, *self.fake_leaves],
-                                                     ["self", *self.labels], self.watch, program=True)
+                                                     ["self", *self.labels], self.watch, program=True,
+                                                     input_tensors=inputs)
                 if guard_program and program.ineligible:
                     raise ProgramIneligible(program.ineligible[0].reason)
                 program.abandon = guard_program
-                program.input_tensors = {id(t): label for t, label in zip(self.leaves, self.labels)
-                                         if isinstance(t, torch.Tensor)}
                 handler.program = program
                 handler.push(program)
                 if guard_program:

@@ -76,7 +76,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     FrameNested (nested entries stamped out)."""
 
     def __init__(self, fn: Callable, leaves: list[Any], labels: list[str], watch: Watch,
-                 program: bool = False) -> None:
+                 program: bool = False, input_tensors: dict[int, str] | None = None) -> None:
         self.fn = fn
         self.program = program  # the whole program's frame (compile): its stores are replayed, not refused
         self.leaves = leaves
@@ -85,7 +85,9 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self.sources: dict[int, Source] = {}
         self._keep: list[Any] = []
         self._objects: list[tuple[Any, Source]] = []  # modules and objects read, then dict keys held by identity
-        self.input_tensors: dict[int, str] = {}  # a compiled program's real input tensors (the trace gets fakes)
+        # a compiled program's real input tensors (the trace gets fakes; before adopt_function below: the globals
+        # its code names are read there)
+        self.input_tensors: dict[int, str] = input_tensors or {}
         self._held_tensors: list[tuple[torch.Tensor, Source]] = []  # (and the other tensors it read: not those)
         self.guards: list[Guard] = []
         self._guarded: set[tuple[Source, Kind]] = set()
