@@ -82,6 +82,26 @@ def peek(obj: Any, name: str) -> Any:
     return MISSING
 
 
+# Values a store of an equal one leaves as they were (floats are not: -0.0 == 0.0, and nan != nan).
+_PLAIN = frozenset({int, str, bool, bytes})
+
+
+def keeps(obj: Any, name: str, value: Any) -> bool:
+    """Whether storing `value` as `obj.name` leaves it as it is: the instance's own dict already holds that object,
+    or an equal int/str/bool/bytes of its type (`self._previous_max_cache_length = n`, which transformers' generate
+    stores on every call), and no data descriptor of the class takes the store."""
+    d = getattr(obj, "__dict__", None)
+    if not isinstance(d, dict) or name not in d:
+        return False
+    old = d[name]
+    if old is not value and not (type(value) in _PLAIN and type(old) is type(value) and old == value):
+        return False
+    for klass in type(obj).__mro__:
+        if name in klass.__dict__:
+            return not hasattr(type(klass.__dict__[name]), "__set__")
+    return True
+
+
 class Need(enum.Enum):
     """Why an instance is watched: which part of its class's patch it needs."""
 
@@ -149,6 +169,7 @@ def wrappers(cls: type) -> dict[str, Any]:
 
     def _store(store: Callable, self: Any, name: str, args: tuple) -> None:
         key = id(self)
+        kept = key in write_ids and args and keeps(self, name, args[0])  # (guards need no re-check then)
         ctx = state.ctx
         if ctx is not None and ctx.write is not None and key in read_ids and not quiet(name):
             old = peek(self, name)
@@ -156,7 +177,7 @@ def wrappers(cls: type) -> dict[str, Any]:
             ctx.write(self, name, args[0] if args else MISSING, old)
         else:
             store(self, name, *args)
-        if key in write_ids:
+        if key in write_ids and not kept:
             epoch.value += 1
 
     def __setattr__(self, name, value):
