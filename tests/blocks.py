@@ -1,6 +1,7 @@
 """Small models and inputs shared by the behaviour files (test_per_layer_state.py, test_state_between_calls.py, ...):
 `Block` is a residual block whose forward is the region, `stack_of(Block, n)` a seeded stack of them, `sample()`
-a seeded input of width `D`."""
+a seeded input of width `D`; `Layer` (its region twin `Marked`) a layer reading a
+config object `Cfg` it holds (`OtherCfg` another class of config)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,25 @@ def stack_of(cls: type[nn.Module], n: int, *a: Any) -> nn.Sequential:
 def sample(*shape: int, grad: bool = False) -> torch.Tensor:
     g = torch.Generator().manual_seed(1)
     return torch.randn(*(shape or (2, D)), generator=g).requires_grad_(grad)
+
+
+class Cfg:
+    eps = 0.0
+
+
+class OtherCfg(Cfg):
+    eps = 5.0
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: Cfg) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.cfg = cfg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 0.1 * torch.tanh(self.lin(x)) + self.cfg.eps
+
+
+class Marked(Layer):
+    forward = stampout.region(Layer.forward)

@@ -10,33 +10,12 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from blocks import Cfg, Layer, Marked, OtherCfg
 from torch import nn
 
 import stampout
 
 DEPTH, DEEP = 6, 4
-
-
-class Cfg:
-    eps = 0.0
-
-
-class OtherCfg(Cfg):
-    eps = 5.0
-
-
-class Layer(nn.Module):
-    def __init__(self, cfg: Cfg) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.cfg = cfg
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + 0.1 * torch.tanh(self.lin(x)) + self.cfg.eps
-
-
-class Marked(Layer):
-    forward = stampout.region(Layer.forward)
 
 
 class Deep(nn.Module):
