@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..watch.tracking import HOOK_DICTS
+
 
 def hooks_key(module: torch.nn.Module) -> tuple:
     """The hooks a module call would run (as identities; see `hook_key`)."""
@@ -105,7 +107,6 @@ def _hook_name(hook: Any) -> str:
     return f"{name} at {id(hook):#x}"
 
 
-HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 NO_HOOKS = ((), (), (), ())
 
 

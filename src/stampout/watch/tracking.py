@@ -232,17 +232,17 @@ def _bumping_registries(module: torch.nn.Module, kind: type) -> None:
             d[name] = kind(registry)
 
 
-# The hook dicts whose emptiness a module call tests (`_call_impl` runs hooks when one is not empty). The guard
-# that found them empty is checked only after a write to a watched module, so an empty one is swapped for a
-# _BumpingHooks while the module is watched (and back, while still empty, when it is let go). A non-empty one
-# stays: its hooks are guarded on every call (protection.py), and their handles hold that dict (weakly) to
-# remove them from.
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+# The hook dicts whose emptiness a module call tests (`_call_impl` runs hooks when one is not empty; their hooks are
+# what a hooks guard compares: guards/hook_keys.py). The guard that found them empty is checked only after a write
+# to a watched module, so an empty one is swapped for a _BumpingHooks while the module is watched (and back, while
+# still empty, when it is let go). A non-empty one stays: its hooks are guarded on every call (protection.py), and
+# their handles hold that dict (weakly) to remove them from.
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
 def _bumping_hooks(module: torch.nn.Module, watched: bool) -> None:
     d = module.__dict__
-    for name in _HOOK_DICTS:
+    for name in HOOK_DICTS:
         hooks = d.get(name)
         if watched and type(hooks) is OrderedDict and not hooks:
             d[name] = _BumpingHooks()
