@@ -53,13 +53,12 @@ from ..torch_internals import ObjectFacts
 from .guard import Guard, compile_guards
 from .namespaces import class_dict, same_mros
 from .rules import Kind
-from .values import OBJECT_GETATTRIBUTE
+from .values import IMMUTABLE_TYPES, OBJECT_GETATTRIBUTE
 
 log = logging.getLogger("stampout.guards")
 
 _TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
 _TYPE_DICT = type.__dict__["__dict__"]
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
 # Attributes of builtin objects read in C by their class's getset (no Python code runs, the classes cannot be
 # patched or subclassed): a function's code, defaults and closure cells, a cell's contents. Unlike instance dict
 # entries they change with no dict write (`f.__code__ = g.__code__`, `nonlocal x; x = 1`): the C++ facts read
@@ -414,7 +413,7 @@ _NO = object()  # (not vouched for)
 
 def _immutable(value: Any) -> bool:
     """A value no write can change: a constant of an immutable type, or a tuple of such (a function's defaults)."""
-    return type(value) in _IMMUTABLE or type(value) is tuple and all(map(_immutable, value))
+    return type(value) in IMMUTABLE_TYPES or type(value) is tuple and all(map(_immutable, value))
 
 
 class InstanceFacts:

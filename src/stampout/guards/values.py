@@ -12,8 +12,11 @@ from typing import Any
 import torch
 
 from ..sources import MISSING
-from ..trace.constants import const_key as const_key  # (the guards import both from here)
+from ..trace.constants import IMMUTABLE_TYPES as IMMUTABLE_TYPES
+from ..trace.constants import const_key as const_key  # (the guards import these from here)
+from ..trace.constants import immutable_constant as immutable_constant
 from ..trace.constants import is_constant as is_constant
+from ..trace.constants import same_constant as same_constant
 
 
 def show_const(key: Any) -> str:
@@ -32,24 +35,6 @@ def show_const(key: Any) -> str:
     if t in (set, frozenset):
         return "{" + ", ".join(sorted(show_const(k) for k in value)) + "}"
     return repr(value)
-
-
-_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
-
-
-def immutable_constant(value: Any) -> bool:
-    """A constant no one can change in place (a scalar, or a tuple or frozenset of them): its identity says its
-    value, and an equal one (same type, same const_key) behaves the same."""
-    if type(value) in _IMMUTABLE:
-        return True
-    return type(value) in (tuple, frozenset) and all(immutable_constant(v) for v in value)
-
-
-def same_constant(now: Any, then: Any) -> bool:
-    """`now` is `then`, or both are equal immutable constants of one type (`Cls.flag = float(0)` stores a new
-    0.0 each time: no program behaves differently)."""
-    return now is then or (type(now) is type(then) and immutable_constant(then) and immutable_constant(now)
-                           and const_key(now) == const_key(then))
 
 
 OBJECT_GETATTRIBUTE = object.__getattribute__

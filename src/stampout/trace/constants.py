@@ -58,6 +58,24 @@ def const_key(value: Any) -> Any:
     return (t, value)
 
 
+IMMUTABLE_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
+def immutable_constant(value: Any) -> bool:
+    """A constant no one can change in place (a scalar, or a tuple or frozenset of them): its identity says its
+    value, and an equal one (same type, same const_key) behaves the same."""
+    if type(value) in IMMUTABLE_TYPES:
+        return True
+    return type(value) in (tuple, frozenset) and all(immutable_constant(v) for v in value)
+
+
+def same_constant(now: Any, then: Any) -> bool:
+    """`now` is `then`, or both are equal immutable constants of one type (`Cls.flag = float(0)` stores a new
+    0.0 each time: no program behaves differently)."""
+    return now is then or (type(now) is type(then) and immutable_constant(then) and immutable_constant(now)
+                           and const_key(now) == const_key(then))
+
+
 def _nan(value: float) -> str:
     """A NaN's text with its sign and payload (repr prints `nan` for all: `math.copysign(1.0, x)` tells them
     apart)."""

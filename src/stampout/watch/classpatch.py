@@ -21,6 +21,7 @@ import torch
 from ..context import STATE
 from ..sources import MISSING
 from ..trace.code import is_user_code
+from ..trace.constants import same_constant
 
 READ_IDS: set[int] = set()  # instances whose reads and writes the capture on the owning thread records
 WRITE_IDS: dict[int, int] = {}  # instances whose writes bump EPOCH -> number of watchers
@@ -82,7 +83,8 @@ def peek(obj: Any, name: str) -> Any:
     return MISSING
 
 
-# Values a store of an equal one leaves as they were (floats are not: -0.0 == 0.0, and nan != nan).
+# The constants whose equal store (`same_constant`, the guards' rule) counts as no write. (same_constant would take
+# floats and tuples too: an int, a str or a flag is what programs store again per call.)
 _PLAIN = frozenset({int, str, bool, bytes})
 
 
@@ -94,7 +96,7 @@ def keeps(obj: Any, name: str, value: Any) -> bool:
     if not isinstance(d, dict) or name not in d:
         return False
     old = d[name]
-    if old is not value and not (type(value) in _PLAIN and type(old) is type(value) and old == value):
+    if not (old is value or type(value) in _PLAIN and same_constant(old, value)):
         return False
     for klass in type(obj).__mro__:
         if name in klass.__dict__:
