@@ -11,8 +11,7 @@ import torch
 from torch import nn
 
 import stampout
-from stampout.guards.guard import NATIVE_FROM
-from stampout.torch_internals.native_tensors import native, tensor_facts
+from stampout.torch_internals.native_tensors import NATIVE_FROM, native, tensor_facts
 
 pytestmark = pytest.mark.skipif(native() is None, reason="no C++ compiler for the native check: the Python checks run")
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from ..guards.guard import NATIVE_FROM
-from ..torch_internals import native_pending, tensor_facts
+from ..torch_internals import tensor_check
 from ..trace.memory import Spans, memory_span, spans_of
 from ..trace.structure import aliases_of, show_aliases
 
@@ -97,21 +96,19 @@ class PerCallAliases:
             alone = _ranges_apart(per_call)
         except (TypeError, RuntimeError, NotImplementedError):
             return
-        same: Callable[[tuple], bool] | None = None
+        same: Callable[[tuple], bool]
         if alone:  # (one native pass over them where there are many: their metadata and pointers, as now)
-            same = tensor_facts(per_call, pointers=True) if len(per_call) >= NATIVE_FROM else None
-            if same is None and len(per_call) >= NATIVE_FROM and native_pending():
-                def same(now: tuple) -> bool:  # (until the native check is built: then remembered anew)
-                    if not native_pending():
-                        self._memo = None
-                    return tuple(map(_data_ptr, now)) == pointers
-            same = same or (lambda now: tuple(map(_data_ptr, now)) == pointers)
+            same = tensor_check(per_call, lambda: lambda now: tuple(map(_data_ptr, now)) == pointers, self._forget,
+                                pointers=True)
         else:
             pointers = (*map(id, per_call), *pointers)
             same = lambda now: (*map(id, now), *map(_data_ptr, now)) == pointers  # noqa: E731
         taken = spans_of(per_call)
         # (only when the inputs kept apart from the per-call tensors, as `holds` will require of later calls)
         self._memo = (same, taken) if self._apart(inputs, taken) else None
+
+    def _forget(self) -> None:
+        self._memo = None  # (the native check is built: remembered anew, natively, on the next call that holds)
 
 
 def _ranges_apart(tensors: tuple) -> bool:

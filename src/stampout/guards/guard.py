@@ -16,7 +16,7 @@ import torch
 
 from .. import caches
 from ..sources import MISSING, Absolute, Attr, CallContext, Closure, Item, SlotItem, Source, mro_attr
-from ..torch_internals import DisableTorchFunction, native_pending, tensor_facts, tensor_guards
+from ..torch_internals import DisableTorchFunction, tensor_check, tensor_guards
 from ..trace.names import written_as_is
 from ..trace.tensormeta import meta_values, tensor_kind, tensor_meta
 from .hook_keys import describe_hooks, hooks_key
@@ -165,7 +165,6 @@ def _code_of(code: str) -> types.CodeType:
 caches.register(_code_of, "guards.predicate code")
 
 _storage_offset = torch.Tensor.storage_offset
-NATIVE_FROM = 16  # tensors from which a check is made native (fewer: TensorGuards costs about as little)
 
 
 class DeferredTensors:
@@ -194,18 +193,14 @@ class DeferredTensors:
         return True
 
     def _fast_check(self, values: tuple) -> Callable[[tuple], bool]:
-        native = tensor_facts(values) if len(values) >= NATIVE_FROM else None
-        if native is not None:
-            return native
-        guards, offsets = tensor_guards(list(values)), self.offsets
-        waiting = len(values) >= NATIVE_FROM and native_pending()
+        def in_python() -> Callable[[tuple], bool]:  # (a few tensors, or no native check (yet))
+            guards, offsets = tensor_guards(list(values)), self.offsets
+            return lambda now: guards.check(*now) and tuple(map(_storage_offset, now)) == offsets
 
-        def fast(now: tuple) -> bool:
-            if waiting and not native_pending():
-                self.fast = None  # (built: the next call's exact check makes the native one)
-            return guards.check(*now) and tuple(map(_storage_offset, now)) == offsets
+        return tensor_check(values, in_python, self._forget)
 
-        return fast
+    def _forget(self) -> None:
+        self.fast = None  # (the native check is built: the next call's exact check makes it)
 
     def admit(self, values: tuple, n: int) -> tuple | None:
         """A predicate's results (`n` values, then the tensors whose metadata it deferred) less those tensors,

@@ -340,3 +340,27 @@ def tensor_facts(tensors: tuple, pointers: bool = False) -> Callable[[tuple], bo
         return None
     capsule = module.record(tuple(tensors), pointers)
     return None if capsule is None else functools.partial(module.check, capsule)
+
+
+NATIVE_FROM = 16  # tensors from which a check is made native (fewer: TensorGuards and Python calls cost as little)
+
+
+def tensor_check(tensors: tuple, fallback: Callable[[], Callable[[tuple], bool]], forget: Callable[[], None],
+                 pointers: bool = False) -> Callable[[tuple], bool]:
+    """A check `check(values)` of `tensors` as now: the native pass (`tensor_facts`) where there are `NATIVE_FROM`
+    or more and it vouches for them, else the caller's own, `fallback()`. While the native build still runs, that
+    one calls `forget()` on each call once the build is done (the caller drops it: its next check is native)."""
+    many = len(tensors) >= NATIVE_FROM
+    native = tensor_facts(tensors, pointers) if many else None
+    if native is not None:
+        return native
+    check = fallback()
+    if not (many and pending()):
+        return check
+
+    def until_built(values: tuple) -> bool:
+        if not pending():
+            forget()
+        return check(values)
+
+    return until_built
