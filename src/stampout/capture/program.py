@@ -331,7 +331,7 @@ class ProgramCapture:
                                                      ["self", *self.labels], self.watch, program=True,
                                                      input_tensors=inputs)
                 if guard_program and program.ineligible:
-                    raise ProgramIneligible(program.ineligible[0].reason)
+                    raise ProgramIneligible(program.ineligible[0].reason, program.ineligible[0].only_while)
                 program.abandon = guard_program
                 handler.program = program
                 handler.push(program)

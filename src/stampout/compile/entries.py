@@ -397,12 +397,21 @@ def _merge_order(fixed: list[bool]) -> Callable[[tuple], tuple] | None:
 class EagerEntry:
     """Calls with this key run the original function: its capture read something stampout cannot guard."""
 
-    def __init__(self, key: CallKey, reason: str, pieces: Pieces | None = None) -> None:
+    def __init__(self, key: CallKey, reason: str, pieces: Pieces | None = None, only_while: Guard | None = None) -> None:
         self.key = key
         self.reason = reason
         self.capture = None
         self.masked = None
         self.pieces = pieces  # its children compiled (piecewise.py), or None: all of it runs eagerly
+        # The reason holds only while this guard passes (a tensor it reads is its input): a call where it fails
+        # captures again (and runs eagerly again, with an entry of its own, if the capture finds another reason).
+        self._only_while = None if only_while is None else compile_guards([only_while])
+
+    def admits(self, ctx: CallContext) -> bool:
+        if self._only_while is None:
+            return True
+        with DisableTorchFunction():
+            return bool(self._only_while(ctx.leaves, ctx.fn))
 
     def run(self, fn: Callable, args: tuple, kwargs: dict) -> Any:
         return fn(*args, **kwargs) if self.pieces is None else self.pieces.run(fn, args, kwargs)

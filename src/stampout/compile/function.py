@@ -31,6 +31,7 @@ from ..capture.result import Capture
 from ..capture.sharded import call_with_hooks, forward_of, is_sharded, region_forward
 from ..context import current
 from ..errors import BackendError, CaptureError, StampoutError, message
+from ..guards.guard import Guard
 from ..regions.auto import auto_regions
 from ..regions.cache import RegionCache
 from ..regions.fingerprint import fingerprint, requires_grad_pattern, without_sizes
@@ -183,7 +184,9 @@ class CompiledFunction:
                     entry_key = masked_keys[masked] = entry.key_for(key, leaves)
             if entry.key == entry_key:
                 if isinstance(entry, EagerEntry):
-                    return entry, ()
+                    if entry.admits(ctx):
+                        return entry, ()
+                    continue
                 lifted = entry.admits(ctx)
                 if lifted is not None:
                     return entry, lifted
@@ -213,7 +216,8 @@ class CompiledFunction:
                     cap = self._capture(args, kwargs, structure, automatic, held, ints)
                 except ProgramIneligible as why:  # (the capture stopped there: nothing was drawn or consumed)
                     self._counts.captures += 1
-                    return self._run_eagerly(key, f"stampout cannot guard it: it {why.reason}", why), ()
+                    return self._run_eagerly(key, f"stampout cannot guard it: it {why.reason}", why,
+                                             only_while=why.only_while), ()
                 except Exception as error:  # a CaptureError, or torch's own on the fakes
                     if raised_by_user(error):  # the program's own error: this call runs eagerly, once (eager's
                         if current() is not None:  # error, and the side effects eager makes before it; the
@@ -231,7 +235,9 @@ class CompiledFunction:
         self._counts.reuses += cap.stats.reuses
         program = cap.program
         if program.ineligible:
-            return self._run_eagerly(key, f"stampout cannot guard it: it {program.ineligible[0]}", None), ()
+            only_while = program.ineligible[0].only_while if len(program.ineligible) == 1 else None
+            return self._run_eagerly(key, f"stampout cannot guard it: it {program.ineligible[0]}", None,
+                                     only_while=only_while), ()
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
@@ -282,9 +288,12 @@ class CompiledFunction:
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
         return entry, lifted
 
-    def _run_eagerly(self, key: CallKey, why: str, stopped: BaseException | None, planned: bool = False) -> EagerEntry:
+    def _run_eagerly(self, key: CallKey, why: str, stopped: BaseException | None, planned: bool = False,
+                     only_while: Guard | None = None) -> EagerEntry:
         """The entry for inputs whose program stampout cannot guard or keep the gradients of (`why`): it runs eagerly,
-        at module granularity where the capture `stopped` inside a child (`planned`: by design); fullgraph refuses."""
+        at module granularity where the capture `stopped` inside a child (`planned`: by design); fullgraph refuses.
+        `only_while`: `why` holds only while that guard passes (a read tensor is the input); a call where it fails
+        captures again."""
         if self.fullgraph:
             raise CaptureError(message(
                 f"{_name(self.fn)} cannot be compiled whole (fullgraph=True): {why}", user_location(),
@@ -292,7 +301,7 @@ class CompiledFunction:
                 "eagerly",
             ))
         (log.info if planned else log.warning)("%s runs eagerly for these inputs: %s", _name(self.fn), why)
-        return self._add(EagerEntry(key, why, split(self, self._piece, why, stopped)))
+        return self._add(EagerEntry(key, why, split(self, self._piece, why, stopped), only_while))
 
     def _piece(self, module: torch.nn.Module, path: str) -> CompiledFunction:
         """The compiled function of a child this function's eager code calls (one per child)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Outcome(enum.StrEnum):
@@ -22,6 +23,7 @@ class Ineligible:
 
     reason: str
     where: str = ""
+    only_while: Any = None  # a Guard (a compiled program's): the reason holds only while it passes
 
     def __str__(self) -> str:
         return self.reason

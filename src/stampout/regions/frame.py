@@ -51,9 +51,10 @@ class ProgramIneligible(BaseException):  # noqa: N818 - control flow, not an err
     """Raised out of the program a compile captures as soon as its frame is ineligible: the program will run
     eagerly, and the rest of the capture would only consume state (an iterator, an RNG) eager must see."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, only_while: Guard | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.only_while = only_while  # the reason holds only while this guard passes (a later call may capture)
 
 
 # nn.Module's walks of its registries (the children's, or the whole tree's) and the other registry each reads
@@ -147,8 +148,10 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             if not from_arg:
                 self.guard(source, Kind.TENSOR, tensor_meta(value), where)
                 if id(value) in self.input_tensors:  # (`if self._last[0] is x: return self._cached`: False here)
-                    self.mark_ineligible(f"reads at {source.name()} the tensor it is given as "
-                                         f"{self.input_tensors[id(value)]} (the trace sees two tensors, eager one)")
+                    label = self.input_tensors[id(value)]  # (eager only while it is: a call where it is not captures)
+                    self.mark_ineligible(f"reads at {source.name()} the tensor it is given as {label} (the trace "
+                                         "sees two tensors, eager one)", only_while=Guard(
+                                             source, Kind.SAME, Arg(self.labels.index(label), label), where))
                 elif self.input_tensors and not isinstance(value, torch.nn.Parameter):
                     self._held_tensors.append((value, source))
             if self._name(value, source, where):
@@ -384,11 +387,11 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     def leaves_contain(self, value: Any) -> bool:
         return any(leaf is value for leaf in self.leaves)
 
-    def mark_ineligible(self, reason: str, where: str = "") -> None:
+    def mark_ineligible(self, reason: str, where: str = "", only_while: Guard | None = None) -> None:
         if all(record.reason != reason for record in self.ineligible):
-            self.ineligible.append(Ineligible(reason, where or user_location()))
+            self.ineligible.append(Ineligible(reason, where or user_location(), only_while))
         if self.abandon:  # (a compiled program that cannot be guarded runs eagerly: stop its capture here,
-            raise ProgramIneligible(reason)  # before the call it is about to make draws or consumes anything)
+            raise ProgramIneligible(reason, only_while)  # before the call it is about to make draws or consumes)
 
     def close(self) -> None:
         """At the end of the trace: a container it read and changed is a side effect too, and so is an

@@ -1,0 +1,63 @@
+"""Red-team round 3 (soundness3): ordinary programs that touch the world from traced code, each run through
+`stampout.compile` and compared with eager over several calls with changes between them: outputs, gradients and
+the side effects on the caller's objects. Also the leftovers of earlier rounds: an eager entry guarded by the
+identity that made its program ineligible."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import stampout
+
+
+def _same(got, expected, path="out"):
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor), path
+        torch.testing.assert_close(got, expected, msg=lambda m: f"{path}: {m}")
+    elif isinstance(expected, (list, tuple)):
+        assert type(got) is type(expected) and len(got) == len(expected), f"{path}: {got!r} vs {expected!r}"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            _same(g, e, f"{path}[{i}]")
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected), f"{path}: keys {list(got)} vs {list(expected)}"
+        for k in expected:
+            _same(got[k], expected[k], f"{path}[{k!r}]")
+    else:
+        assert got == expected, f"{path}: {got!r} vs {expected!r}"
+
+
+# ---- leftovers: the eager entry of a program that reads its own input is guarded by that identity ------------------
+
+class ReadsHeld(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.ref = torch.zeros(2, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.ref * 2
+
+
+def test_reading_the_input_runs_eagerly_only_while_it_is_the_input():
+    """`self.ref` is `x` on the first call: that call runs eagerly (the trace would see two tensors where eager has
+    one). Later calls where `self.ref` is another tensor are captured (once) and compiled; a call where it is the
+    input again runs eagerly again, right."""
+    torch.manual_seed(0)
+    model = ReadsHeld()
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    model.ref = x
+    _same(fn(x), model(x))
+    before = fn.stats.captures
+    y = torch.randn(2, 4)
+    model.ref = torch.randn(2, 4)
+    _same(fn(y), model(y))
+    assert fn.stats.captures == before + 1  # (captured, not the eager entry of the first call)
+    _same(fn(x), model(x))
+    assert fn.stats.captures == before + 1  # (the compiled entry, guarded by the shapes and the distinct identity)
+    model.ref = y
+    _same(fn(y), model(y))  # (the read tensor is the input again: eagerly)
+    _same(fn(x), model(x))
+    assert fn.stats.captures == before + 1
