@@ -61,3 +61,33 @@ def test_reading_the_input_runs_eagerly_only_while_it_is_the_input():
     _same(fn(y), model(y))  # (the read tensor is the input again: eagerly)
     _same(fn(x), model(x))
     assert fn.stats.captures == before + 1
+
+
+class MemoOnInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self._x = None
+        self._y = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._x is x:
+            return self._y
+        self._x, self._y = x, self.lin(x)
+        return self._y
+
+
+def test_capture_refuses_a_module_that_holds_its_input():
+    """`stampout.capture` of a module whose memo holds the very tensor it is given (primed by an eager call): the trace
+    gets a fake for `x` and the real tensor at `self._x`, so `self._x is x` is False there and True in eager (which
+    returns its cached output, stale after a weight change). capture cannot run it eagerly: it refuses, naming the
+    attribute; on another tensor it captures."""
+    torch.manual_seed(0)
+    model = MemoOnInput()
+    a, b = torch.randn(2, 4), torch.randn(2, 4)
+    with torch.no_grad():
+        model(a)
+        with pytest.raises(stampout.StampoutError, match=r"MemoOnInput._x holds the input x"):
+            stampout.capture(model, a)
+        cap = stampout.capture(model, b)
+        _same(cap(b), model.lin(b))

@@ -61,6 +61,22 @@ def uninitialized_module(fn: Callable, modules: list[Any] | None = None) -> str 
     return None
 
 
+def input_held_by(modules: list[Any], leaves: list[Any], labels: list[str]) -> str | None:
+    """Where a module of the program holds one of the call's input tensors as a plain attribute, or an item of
+    one (`self._last = (x, y)` of an earlier call, then `if self._last[0] is x`): the trace gets a fake for the
+    input and the real tensor there, two tensors where eager has one (an identity test takes the other branch).
+    Compile runs such a call eagerly; `capture`, which cannot, refuses. Parameters and buffers are not plain
+    attributes (a graph reads them by path, and their memory is compared with the inputs')."""
+    inputs = {id(t): label for t, label in zip(leaves, labels) if isinstance(t, torch.Tensor)}
+    for m in modules if inputs else ():
+        for name, value in list(getattr(m, "__dict__", {}).items()):
+            items = value.values() if type(value) is dict else value if type(value) in (list, tuple) else (value,)
+            for item in items:
+                if isinstance(item, torch.Tensor) and id(item) in inputs:
+                    return f"{type(m).__name__}.{name} holds the input {inputs[id(item)]}"
+    return None
+
+
 def left_over_fakes(holders: list[Any], tracer: Tracer, plan: Plan,
                     clean: dict[int, Any] | None = None) -> list[tuple[Any, Any, Place]]:
     """Fake tensors the captured Python stored on objects that outlive it (`self.cache = ...`, `seen.add(t)`):

@@ -60,6 +60,7 @@ from .held_inputs import (
 from .leftovers import (
     carried_state,
     hooks_of,
+    input_held_by,
     left_over_fakes,
     make_real,
     methods_of,
@@ -145,6 +146,11 @@ class ProgramCapture:
             raise CaptureError(message(f"stampout cannot capture it: its {lazy_module} is not initialized yet (a lazy "
                                        "module makes its parameters on its first call)", user_location(),
                                        "call the model once eagerly before capturing it, or use stampout.compile"))
+        held_input = None if self.guard_program else input_held_by(self.modules(), self.leaves, self.labels)
+        if held_input is not None:  # (compile: the program frame finds such a read, and runs that call eagerly)
+            raise CaptureError(message(f"stampout cannot capture it: {held_input} (the trace would see two tensors "
+                                       "where eager has one)", user_location(), "pass another tensor, or use "
+                                       "stampout.compile, which runs such a call eagerly"))
         self.make_tracer(options.dynamic, options.automatic or {}, options.dynamic_sources or {},
                          options.dynamic_ints or set())
         self.make_fake_inputs(options.ranges, options.dynamic_ints or set())
