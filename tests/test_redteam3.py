@@ -91,3 +91,22 @@ def test_capture_refuses_a_module_that_holds_its_input():
             stampout.capture(model, a)
         cap = stampout.capture(model, b)
         _same(cap(b), model.lin(b))
+
+
+def _variadic_hook(module, args, *rest):
+    return rest[-1] * (3 if len(rest) == 2 else 1)  # (module, args, kwargs, out) when run with kwargs
+
+
+def test_a_hook_flag_written_into_the_modules_dict_is_guarded():
+    """How a module call runs a forward hook (with kwargs, always called) lives in dicts beside `_forward_hooks`, by
+    the handle's id: a write into one of them changes the call as much as a new hook, and the hooks guard sees it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4))
+    handle = model[0].register_forward_hook(_variadic_hook)
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    _same(fn(x), model(x))
+    model[0]._forward_hooks_with_kwargs[handle.id] = True
+    _same(fn(x), model(x))
+    del model[0]._forward_hooks_with_kwargs[handle.id]
+    _same(fn(x), model(x))

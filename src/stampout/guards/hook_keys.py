@@ -13,10 +13,33 @@ import torch
 from ..watch.tracking import HOOK_DICTS
 
 
+# How a module call runs each forward hook, kept beside the hook dicts by its handle's id: with the call's kwargs, and
+# (forward hooks) after an exception too. A write into one of them changes the call as much as a new hook does.
+_HOOK_FLAGS = {"_forward_pre_hooks": ("_forward_pre_hooks_with_kwargs",),
+               "_forward_hooks": ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")}
+
+
 def hooks_key(module: torch.nn.Module) -> tuple:
-    """The hooks a module call would run (as identities; see `hook_key`)."""
+    """The hooks a module call would run (as identities; see `hook_key`), each with how it is run (`Flagged`)."""
     d = module.__dict__
-    return tuple(tuple(map(hook_key, d[name].values())) if d.get(name) else () for name in HOOK_DICTS)
+    return tuple(_keys(d, name) if d.get(name) else () for name in HOOK_DICTS)
+
+
+def _keys(d: dict, name: str) -> tuple:
+    hooks = d[name]
+    flags = [f for f in (d.get(n) for n in _HOOK_FLAGS.get(name, ())) if f is not None]
+    if not any(flags):
+        return tuple(map(hook_key, hooks.values()))
+    return tuple(Flagged(hook_key(h), tuple(k in f for f in flags)) if any(k in f for f in flags) else hook_key(h)
+                 for k, h in hooks.items())
+
+
+@dataclass(frozen=True)
+class Flagged:
+    """A forward hook run with the call's kwargs or always called (`flags`, in `_HOOK_FLAGS` order)."""
+
+    hook: Any
+    flags: tuple
 
 
 # Note: hooks guarded by their function
@@ -96,6 +119,8 @@ def describe_hooks(observed: tuple) -> str:
 
 
 def _hook_name(hook: Any) -> str:
+    if isinstance(hook, Flagged):
+        return f"{_hook_name(hook.hook)} (flags {hook.flags})"
     if isinstance(hook, HookByValue):
         return hook.describe()
     name = getattr(hook, "__qualname__", None)
