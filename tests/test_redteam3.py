@@ -110,3 +110,49 @@ def test_a_hook_flag_written_into_the_modules_dict_is_guarded():
     _same(fn(x), model(x))
     del model[0]._forward_hooks_with_kwargs[handle.id]
     _same(fn(x), model(x))
+
+
+def _two_classes_a_grown_set_reorders() -> tuple[type, type, list[type]]:
+    """Two module classes whose set iterates in another order once it grew (by `extra`) and shrank again."""
+    extra = [type(f"K{i}", (), {}) for i in range(200)]
+    for _ in range(200):
+        a = type("A", (nn.Module,), {"forward": lambda self, x: x})
+        b = type("B", (nn.Module,), {"forward": lambda self, x: x})
+        grown = {a, b}
+        before = list(grown)
+        grown.update(extra)
+        grown.difference_update(extra)
+        if list(grown) != before:
+            return a, b, extra
+    pytest.skip("no pair of classes whose set order changes found")
+
+
+def test_a_registry_set_iterated_in_another_order():
+    """`for cls in REGISTRY: if isinstance(self.kind, cls)` takes the first match; a set with the same classes
+    iterates in another order after it grew and shrank. The guard compares the order, and the capture leaves the set
+    as it found it (refilled, its table would shrink back and iterate in the old order)."""
+    a, b, extra = _two_classes_a_grown_set_reorders()
+    both = type("AB", (a, b), {})
+    scale = {a: 2.0, b: 3.0}
+    registry = {a, b}
+
+    class Dispatch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.kind = both()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for cls in registry:
+                if isinstance(self.kind, cls):
+                    return self.lin(x) * scale[cls]
+            return self.lin(x)
+
+    model = Dispatch()
+    fn = stampout.compile(model, backend="eager")
+    x = torch.randn(2, 4)
+    _same(fn(x), model(x))
+    registry.update(extra)
+    registry.difference_update(extra)
+    _same(fn(x), model(x))
+    _same(fn(x), model(x))

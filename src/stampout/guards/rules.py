@@ -275,16 +275,18 @@ class KeysRule(Rule):
 
 @_rule(Kind.MEMBERS)
 class MembersRule(Rule):
-    """expected: a frozenset of classes (whose metaclasses compare them by identity: see regions/objects.py)."""
+    """expected: a set's classes in its iteration order (their metaclasses compare them by identity: see
+    regions/objects.py). The order too: `for cls in REGISTRY: if isinstance(m, cls)` takes the first match, and a
+    set with the same members iterates in another order after it grew and shrank (its table is larger)."""
 
     def observe(self, value: Any) -> Any:
-        return frozenset(value) if type(value) in (set, frozenset) else MISSING
+        return tuple(value) if type(value) in (set, frozenset) else MISSING
 
     def condition(self, guard: Expecting, var: str, const: str) -> str:
-        return f"((type({var}) is set or type({var}) is frozenset) and {var} == {const})"
+        return f"((type({var}) is set or type({var}) is frozenset) and tuple({var}) == {const})"
 
     def show(self, guard: Expecting, observed: Any) -> str:
-        return "{" + ", ".join(sorted(getattr(c, "__qualname__", "?") for c in observed)) + "}"
+        return "{" + ", ".join(getattr(c, "__qualname__", "?") for c in observed) + "}"
 
 
 @_rule(Kind.SAME)

@@ -191,7 +191,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         elif isinstance(value, (list, tuple, dict)):
             self._adopt_container(value, source, where)
         elif class_set(value):
-            self.guard(source, Kind.MEMBERS, frozenset(value), where)
+            self.guard(source, Kind.MEMBERS, tuple(value), where)
             if type(value) is set:  # (mutable: adding to it in the trace is a side effect)
                 self._note_container(value, source, where)
         elif not hidden_state(type(value)) and self.watch.watch(value):

@@ -5,6 +5,8 @@ that makes one it cannot replay is ineligible (see RegionFrame); `undo` puts the
 
 from __future__ import annotations
 
+import operator
+
 import types
 from collections.abc import Callable
 from typing import Any
@@ -184,14 +186,15 @@ class FrameWrites:
 
 def put_back(container: Any, before: Any) -> None:
     """A dict, list or set as it was (`before`: a copy of its items); a dict untouched is left alone (compared by
-    identity: values may be tensors, whose == compares elements)."""
+    identity: values may be tensors, whose == compares elements), and so is a set with its members (refilled, its
+    table would shrink and iterate in another order than eager's: `for cls in REGISTRY` takes the first match)."""
     if isinstance(container, dict):
         if list(container) != list(before) or any(dict.get(container, k) is not v for k, v in before.items()):
             container.clear()
             container.update(before)
     elif isinstance(container, list):
         container[:] = before
-    elif isinstance(container, set):
+    elif isinstance(container, set) and (len(container) != len(before) or any(map(operator.is_not, container, before))):
         container.clear()
         container.update(before)
 
