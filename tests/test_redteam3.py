@@ -156,3 +156,35 @@ def test_a_registry_set_iterated_in_another_order():
     registry.difference_update(extra)
     _same(fn(x), model(x))
     _same(fn(x), model(x))
+
+
+class Accumulates(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("acc", torch.zeros(2, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        self.acc.add_(y)  # (not detached: the buffer takes autograd history, eager's backward never reaches it)
+        return y.sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"])
+def test_a_buffer_accumulating_a_grad_requiring_value(backend):
+    """After the first call the buffer has autograd history; a graph through AOTAutograd that updates it in place
+    joins its backward to that history (the next backward ran through the first call's freed graph). Such a call
+    runs eagerly; a buffer detached again is compiled again."""
+    torch.manual_seed(0)
+    model, reference = Accumulates(), Accumulates()
+    reference.load_state_dict(model.state_dict())
+    fn = stampout.compile(model, backend=backend)
+    for i in range(4):
+        if i == 3:
+            model.acc, reference.acc = model.acc.detach(), reference.acc.detach()
+        x = torch.randn(2, 4)
+        for m, call in ((reference, reference), (model, fn)):
+            m.zero_grad(set_to_none=True)
+            call(x).backward()
+        _same(model.lin.weight.grad, reference.lin.weight.grad)
+        _same(model.acc, reference.acc)

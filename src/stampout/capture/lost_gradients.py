@@ -44,3 +44,17 @@ def _label(root: torch.nn.Module, module: torch.nn.Module) -> str:
     """`Root.path.to.module` (the root's class alone for the root)."""
     name = next((name for name, m in root.named_modules() if m is module), "")
     return f"{type(root).__name__}.{name}" if name else type(root).__name__
+
+
+def updated_with_history(gm: torch.fx.GraphModule, inputs: list[Any], names: list[str]) -> str | None:
+    """The name of a graph input the graph updates in place that has autograd history of its own (a buffer an
+    earlier call accumulated a grad-requiring value into: `self.acc.add_(y)`), or None. Through AOTAutograd such an
+    input's update joins the compiled backward to the history: the next backward runs through the earlier call's
+    freed graph (eager's does not). `inputs`: the real tensors per placeholder; `names`: how a user reads them."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value, name in zip(placeholders, inputs, names):
+        fake = node.meta.get("val")
+        if (isinstance(value, torch.Tensor) and value.grad_fn is not None and isinstance(fake, torch.Tensor)
+                and not fake.is_inference() and fake._version > 0):
+            return name
+    return None

@@ -25,7 +25,7 @@ from .. import report
 from ..backends import background, progress, resolve, timing
 from ..capture.arguments import check_arguments, describe, eager_because_lazy, shorten
 from ..capture.leftovers import uninitialized_module
-from ..capture.lost_gradients import autograd_refusal
+from ..capture.lost_gradients import autograd_refusal, updated_with_history
 from ..capture.program import capture_program, frame_function
 from ..capture.result import Capture
 from ..capture.sharded import call_with_hooks, forward_of, is_sharded, region_forward
@@ -238,9 +238,16 @@ class CompiledFunction:
             only_while = program.ineligible[0].only_while if len(program.ineligible) == 1 else None
             return self._run_eagerly(key, f"stampout cannot guard it: it {program.ineligible[0]}", None,
                                      only_while=only_while), ()
+        real = cap.placeholders_for(args, kwargs)
+        labels = flatten_inputs(args, kwargs, self._arg_names)[2]
+        names = [*(labels[i] for i in cap.input_tensor_leaves), *(source.name() for _, source in cap.lifted)]
+        updated = updated_with_history(cap.gm, real, names)
+        if updated is not None:
+            return self._run_eagerly(key, f"stampout cannot keep its gradients: it updates {updated} in place, a "
+                                     "tensor with autograd history of its own (detach what it accumulates)", None), ()
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
-        example = cap.fake_inputs() if cap.shapes is not None else cap.placeholders_for(args, kwargs)
+        example = cap.fake_inputs() if cap.shapes is not None else real
         # A new size's symbolic recapture (the function already holds a compiled program): Inductor may finish
         # its compile in the background (backends/background.py).
         recompile = cap.shapes is not None and any(isinstance(e, Entry) for e in self._entries)
