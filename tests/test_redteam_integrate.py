@@ -4,6 +4,7 @@ calls somewhere the per-call check skips must still be seen, the outputs equal t
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -174,6 +175,7 @@ class _ReadsHelpersThing(nn.Module):
 def _helpers_module(tmp_path, monkeypatch, name: str):
     (tmp_path / f"{name}.py").write_text("class Thing:\n    val = 1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)  # (a second run of the test: its own module, val 1.0)
     return importlib.import_module(name)
 
 
