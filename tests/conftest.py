@@ -60,10 +60,11 @@ HEAVY_FIRST = (
 _RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
 
 
-# Red-team files whose tests also run as users run them, with STAMPOUT_CHECK_WORLD off: there a fake left in user state
-# is not found by the check (which would turn it into a quiet eager call) and shows as the wrong result it is.
+# Red-team files whose tests also run as users run them, with STAMPOUT_CHECK_WORLD off: there a fake left in user
+# state is not found by the check (which would turn it into a quiet eager call) and shows as the wrong result it is.
 UNCHECKED_TOO = ("test_redteam3.py", "test_redteam_integrate.py", "test_redteam2_grad_mode.py",
-                 "test_redteam2_identities.py", "test_redteam2_input_identity.py", "test_redteam2_registered_buffers.py")
+                 "test_redteam2_identities.py", "test_redteam2_input_identity.py",
+                 "test_redteam2_registered_buffers.py")
 
 
 def pytest_generate_tests(metafunc):

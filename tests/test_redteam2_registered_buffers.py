@@ -4,7 +4,8 @@ capture fails for the new size (symbolic, then static: "a tensor made by no torc
 per-layer captures of the piecewise fallback leave FakeTensors in each layer's `_buffers` (registered by torch's own
 `register_buffer`, a store no watch sees): the next call raises torch's "Please convert all Tensors to FakeTensors"
 (loud, but user state holds fakes, against SPEC §3; watch/world_snapshot.py's repair does not undo it, and only
-STAMPOUT_CHECK_WORLD's check finds it). Known wrong, not fixed yet: a strict xfail."""
+STAMPOUT_CHECK_WORLD's check finds it). Fixed (soundness3): a capture notes the registries of modules a live entry
+watches too (bumping dict subclasses, which `Registries` skipped), so the registration is undone and replayed."""
 
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ class Model(nn.Module):
         return x
 
 
-@pytest.mark.xfail(strict=True, reason="piecewise per-layer captures leave FakeTensors registered by register_buffer")
 def test_a_growing_registered_buffer_cache_keeps_real_tensors():
     torch.manual_seed(0)
     model = Model()

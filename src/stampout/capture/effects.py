@@ -248,8 +248,8 @@ class Registries:
     program ineligible; after the capture the dicts are put back."""
 
     def __init__(self, modules: list[torch.nn.Module]) -> None:
-        self.before = [(m, name, d, dict(d)) for m in modules for name in _REGISTRY_NAMES
-                       if type(d := m.__dict__.get(name)) is dict]
+        self.before = [(m, name, d, dict(d)) for m in modules for name in _REGISTRY_NAMES  # (a watched module's are
+                       if isinstance(d := m.__dict__.get(name), dict)]  # bumping dicts: tracking.py)
 
     def changed(self) -> list[tuple[torch.nn.Module, str, dict, dict]]:
         return [(m, name, d, old) for m, name, d, old in self.before  # (same keys in order: values by position)

@@ -397,7 +397,8 @@ def _merge_order(fixed: list[bool]) -> Callable[[tuple], tuple] | None:
 class EagerEntry:
     """Calls with this key run the original function: its capture read something stampout cannot guard."""
 
-    def __init__(self, key: CallKey, reason: str, pieces: Pieces | None = None, only_while: Guard | None = None) -> None:
+    def __init__(self, key: CallKey, reason: str, pieces: Pieces | None = None,
+                 only_while: Guard | None = None) -> None:
         self.key = key
         self.reason = reason
         self.capture = None

@@ -12,7 +12,6 @@ import torch
 
 from ..watch.tracking import HOOK_DICTS
 
-
 # How a module call runs each forward hook, kept beside the hook dicts by its handle's id: with the call's kwargs, and
 # (forward hooks) after an exception too. A write into one of them changes the call as much as a new hook does.
 _HOOK_FLAGS = {"_forward_pre_hooks": ("_forward_pre_hooks_with_kwargs",),

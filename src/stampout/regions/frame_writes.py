@@ -6,7 +6,6 @@ that makes one it cannot replay is ineligible (see RegionFrame); `undo` puts the
 from __future__ import annotations
 
 import operator
-
 import types
 from collections.abc import Callable
 from typing import Any
