@@ -24,6 +24,7 @@ from ..trace.memory import memory_span, spans_of
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch
 from .fsdp_swaps import SwappedParams
+from .outputs import OutputBuilder
 from .per_call_aliases import PerCallAliases, overlaps_fixed
 from .piecewise import Pieces
 from .protection import Anchors, Protection, anchored
@@ -148,6 +149,7 @@ class Entry:
                  like: Entry | None = None):
         self.capture = cap
         self.compiled = compiled
+        self.outputs = OutputBuilder(cap.output_template)  # (the call's outputs rebuilt: outputs.py)
         self.shapes = cap.shapes  # a symbolic capture: its inputs' sizes are checked by its shape guards
         self.masked = frozenset(cap.shapes.leaves) if cap.shapes is not None else None
         self.key = self.key_for(key, ctx.leaves[1:])
