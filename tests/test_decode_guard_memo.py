@@ -72,3 +72,18 @@ def test_an_input_that_is_a_tensor_the_memo_fixed_is_seen():
     assert held.hits == 4  # (fresh inputs: the memo answered)
     assert held.run(check, [None, cache.layers[3].keys, cache], None, ()) is False
     assert held.run(check, [None, cache.layers[0].keys, cache], None, ()) is False
+
+
+def test_lifted_inputs_merge_follows_a_new_fixed_tuple():
+    """The per-call merge keeps the fixed inputs in placeholder order per `known` tuple (made anew after a write):
+    another tuple, even of equal length, is put in order afresh; each call's list is its own."""
+    from stampout.compile.entries import _merge_order
+
+    merge = _merge_order([True, False, True, True, False])
+    a, b = ("w0", "w1", "w2"), ("v0", "v1", "v2")
+    first = merge(a, ("k", "v"))
+    assert first == ["w0", "k", "w1", "w2", "v"]
+    first[0] = "mutated"
+    assert merge(a, ("k2", "v2")) == ["w0", "k2", "w1", "w2", "v2"]
+    assert merge(b, ("k", "v")) == ["v0", "k", "v1", "v2", "v"]
+    assert _merge_order([True, True, False]) is None
