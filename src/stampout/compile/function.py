@@ -40,7 +40,7 @@ from ..sources import Arg, CallContext
 from ..torch_internals import DisableTorchFunction, caller_modes, dispatch_modes, function_modes, patch_parameter_writes
 from ..trace.frames import failed_at, raised_by_user, symbolic_fault, user_location
 from ..trace.names import root_module
-from ..trace.structure import argument_names, build, flatten_inputs
+from ..trace.structure import argument_names, flatten_inputs
 from ..watch.tracking import EPOCH, WriteWatch, install_registration_hooks
 from .automatic_dynamic import AutomaticDynamic
 from .entries import CallKey, EagerEntry, Entry, new_key
@@ -170,7 +170,7 @@ class CompiledFunction:
             n = len(outputs) - len(effects.extra)
             entry.replay(ctx, outputs[n:])
             outputs = outputs[:n]
-        return build(cap.output_template, outputs, leaves)
+        return entry.outputs(outputs, leaves)
 
     def _lookup(self, key: CallKey, ctx: CallContext, leaves: list[Any]) -> tuple[Any, tuple] | None:
         masked_keys: dict[frozenset[int], CallKey] = {}

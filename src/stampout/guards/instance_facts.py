@@ -24,7 +24,8 @@ check, one C++ check (torch_internals.ObjectFacts) can say the reads would find 
     getters on every call and compared by identity (they change with no dict write: `f.__code__ = ...`,
     `nonlocal x; x = 1`); their instance dicts (`f.__stampout_region__`) like any other object's.
 Guards whose outcome is then fixed are left out of the check that still runs: identity, class (the class is
-in the C++ check), constants of immutable types, lengths and keys of the containers above, absence. The rest
+in the C++ check), constants of immutable types, lengths and keys of the containers above, absence, distinctness
+of objects all vouched for (80 cache layers: the objects the full pass found distinct, the same objects now). The rest
 still run, reading from the vouched objects (`anchors[k]` in the generated code): guards on anything else
 (a config class with its own `__getattribute__`, closures, globals), and every tensor's metadata, which
 in-place ops (`set_`, `resize_`, `as_strided_`) change with no dict write (DeferredTensors, the aliasing
@@ -52,7 +53,7 @@ from ..sources import (MISSING, Absolute, Anchor, Arg, Attr, ClassAttr, Closure,
 from ..torch_internals import ObjectFacts
 from .guard import Guard, compile_guards
 from .namespaces import class_dict, same_mros
-from .rules import Kind
+from .rules import ApartFrom, Kind
 from .values import IMMUTABLE_TYPES, OBJECT_GETATTRIBUTE
 
 log = logging.getLogger("stampout.guards")
@@ -110,6 +111,7 @@ class _Builder:
         self.unnoded: set[Source] = set()  # vouched for by dict versions alone: no C++ node reaches them
         self.read_in_c: set[Source] = set()  # a builtin object's attribute (_READ_IN_C): its own node, by identity
         self.facts = ObjectFacts()
+        self.split: dict[int, tuple[list[Source], ApartFrom]] = {}  # id(DISTINCT guard) -> its unfixed sides, the rest
         self.values: dict[Source, Any] = {}
         self.refused: set[Source] = set()
         self.absolutes: list[Any] = []
@@ -371,6 +373,8 @@ class _Builder:
         elif kind is Kind.CONST:
             if not _immutable(value) and not self._fixed_table(source, value):
                 return False
+        elif kind is Kind.DISTINCT:
+            return self._apart(guard)
         elif kind in (Kind.LEN, Kind.KEYS):
             if source in self.unnoded or type(value) not in ((list, tuple, dict) if kind is Kind.LEN else (dict,)):
                 return False
@@ -383,6 +387,33 @@ class _Builder:
             return False
         self.reach(source)
         return True
+
+    def _apart(self, guard: Guard) -> bool:
+        """A DISTINCT guard: settled where the facts fix every object it compares (the objects the full pass found
+        distinct, the same objects now: 80 cache layers); else, where they fix some, the rest compared with those
+        by their ids (`self.split`). An input tensor is never fixed (a fresh one each call would fail the facts)."""
+        sides = (guard.source, *guard.expected)
+        fixed = [s for s in sides if self._fixable(s)]
+        if len(fixed) == len(sides):
+            for side in sides:
+                self.reach(side)
+            return True
+        if len(fixed) > 1:
+            for side in fixed:
+                self.reach(side)
+            self.split[id(guard)] = ([s for s in sides if s not in fixed], ApartFrom([self.values[s] for s in fixed]))
+        return False
+
+    def _fixable(self, source: Source) -> bool:
+        """Vouched for, present, not a weak reference (which _distinct reads through: its referent may die) and not
+        reached through an input tensor."""
+        if not self.vouch(source) or self.values[source] is MISSING or source in self.opaque \
+                or type(self.values[source]) is weakref.ref:
+            return False
+        root = source
+        while root.base() is not None:
+            root = root.base()
+        return type(root) is not Arg or not isinstance(self.values[root], torch.Tensor)
 
     def reach(self, source: Source) -> None:
         """The facts on the path to a vouched source: its holder's where that fixes it (an attribute: the instance dict
@@ -499,8 +530,16 @@ class InstanceFacts:
             slots[source] = new
             return new
 
-        rest_guards = [Guard(rewrite(g.source), g.kind, rewrite(g.expected) if g.kind is Kind.SAME else g.expected,
-                             g.where) for g in kept]
+        def apart(guard: Guard) -> Guard:  # (a DISTINCT guard with some objects fixed: the others compared with them)
+            sides, fixed = b.split[id(guard)]
+            extra.append(fixed)
+            held = Anchor(len(anchors) + len(extra) - 1, f"the {len(fixed.ids)} objects of it the facts fix")
+            return Guard(rewrite(sides[0]), Kind.DISTINCT, (*map(rewrite, sides[1:]), held), guard.where)
+
+        rest_guards = [apart(g) if id(g) in b.split else
+                       Guard(rewrite(g.source), g.kind, rewrite(g.expected) if g.kind is Kind.SAME else
+                             tuple(map(rewrite, g.expected)) if g.kind is Kind.DISTINCT else g.expected, g.where)
+                       for g in kept]
         memo = _Memo()
         memo.rest = compile_guards(rest_guards, None if vouched else [rewrite(s) for s in self.values])
         memo.anchors, memo.facts, memo.values = anchors, b.facts, values

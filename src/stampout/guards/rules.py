@@ -311,10 +311,22 @@ class SameRule(Rule):
         return f"the object at {guard.expected.name()}"
 
 
+class ApartFrom:
+    """The last of a DISTINCT guard's values in a memoized check (instance_facts.py): objects that are fixed by the
+    memo's facts (the same objects as on the full pass, which found them distinct), as their ids; the guard's other
+    values must be none of them."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, objects: list[Any]) -> None:
+        self.ids = frozenset(map(id, objects))
+
+
 def _distinct(values: tuple) -> bool:
-    """No two of `values` are one object (a weak reference counts as its referent: a WeakKeyDictionary's key)."""
+    """No two of `values` are one object (a weak reference counts as its referent: a WeakKeyDictionary's key);
+    none of them one of an `ApartFrom`'s objects."""
     ids = {id(v() if type(v) is weakref.ref else v) for v in values if v is not MISSING}
-    return len(ids) == len(values)
+    return len(ids) == len(values) and (type(values[-1]) is not ApartFrom or values[-1].ids.isdisjoint(ids))
 
 
 @_rule(Kind.DISTINCT)

@@ -1,0 +1,89 @@
+"""The cheap paths of an entry's per-call check on a decode step (guards/instance_facts.py, compile/entries.py):
+each answers only while what it stands for is unchanged. Every test makes the change the cheap path could skip
+and checks that the answer is the full check's."""
+
+from __future__ import annotations
+
+import torch
+
+from stampout.guards.guard import Guard, compile_guards
+from stampout.guards.instance_facts import InstanceFacts
+from stampout.guards.rules import Kind
+from stampout.report import annotated
+from stampout.sources import Arg, Attr, Item
+
+
+class Layer:
+    def __init__(self) -> None:
+        self.keys = torch.zeros(2)
+
+
+class Cache:
+    def __init__(self, n: int) -> None:
+        self.layers = [Layer() for _ in range(n)]
+
+
+def _layers_distinct(n: int) -> list[Guard]:
+    """`cache.layers[0]` distinct from layers 1..n-1 (the guard a decode step's reads of one class leave), and the
+    input tensor `x` distinct from the tensors it read (`cache.layers[i].keys`)."""
+    layers = Attr(Arg(2, "cache"), "layers")
+    items = [Item(layers, i) for i in range(n)]
+    keys = tuple(Attr(item, "keys") for item in items)
+    return [Guard(items[0], Kind.DISTINCT, tuple(items[1:])), Guard(Arg(1, "x"), Kind.DISTINCT, keys)]
+
+
+def _check(guards: list[Guard]):
+    return compile_guards(guards, [Arg(2, "cache")])  # (as an entry's: it returns what it read)
+
+
+def _memoized(guards: list[Guard], leaves: list) -> InstanceFacts:
+    held = InstanceFacts(guards, [Arg(2, "cache")], [])
+    check = _check(guards)
+    assert held.run(check, leaves, None, ()) is not False  # (the full pass, which makes the memo)
+    assert held.run(check, leaves, None, ()) is not False and held.hits == 1
+    return held
+
+
+def test_distinct_objects_the_facts_fix_are_not_read_per_call():
+    cache = Cache(8)
+    leaves = [None, torch.ones(2), cache]
+    held = _memoized(_layers_distinct(8), leaves)
+    assert "layers[5]" not in annotated(held._memo.rest)  # (the layers are fixed by the facts: no walk over them per call)
+
+
+def test_a_layer_made_the_same_object_as_another_is_seen_behind_the_memo():
+    cache = Cache(8)
+    guards = _layers_distinct(8)
+    held = _memoized(guards, [None, torch.ones(2), cache])
+    check = _check(guards)
+    cache.layers[5] = cache.layers[0]
+    assert held.run(check, [None, torch.ones(2), cache], None, ()) is False
+
+
+def test_an_input_that_is_a_tensor_the_memo_fixed_is_seen():
+    """The input is compared per call with the fixed objects (by their ids), not pinned: a fresh input each call
+    keeps the memo, and an input that is one of the cache's tensors fails."""
+    cache = Cache(8)
+    guards = _layers_distinct(8)
+    held = _memoized(guards, [None, torch.ones(2), cache])
+    check = _check(guards)
+    for _ in range(3):
+        assert held.run(check, [None, torch.ones(2), cache], None, ()) is not False
+    assert held.hits == 4  # (fresh inputs: the memo answered)
+    assert held.run(check, [None, cache.layers[3].keys, cache], None, ()) is False
+    assert held.run(check, [None, cache.layers[0].keys, cache], None, ()) is False
+
+
+def test_lifted_inputs_merge_follows_a_new_fixed_tuple():
+    """The per-call merge keeps the fixed inputs in placeholder order per `known` tuple (made anew after a write):
+    another tuple, even of equal length, is put in order afresh; each call's list is its own."""
+    from stampout.compile.entries import _merge_order
+
+    merge = _merge_order([True, False, True, True, False])
+    a, b = ("w0", "w1", "w2"), ("v0", "v1", "v2")
+    first = merge(a, ("k", "v"))
+    assert first == ["w0", "k", "w1", "w2", "v"]
+    first[0] = "mutated"
+    assert merge(a, ("k2", "v2")) == ["w0", "k2", "w1", "w2", "v2"]
+    assert merge(b, ("k", "v")) == ["v0", "k", "v1", "v2", "v"]
+    assert _merge_order([True, True, False]) is None
