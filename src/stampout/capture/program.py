@@ -71,6 +71,7 @@ from .lost_gradients import autograd_refusal
 from .options import CaptureOptions, refuse_lazy
 from .result import Capture
 from .world import (
+    ModulePaths,
     concrete_stores,
     drawn_store,
     frame_function,
@@ -93,9 +94,9 @@ def moved_parameter(cap: Capture, ctx: CallContext) -> str | None:
     """Why the capture is refused, if the program's Python rebound a path through which the graph reads a parameter
     (`self.a, self.b = self.b, self.a`): each call of the Capture reads its parameters by path, after the capture's
     stores, so it would compute with the other module's weights (compile's calls read them before replaying)."""
-    memo: dict = {}
+    resolve = ModulePaths(ctx)
     for tensor, source in cap.lifted:
-        if isinstance(tensor, torch.nn.Parameter) and source is not None and source.resolve(ctx, memo) is not tensor:
+        if isinstance(tensor, torch.nn.Parameter) and source is not None and resolve(source) is not tensor:
             return message(f"stampout.capture cannot trace this program: it rebinds the path {source.name()} through "
                            "which the graph reads a parameter, so each call of the Capture would read another one",
                            user_location(), "keep the modules where they are during the call, or use stampout.compile")

@@ -12,10 +12,11 @@ import torch
 
 from ..context import listeners
 from ..errors import CaptureError, message
+from ..guards.values import module_attr
 from ..regions.call import RegionCalls
 from ..regions.frame import ProgramIneligible, RegionFrame
 from ..regions.marker import innermost
-from ..sources import Arg, Attr, CallContext, Input, Source
+from ..sources import MISSING, Arg, Attr, CallContext, Input, Source, mro_attr
 from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.frames import user_location
 from ..trace.names import identifier, root_module
@@ -232,3 +233,38 @@ def lifted_source(t: torch.Tensor, found: Source | None, program: RegionFrame | 
     return found
 
 
+class ModulePaths:
+    """`source.resolve(ctx, memo)` for many paths through one module tree (a deep model's lifted parameters, each
+    `self.layers[i].attn.qkv.weight`): a step from a module whose class resolves attributes as nn.Module does (no
+    `__getattr__`/`__getattribute__` of its own) to a name its class does not define reads the instance dict and
+    the registries, as nn.Module resolves it (the generated guards' `_module_attr`), without the failed lookup and
+    `nn.Module.__getattr__` call per step; the parents shared by many paths are resolved once (by identity: the
+    capture's sources share them). Any other step is the source's own resolve."""
+
+    __slots__ = ("ctx", "memo", "values", "plain")
+
+    def __init__(self, ctx: CallContext) -> None:
+        self.ctx, self.memo = ctx, {}
+        self.values: dict[int, tuple[Source, Any]] = {}  # id(source) -> (source, its value): the source kept alive
+        self.plain: dict[tuple[type, str], bool] = {}
+
+    def __call__(self, source: Source) -> Any:
+        hit = self.values.get(id(source))
+        if hit is not None:
+            return hit[1]
+        value = MISSING
+        if type(source) is Attr:
+            obj = self(source.parent)
+            cls, attr = type(obj), source.attr
+            plain = self.plain.get((cls, attr))
+            if plain is None:
+                plain = self.plain[(cls, attr)] = (issubclass(cls, torch.nn.Module)
+                                                   and cls.__getattr__ is torch.nn.Module.__getattr__
+                                                   and cls.__getattribute__ is object.__getattribute__
+                                                   and mro_attr(cls, attr) is MISSING)
+            if plain:
+                value = module_attr(obj, attr)
+        if value is MISSING:  # (the general step; a missing attribute is MISSING there too)
+            value = source.resolve(self.ctx, self.memo)
+        self.values[id(source)] = (source, value)
+        return value

@@ -62,6 +62,9 @@ def _module_attr(v: Any, name: str) -> Any:
     return MISSING
 
 
+module_attr = _module_attr  # (capture/program.py reads a capture's parameter paths with it)
+
+
 def is_auto_mark(value: Any) -> bool:
     """Whether `value` is the bound region wrapper `stampout.auto_regions` puts on a module for a capture."""
     return type(value) is MethodType and getattr(value.__func__, "__stampout_auto__", False) is True  # (no getattr
