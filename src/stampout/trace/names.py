@@ -17,6 +17,7 @@ import torch
 
 from .. import config
 from ..sources import Absolute, Arg, Attr, Item, Source, module_path
+from .structure import ATOMIC
 
 
 def written_as_is(name: str) -> bool:
@@ -60,7 +61,7 @@ class TensorNames:
         self._owners: dict[tuple[int, str], Source] = {}  # (id of a root source, module path) -> its source
         root = root_module(fn)
         if root is not None:
-            self._walk(root, "", Arg(0, "self"))
+            self._walk(root, "", Arg(0, "self"), "")
             fn = type(root).forward if fn is root else fn
         # The call's own arguments before globals: a tensor (or module) reachable both ways is the argument's,
         # read from each call's argument (a global that happens to hold the example is not the input).
@@ -104,20 +105,30 @@ class TensorNames:
     def _walk(self, module: torch.nn.Module, prefix: str, root: Source, path: str = "") -> None:
         d = module.__dict__
         found = self._found
-        for group in (d.get("_parameters", _EMPTY), d.get("_buffers", _EMPTY)):
-            for key, value in group.items():
-                if isinstance(value, torch.Tensor) and id(value) not in found:
-                    found[id(value)] = (prefix + key, root, path + key)
+        same = prefix is path  # (the root module's tree: each name is its path, one string for both)
+        for group in (d.get("_parameters"), d.get("_buffers")):
+            if group:
+                for key, value in group.items():
+                    if isinstance(value, torch.Tensor) and id(value) not in found:
+                        name = prefix + key
+                        found[id(value)] = (name, root, name if same else path + key)
         # Tensor attributes, in the module's attribute order: only the names nn.Module does not set itself can
-        # hold one (a set difference in C; a deep model has thousands of modules)
+        # hold one (a set difference in C; a deep model has thousands of modules). A value of an atomic type is
+        # none (and no isinstance for it: a config's own __getattribute__ answers `__class__` in Python)
         extra = d.keys() - _MODULE_FIELDS
-        if extra and any(isinstance(d[key], torch.Tensor) for key in extra):
-            for key, value in d.items():
-                if key in extra and isinstance(value, torch.Tensor) and not key.startswith("__"):
-                    self._add(value, prefix + key, root, path + key)
-        for key, child in d.get("_modules", _EMPTY).items():
-            if child is not None:
-                self._walk(child, f"{prefix}{key}.", root, f"{path}{key}.")
+        for key in extra:
+            value = d[key]
+            if type(value) not in ATOMIC and isinstance(value, torch.Tensor):
+                for key, value in d.items():
+                    if key in extra and isinstance(value, torch.Tensor) and not key.startswith("__"):
+                        self._add(value, prefix + key, root, path + key)
+                break
+        modules = d.get("_modules")
+        if modules:
+            for key, child in modules.items():
+                if child is not None:
+                    inner = f"{prefix}{key}."
+                    self._walk(child, inner, root, inner if same else f"{path}{key}.")
 
     def _walk_object(self, obj: Any, label: str, root: Source, path: str, depth: int) -> None:
         """Tensors held by an input object's attributes, and the lists and dicts it holds (a dataclass batch,
