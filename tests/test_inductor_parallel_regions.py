@@ -89,3 +89,13 @@ def test_a_region_the_worker_fails_on_is_compiled_here(worker_takes_the_second_r
         torch.testing.assert_close(out, model(x))
     assert parallel.STATS["worker_failed"] == 1 and parallel.STATS["compiled_by_worker"] == 0, parallel.STATS
     assert "failed to compile region" in caplog.text
+
+
+@pytest.mark.parametrize("cpus, setting, jobs, workers", [(2, -1, 3, 0), (3, -1, 3, 1), (8, -1, 3, 3), (16, -1, 9, 4),
+                                                          (2, 1, 3, 1), (8, 0, 3, 0), (8, 2, 1, 1)])
+def test_how_many_workers(monkeypatch, cpus, setting, jobs, workers):
+    """By default one per CPU beyond two (this process lowers on one, its C++ compiles use the other), at most
+    AUTO_MOST; config.parallel_regions sets the most (0: none); never more than the regions."""
+    monkeypatch.setattr(parallel, "cpus", lambda: cpus)
+    with stampout.config.patch(parallel_regions=setting):
+        assert parallel.worker_count(jobs) == workers

@@ -12,8 +12,10 @@ and finds it there: a cache load instead of a compile. What serves is what a res
 load, so a worker decides nothing about results; a worker that fails or disagrees (a cache miss) costs time only.
 
 Workers start when a compile has two or more distinct regions of `config.parallel_min_nodes` compute nodes or more
-(tiny graphs compile faster than a Python interpreter imports torch), at most `config.parallel_regions` of them
-and one fewer than the CPUs this process may use. A worker announces itself once its imports are done; until a
+(tiny graphs compile faster than a Python interpreter imports torch): `config.parallel_regions` of them at most, by
+default one per CPU this process may use beyond two, at most AUTO_MOST. (On two CPUs a worker only competes with
+this process's lowering and its C++ compiles, and pays for its own imports and Inductor's once-per-process checks:
+measured: see the figures below.) A worker announces itself once its imports are done; until a
 worker takes a region, the caller takes it back when it gets there (`claim`), so a slow start costs nothing but
 the worker's own CPU; a restart that finds every region in the caches takes them all back, and the workers still
 importing are stopped when its compile ends (`release`). Idle workers exit after IDLE_S seconds, and with this
@@ -45,6 +47,7 @@ from .. import config
 log = logging.getLogger("stampout.backends")
 
 IDLE_S = 120.0  # an idle worker exits after this many seconds
+AUTO_MOST = 4  # workers at most, by default
 STATS = {"workers_started": 0, "submitted": 0, "compiled_by_worker": 0, "taken_back": 0, "worker_failed": 0}
 
 
@@ -73,7 +76,10 @@ def cpus() -> int:
 
 
 def worker_count(jobs: int) -> int:
-    return max(0, min(jobs, config.parallel_regions, cpus() - 1))
+    """How many workers `jobs` regions get: `config.parallel_regions`, or by default one per CPU beyond two (this
+    process lowers on one, its C++ compiles run on the other: on two CPUs a worker only competes with them)."""
+    most = config.parallel_regions if config.parallel_regions >= 0 else min(AUTO_MOST, cpus() - 2)
+    return max(0, min(jobs, most))
 
 
 # ---------------------------------------------------------------------------------------------- the caller
