@@ -184,6 +184,10 @@ def run_cell(model_name: str, layers: int, mode: str, variant: str, threads: int
         if training:
             _loss(out).backward()
     r["first_call_s"] = time.perf_counter() - t0
+    parallel = sys.modules.get("stampout.backends.parallel")
+    if parallel is not None:  # (its worker processes' CPU counts once they have exited)
+        r["region_workers"] = dict(parallel.STATS)
+        parallel.shutdown()
     r["cpu_s"] = _cpu() - c0
     r["out_max_abs_diff"] = (out.detach().float() - ref.float()).abs().max().item()
     ok = r["out_max_abs_diff"] <= OUT_TOL
@@ -317,12 +321,14 @@ def report(rows: list[dict[str, Any]]) -> None:
     con.print(table)
 
     names = {"capture": "capture", "toolchain": "isa", "aot autograd": "aot", "inductor lowering": "lower",
-             "c++ compile": "c++", "module load": "load", "cache load": "cache", "glue": "glue",
+             "c++ compile": "c++", "module load": "load", "cache load": "cache", "region workers": "workers",
+             "glue": "glue",
              "first run": "run", "other": "other"}
     phases = Table(title="stampout, where the first call's time goes (stampout.timing phases, seconds)",
                    caption="isa: waiting for Inductor's C++ ISA check; aot: AOTAutograd; lower: Inductor lowering "
                    "and code generation; c++: waiting for the C++ compiler; load: module load; cache: graphs loaded "
-                   "from the AOTAutograd/FX graph caches; run: first run. caches: AOTAutograd hit/miss/bypass, "
+                   "from the AOTAutograd/FX graph caches; workers: waiting for worker processes compiling distinct regions "
+                   "(backends/parallel.py); run: first run. caches: AOTAutograd hit/miss/bypass, "
                    "FX graph hit/miss/bypass.")
     for col in ("model", "layers", "mode", "run", "first call", *names.values(), "caches"):
         phases.add_column(col, justify="left" if col in ("model", "mode", "run") else "right")
@@ -385,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     variants = [*args.variants, *([BASE] if args.base_src else [])]
     plan = [(name, n, m, variants) for name in ((), ("llama",))[not args.no_llama] + tuple(args.models)
             for n in sorted(set(args.layers)) for m in args.modes]
-    plan += [(d, args.diffusers_layers, m, list(DIFFUSERS_VARIANTS))
+    plan += [(d, args.diffusers_layers, m, [*DIFFUSERS_VARIANTS, *([BASE] if args.base_src else [])])
              for d in args.diffusers for m in args.diffusers_modes]
     rows = []
     for model, layers, mode, variants in plan:

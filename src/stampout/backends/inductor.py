@@ -14,8 +14,8 @@ ISA checks are cut to the one that decides and start in the background (toolchai
 hashes torch's sources nor precompiles headers for modules already built (startup.py); in training the
 backward is lowered with the forward, and C++ compiles run while the next graph lowers (pipeline.py); the
 Python wrapper's kernels of a compile are one library, one compiler run (kernel_batch.py); a graph without
-region calls inside is one C++ file (Inductor's C++ wrapper) in inference. Every phase
-is timed (`STAMPOUT_LOGS=+timing`, see timing.py).
+region calls inside is one C++ file (Inductor's C++ wrapper) in inference; distinct regions beyond the first may be
+compiled by worker processes meanwhile and loaded from the caches (parallel.py). Every phase is timed (`STAMPOUT_LOGS=+timing`, see timing.py).
 
 Two torch 2.13 Inductor bugs give wrong gradients; stampout compiles around both:
 - with buffer reuse, reused subgraphs (TORCH_NOTES.md: 31-39 % relative error on the layer norm weights of
@@ -43,7 +43,7 @@ import torch.fx as fx
 from .. import config, torch_internals
 from ..errors import StampoutError
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
-from . import background, pipeline, progress, split, startup, timing, toolchain
+from . import background, parallel, pipeline, progress, split, startup, timing, toolchain
 from .grad_identity import separate_by_requires_grad
 from .undifferentiated import detach_undifferentiated_operands
 from .inline import inline_regions, inline_writing_regions, subclass_operands
@@ -222,6 +222,26 @@ def _fake_mode(example_inputs: list[Any]) -> Any:
 
 
 def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., Any]:
+    with timing.phase("region workers"):
+        claimed = parallel.claim(_job_key(call))
+    if claimed:  # (a worker compiled it into the caches: this loads it)
+        hits = counters_hits()
+        compiled = compile_region_graph(call.subgraph, call.node.args[1], vals)
+        if counters_hits() == hits:
+            log.warning("inductor: region %s, compiled by a worker process, was not found in the caches",
+                        call.node.args[1])
+        return compiled
+    return compile_region_graph(call.subgraph, call.node.args[1], vals)
+
+
+def counters_hits() -> int:
+    from ..torch_internals import dynamo_counters as counters
+
+    return counters["aot_autograd"]["autograd_cache_hit"]
+
+
+def compile_region_graph(subgraph: fx.GraphModule, name: str, vals: list[Any]) -> Callable[..., Any]:
+    """A region's subgraph compiled apart, for operands like `vals` (here, or in a worker process: parallel.py)."""
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from ..torch_internals import FakeTensorMode
@@ -231,11 +251,28 @@ def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., An
     else:
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
         examples = [split.example_like(v, fake_mode) if isinstance(v, torch.Tensor) else v for v in vals]
-    name = call.node.args[1]
     started = time.perf_counter()
-    compiled = _compile(call.subgraph, examples, f"region {name}", _config_patches(call.subgraph, examples))
+    compiled = _compile(subgraph, examples, f"region {name}", _config_patches(subgraph, examples))
     log.debug("inductor: region %s compiled apart in %.2fs", name, time.perf_counter() - started)
     return compiled
+
+
+def _job_key(call: split.RegionCall) -> tuple:
+    return id(call.subgraph), tuple(split.metadata(o.meta["val"]) for o in call.operands), call.grad_enabled
+
+
+def _compile_ahead(calls: list[split.RegionCall]) -> list[tuple]:
+    """The distinct regions after the first that are worth a worker process (parallel.py), handed to workers."""
+    if len(calls) < 2 or config.parallel_regions <= 0:
+        return []
+    regions = []
+    for call in calls[1:]:
+        vals = [o.meta["val"] for o in call.operands]
+        if (split.symbolic(vals) or any(is_traceable_wrapper_subclass(v) for v in vals)
+                or split.compute_nodes(call.subgraph) < config.parallel_min_nodes):
+            continue
+        regions.append((_job_key(call), call.node.args[1], call.subgraph, vals, call.grad_enabled))
+    return [region[0] for region in regions] if parallel.submit(regions) else []
 
 
 def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
@@ -287,9 +324,14 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any],
                 log.info("inductor: compiling the whole graph: %s", reason)
             compiled = _compile(gm, example_inputs, "whole graph", _config_patches(gm, example_inputs))
         else:
-            compiled = split.build(gm, _compile_region, key_extra=(config.avoid_reused_subgraph_buffer_bug,
-                                                                   config.avoid_horizontal_fusion_bug,
-                                                                   config.cpp_wrapper))
+            submitted: list[tuple] = []
+            try:
+                compiled = split.build(gm, _compile_region, key_extra=(config.avoid_reused_subgraph_buffer_bug,
+                                                                       config.avoid_horizontal_fusion_bug,
+                                                                       config.cpp_wrapper),
+                                       ahead=lambda calls: submitted.extend(_compile_ahead(calls)))
+            finally:
+                parallel.release(submitted)
             with timing.phase("glue"):
                 compiled.recompile()
     return _first_run_timed(compiled, what)

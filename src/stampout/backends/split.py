@@ -77,7 +77,7 @@ def region_calls(gm: fx.GraphModule) -> list[RegionCall]:
     return calls
 
 
-def _compute_nodes(gm: fx.GraphModule) -> int:
+def compute_nodes(gm: fx.GraphModule) -> int:
     return sum(n.op in ("call_function", "call_method", "call_module") and n.target is not operator.getitem
                for n in gm.graph.nodes)
 
@@ -175,14 +175,14 @@ def reason_to_compile_whole(gm: fx.GraphModule, max_glue: float | None = None) -
         # fine when no two operands share memory and none requires grad.
         if writes_an_input(call.subgraph) and not _separate_and_constant(call):
             return f"{call.node.args[1]} may write into its inputs, which share memory or require grad"
-    region_work = sum(_compute_nodes(call.subgraph) for call in calls)
-    glue_work = _compute_nodes(gm) - len(calls)
+    region_work = sum(compute_nodes(call.subgraph) for call in calls)
+    glue_work = compute_nodes(gm) - len(calls)
     if glue_work > max_glue * region_work:
         return f"the glue does real work ({glue_work} nodes beside {region_work} in regions)"
     return None
 
 
-def _metadata(value: Any) -> tuple:
+def metadata(value: Any) -> tuple:
     if not isinstance(value, torch.Tensor):  # a bound symbol (or a size specialized to an int)
         return ("size", size_key(value))
     return (sizes_key(value.shape), sizes_key(value.stride()), size_key(value.storage_offset()), value.dtype,
@@ -258,7 +258,7 @@ def plan(calls: list[RegionCall]) -> dict[fx.Node, Plan]:
     calls use is compiled and the others' operands are copied into it, when no output may alias an input
     and the outputs' layouts agree."""
     def exact(call: RegionCall) -> tuple:
-        return (id(call.subgraph), tuple(_metadata(o.meta["val"]) for o in call.operands), call.grad_enabled)
+        return (id(call.subgraph), tuple(metadata(o.meta["val"]) for o in call.operands), call.grad_enabled)
 
     def loose(call: RegionCall) -> tuple | None:
         code = _code(call.subgraph)
@@ -268,7 +268,7 @@ def plan(calls: list[RegionCall]) -> dict[fx.Node, Plan]:
         if not all(isinstance(v, FakeTensor) for v in values):
             return None
         outputs = tuple((tuple(v.shape), v.stride(), v.dtype) for v in values)
-        operands = tuple(_metadata(o.meta["val"])[3:] + (tuple(o.meta["val"].shape),) for o in call.operands)
+        operands = tuple(metadata(o.meta["val"])[3:] + (tuple(o.meta["val"].shape),) for o in call.operands)
         return (code, operands, outputs, call.grad_enabled)
 
     by_exact: dict[tuple, list[RegionCall]] = {}
@@ -300,18 +300,27 @@ _COMPILED: weakref.WeakKeyDictionary = caches.register(weakref.WeakKeyDictionary
 CompileRegion = Callable[[RegionCall, list[FakeTensor]], Callable[..., Any]]
 
 
-def build(gm: fx.GraphModule, compile_region: CompileRegion, key_extra: Any = None) -> fx.GraphModule:
+def build(gm: fx.GraphModule, compile_region: CompileRegion, key_extra: Any = None,
+          ahead: Callable[[list[RegionCall]], None] | None = None) -> fx.GraphModule:
     """The glue: `gm` with each region call replaced by a call of its compiled region (see `plan`). Each
-    compile is done once per process; `key_extra` names whatever else it depends on (config)."""
+    compile is done once per process; `key_extra` names whatever else it depends on (config). `ahead` is told,
+    before the first compile, which calls will be compiled, in the order they will be."""
     calls = region_calls(gm)
     plans = plan(calls)
 
     def key_of(call: RegionCall) -> tuple:
         vals = [operand.meta["val"] for operand in call.operands]
-        return tuple(_metadata(v) for v in vals), call.grad_enabled, key_extra
+        return tuple(metadata(v) for v in vals), call.grad_enabled, key_extra
 
-    progress.expect(len({(id(p.compiled_as.subgraph), key_of(p.compiled_as)) for p in plans.values()
-                         if key_of(p.compiled_as) not in _COMPILED.get(p.compiled_as.subgraph, {})}))
+    todo: dict[tuple, RegionCall] = {}
+    for call in calls:
+        compiled_as = plans[call.node].compiled_as
+        key = key_of(compiled_as)
+        if key not in _COMPILED.get(compiled_as.subgraph, {}):
+            todo.setdefault((id(compiled_as.subgraph), key), compiled_as)
+    progress.expect(len(todo))
+    if ahead is not None:
+        ahead(list(todo.values()))
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     modules: dict[str, torch.nn.Module] = {}

@@ -11,6 +11,7 @@ one, so a record's phases add up to its wall time. The names are fixed so benche
   c++ compile        waiting for the C++ compiler (kernels compile on a thread pool)
   module load        importing the generated module and loading compiled kernels
   cache load         a whole graph found in the AOTAutograd / FX graph cache (key, lookup, load)
+  region workers     waiting for a worker process compiling a distinct region (parallel.py)
   glue               building the eager outer graph that calls compiled regions
   first run          the first call of the compiled callable
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger("stampout.timing")
 
 PHASES = ("capture", "toolchain", "aot autograd", "inductor lowering", "c++ compile", "module load",
-          "cache load", "glue", "first run")
+          "cache load", "region workers", "glue", "first run")
 
 
 @dataclass

@@ -76,6 +76,8 @@ NAMES = {
     "FakeTensorMode": "torch._subclasses.fake_tensor.FakeTensorMode",
     "FileLock": "torch.utils._filelock.FileLock",
     "FunctionSchema": "torch._C.FunctionSchema",
+    "GraphPickler": "torch.fx._graph_pickler.GraphPickler",
+    "GraphPicklerOptions": "torch.fx._graph_pickler.Options",
     "Generator": "torch._C.Generator",
     "HigherOrderOperator": "torch._ops.HigherOrderOperator",
     "InferenceMode": "torch._C._InferenceMode",
