@@ -23,8 +23,8 @@ UNCHECKED_ONLY = ("test_an_ordinary_program_matches_eager",)
 _THROUGH_AOT = {
     "tensor_hook_scale", "tensor_hook_record", "checkpoint_block", "autograd_function_ctx", "autocast_inside",
     "grad_modes_inside", "retain_grad_debug", "gradient_penalty", "actnorm_data_init", "batchnorm_toggle",
-    "autograd_function_global_count", "rg_tensor_hook", "rg_checkpoint", "ema_teacher_lazy", "dropout_rng", "rg_dropout",
-    "inplace_input_and_param", "kv_cache_cat", "nested_regions", "torch_cond",
+    "autograd_function_global_count", "rg_tensor_hook", "rg_checkpoint", "ema_teacher_lazy", "dropout_rng",
+    "rg_dropout", "inplace_input_and_param", "kv_cache_cat", "nested_regions", "torch_cond",
 }
 _CASES = [(name, "eager") for name in PROGRAMS] + [(name, "aot_eager") for name in PROGRAMS if name in _THROUGH_AOT]
 
