@@ -87,3 +87,19 @@ def test_lifted_inputs_merge_follows_a_new_fixed_tuple():
     assert merge(a, ("k2", "v2")) == ["w0", "k2", "w1", "w2", "v2"]
     assert merge(b, ("k", "v")) == ["v0", "k", "v1", "v2", "v"]
     assert _merge_order([True, True, False]) is None
+
+
+def test_stores_from_arguments_need_no_epoch_check_between_them():
+    """A replayed store's target read from the call's arguments is read afresh per store, whatever an earlier store
+    wrote: no EPOCH test between such stores; one before a store whose target starts from an anchor (resolved for
+    the epoch the call began in) stays."""
+    from stampout.capture.effects import Effect, EffectOp, Value, ValueKind
+    from stampout.compile.replay_code import compile_replay
+    from stampout.sources import Anchor
+
+    layers = Attr(Arg(2, "cache"), "layers")
+    store = [Effect(EffectOp.SETATTR, Item(layers, i), "keys", (Value(ValueKind.OUT, i),), "") for i in range(3)]
+    assert "_EPOCH" not in compile_replay(store).source_code
+    anchored = Effect(EffectOp.SETATTR, Anchor(0, "self.block"), "last", (Value(ValueKind.OUT, 3),), "")
+    code = compile_replay([*store, anchored]).source_code
+    assert code.count("_EPOCH.value != epoch") == 3 and code.rstrip().endswith("return 4")

@@ -31,6 +31,7 @@ class _Code:
     def __init__(self) -> None:
         self.namespace: dict[str, Any] = {**RESOLVE_HELPERS, "_detached": _detached, "_EPOCH": EPOCH}
         self.leaves: dict[str, str] = {}  # an argument's expression -> the local it is read into, once
+        self.anchored = False  # (whether an expression made since this was last cleared starts from an anchor)
 
     def leaf(self, source: Arg) -> str:
         """A call argument, read once at the top: no store can rebind it (`leaves` is the call's own list, which
@@ -52,6 +53,7 @@ class _Code:
         if isinstance(source, Arg):
             return self.leaf(source)
         if isinstance(source, _ROOTS):
+            self.anchored = self.anchored or isinstance(source, Anchor)
             return source.expr("")
         if not isinstance(source, _STEPS):
             return None
@@ -78,10 +80,11 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
     if not effects:
         return None
     code = _Code()
-    lines = ["def replay(leaves, fn, anchors, outputs, epoch):"]
-    for i, effect in enumerate(effects):
+    stores: list[tuple[str, bool]] = []  # (the store, whether its target starts from an anchor)
+    for effect in effects:
         if effect.op is not EffectOp.SETATTR or len(effect.values) != 1 or not isinstance(effect.key, str):
             return None
+        code.anchored = False
         target = code.expr(effect.target)
         value = effect.values[0]
         if target is None or value.kind not in (ValueKind.OUT, ValueKind.OUT_CONSTANT, ValueKind.CONST):
@@ -93,10 +96,22 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
         else:
             expr = code.constant(value.value)
         if written_as_is(effect.key):  # (a store, not a call of setattr)
-            lines.append(f"    {target}.{effect.key} = {expr}")
+            stores.append((f"    {target}.{effect.key} = {expr}", code.anchored))
         else:
-            lines.append(f"    setattr({target}, {effect.key!r}, {expr})")
-        lines.append(f"    if _EPOCH.value != epoch: return {i + 1}")
+            stores.append((f"    setattr({target}, {effect.key!r}, {expr})", code.anchored))
+    # A store that moved EPOCH stops the function only where a later target starts from an anchor (resolved for
+    # the epoch the call began in); a target from the call's arguments, a closure or a global is read afresh per
+    # store whatever was written (a dynamic cache's 160 stores: no check between them).
+    lines = ["def replay(leaves, fn, anchors, outputs, epoch):"]
+    later_anchored, later = [], False
+    for _, anchored in reversed(stores):
+        later_anchored.append(later)
+        later = later or anchored
+    later_anchored.reverse()
+    for i, ((store, _), check) in enumerate(zip(stores, later_anchored)):
+        lines.append(store)
+        if check:
+            lines.append(f"    if _EPOCH.value != epoch: return {i + 1}")
     lines.append(f"    return {len(effects)}")
     lines[1:1] = [f"    {local} = {expr}" for expr, local in code.leaves.items()]
     source = "\n".join(lines)
