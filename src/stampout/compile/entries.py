@@ -155,7 +155,7 @@ class Entry:
         self.key = self.key_for(key, ctx.leaves[1:])
         with DisableTorchFunction():
             guards = self.guards = relax_symbolic(by_class(cap.program.guards, ctx), cap, ctx)
-        self._full: Callable | None = None  # generated on first need: thousands of guards for a deep model
+        self._full: Callable | None = None  # the full check (full_check()): thousands of guards for a deep model
         if like is not None and _same_guards(guards, like.guards):  # (`like`: a sibling block's, sharded_twins.py)
             self._full = like._full = like._full or compile_guards(like.guards)  # (a function of its guards)
         always: list[Guard] = []
@@ -260,14 +260,19 @@ class Entry:
         self.state = state
         return state
 
+    def full_check(self) -> Callable[[list[Any], Any], bool]:
+        """The generated predicate of every guard (built once; compile/function.py builds it with the entry, so
+        the first call after a write to a watched object does not: ~40 ms for an 8-layer decoder)."""
+        if self._full is None:
+            self._full = compile_guards(self.guards)
+        return self._full
+
     def admits(self, ctx: CallContext) -> tuple | None:
         """None when a guard fails; else the lifted inputs for this call, in placeholder order."""
         state = self.state
         if state is None or state.epoch != EPOCH.value or not state.unwritten():
-            if self._full is None:
-                self._full = compile_guards(self.guards)
             with DisableTorchFunction():
-                if not self._full(ctx.leaves, ctx.fn):
+                if not self.full_check()(ctx.leaves, ctx.fn):
                     return None
             state = self.refresh(ctx)
             if state is None:
@@ -330,11 +335,9 @@ class Entry:
     def guard_code(self) -> str:
         """The source of the predicates that admit a call: the full check (run after a write to a watched object
         moved EPOCH) and the per-call one (then one C++ check of the protected tensors' metadata)."""
-        if self._full is None:
-            self._full = compile_guards(self.guards)
         from ..report import annotated
 
-        return ("# the full check: after a write to a watched object\n" + annotated(self._full)
+        return ("# the full check: after a write to a watched object\n" + annotated(self.full_check())
                 + "\n\n# every call (then one C++ check of the metadata of the tensors it read)\n"
                 + annotated(self.always))
 

@@ -289,6 +289,9 @@ class CompiledFunction:
         gc.collect(1)
         entry = Entry(cap, compiled, key, ctx, self._watch)
         entry.refresh(ctx)
+        # Its full check, now: a later capture (or any watched write) moves EPOCH, and the entry's next call would
+        # generate it (in a generate: the first prefill and decode step after the compile, ~40 ms each).
+        entry.full_check()
         self._add(entry)
         lifted = entry.admits(ctx)
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
