@@ -99,3 +99,17 @@ def test_how_many_workers(monkeypatch, cpus, setting, jobs, workers):
     monkeypatch.setattr(parallel, "cpus", lambda: cpus)
     with stampout.config.patch(parallel_regions=setting):
         assert parallel.worker_count(jobs) == workers
+
+
+@pytest.mark.inductor
+def test_regions_this_cache_holds_go_to_no_worker(worker_takes_the_second_region, monkeypatch, tmp_path):
+    """A second compile of the same model on the same cache directory (a restart's view: the store remembers the
+    region compiles) hands no region to a worker and starts none."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    x = torch.randn(2, 4, 8)
+    with torch.no_grad():
+        stampout.compile(_model(), backend="inductor")(x)
+        assert parallel.STATS["submitted"] == 1, parallel.STATS
+        model = _model()
+        torch.testing.assert_close(stampout.compile(model, backend="inductor")(x), model(x))
+    assert parallel.STATS["submitted"] == 1 and parallel.STATS["workers_started"] == 1, parallel.STATS

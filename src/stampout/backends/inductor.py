@@ -224,14 +224,15 @@ def _fake_mode(example_inputs: list[Any]) -> Any:
 def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., Any]:
     with timing.phase("region workers"):
         claimed = parallel.claim(_job_key(call))
-    if claimed:  # (a worker compiled it into the caches: this loads it)
-        hits = counters_hits()
-        compiled = compile_region_graph(call.subgraph, call.node.args[1], vals)
-        if counters_hits() == hits:
-            log.warning("inductor: region %s, compiled by a worker process, was not found in the caches",
-                        call.node.args[1])
-        return compiled
-    return compile_region_graph(call.subgraph, call.node.args[1], vals)
+    hits = counters_hits()
+    compiled = compile_region_graph(call.subgraph, call.node.args[1], vals)
+    if claimed and counters_hits() == hits:  # (a worker compiled it into the caches: this should have loaded it)
+        log.warning("inductor: region %s, compiled by a worker process, was not found in the caches",
+                    call.node.args[1])
+    if (config.parallel_regions != 0 and not split.symbolic(vals)
+            and split.compute_nodes(call.subgraph) >= config.parallel_min_nodes):  # (one a worker could get)
+        parallel.remember(parallel.fingerprint(call.subgraph, vals, torch.is_grad_enabled()))
+    return compiled
 
 
 def counters_hits() -> int:

@@ -17,8 +17,9 @@ default one per CPU this process may use beyond two, at most AUTO_MOST. (On two 
 this process's lowering and its C++ compiles, and pays for its own imports and Inductor's once-per-process checks:
 measured: see the figures below.) A worker announces itself once its imports are done; until a
 worker takes a region, the caller takes it back when it gets there (`claim`), so a slow start costs nothing but
-the worker's own CPU; a restart that finds every region in the caches takes them all back, and the workers still
-importing are stopped when its compile ends (`release`). Idle workers exit after IDLE_S seconds, and with this
+the worker's own CPU. A region this cache directory already holds (compiled here before: the store's "regions")
+is not handed out, so a restart starts no worker; one that does anyway (a cache cleared and refilled by torch alone)
+takes them all back, and the workers still importing are stopped when its compile ends (`release`). Idle workers exit after IDLE_S seconds, and with this
 process. Symbolic graphs (a new
 size's recapture: background.py) and tensor subclasses stay in the calling process.
 """
@@ -26,6 +27,7 @@ size's recapture: background.py) and tensor subclasses stay in the calling proce
 from __future__ import annotations
 
 import atexit
+import hashlib
 import logging
 import os
 import pickle
@@ -43,11 +45,13 @@ import torch
 import torch.fx as fx
 
 from .. import config
+from . import store
 
 log = logging.getLogger("stampout.backends")
 
 IDLE_S = 120.0  # an idle worker exits after this many seconds
 AUTO_MOST = 4  # workers at most, by default
+_NAMESPACE = "regions"  # store namespace: region compiles this cache directory holds
 STATS = {"workers_started": 0, "submitted": 0, "compiled_by_worker": 0, "taken_back": 0, "worker_failed": 0}
 
 
@@ -85,11 +89,28 @@ def worker_count(jobs: int) -> int:
 # ---------------------------------------------------------------------------------------------- the caller
 
 
+def fingerprint(subgraph: fx.GraphModule, vals: list[Any], grad_enabled: bool) -> str:
+    """A region compile's name in the store: its code, operands, grad mode, settings and torch's version."""
+    from .split import metadata
+
+    return hashlib.sha256(repr((subgraph.code, [metadata(v) for v in vals], grad_enabled, sorted(config.values().items()),
+                                torch.__version__)).encode()).hexdigest()
+
+
+def remember(fingerprint: str) -> None:
+    """This cache directory holds the region compile `fingerprint` (a restart loads it: no worker for it)."""
+    store.update(_NAMESPACE, {fingerprint: 1})
+
+
 def submit(regions: list[tuple[tuple, str, fx.GraphModule, list[Any], bool]]) -> int:
     """Hand `regions` ((key, name, subgraph, example values, grad mode) each, in the order the caller will reach them) to
-    workers, the last first; returns how many were handed. The caller must `claim` each key before compiling it."""
+    workers, the last first, but those this cache directory already holds (`remember`); returns how many were handed.
+    The caller must `claim` each key before compiling it."""
     payloads = []
+    cached = store.load(_NAMESPACE)
     for key, name, subgraph, vals, grad_enabled in regions:
+        if fingerprint(subgraph, vals, grad_enabled) in cached:
+            continue
         payload = _payload(name, subgraph, vals, grad_enabled)
         if payload is not None:
             payloads.append((key, Job(name, payload)))
