@@ -15,9 +15,11 @@ import copy
 import dataclasses
 import functools
 import itertools
+import json
 import logging
 import os
 import random
+import tempfile
 import threading
 import time
 import warnings
@@ -1842,5 +1844,356 @@ def np_random_choice_scale(wrap):
 
     def run(i):
         return [f(inp(1))]
+
+    return run
+
+
+_CFG = os.path.join(tempfile.gettempdir(), f"stampout_redteam3_cfg_{os.getpid()}.json")
+
+
+@program
+def reads_config_file(wrap):
+    with open(_CFG, "w") as fh:
+        json.dump({"scale": 1.0}, fh)
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            with open(_CFG) as fh:
+                cfg = json.load(fh)
+            return s.l(x) * cfg["scale"]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            with open(_CFG, "w") as fh:
+                json.dump({"scale": 4.0}, fh)
+        return [f(inp(1))]
+
+    return run
+
+
+_FLAG = os.path.join(tempfile.gettempdir(), f"stampout_redteam3_flag_{os.getpid()}")
+
+
+@program
+def path_exists_branch(wrap):
+    if os.path.exists(_FLAG):
+        os.remove(_FLAG)
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            y = s.l(x)
+            if os.path.exists(_FLAG):
+                y = y * 0
+            return y
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            open(_FLAG, "w").close()
+        if i == 4:
+            os.remove(_FLAG)
+        return [f(inp(1))]
+
+    return run
+
+
+@program
+def shuffle_order(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ls = nn.ModuleList(lin(k) for k in range(3))
+            s.order = [0, 1, 2]
+
+        def forward(s, x):
+            random.shuffle(s.order)
+            for k in s.order:
+                x = torch.tanh(s.ls[k](x))
+            return x
+
+    m = M()
+    f = wrap(m)
+    random.seed(5)
+
+    def run(i):
+        return [f(inp(1)), list(m.order)]
+
+    return run
+
+
+@program
+def set_pop_queue(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.todo = {3, 1, 2}
+
+        def forward(s, x):
+            k = s.todo.pop() if s.todo else 0
+            return s.l(x) * k
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(1)), sorted(m.todo)]
+
+    return run
+
+
+@program
+def deque_popleft(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.q = collections.deque([1.0, 2.0, 3.0, 4.0, 5.0])
+
+        def forward(s, x):
+            k = s.q.popleft()
+            s.q.append(k)
+            return s.l(x) * k
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(1)), list(m.q)]
+
+    return run
+
+
+@program
+def time_budget_branch(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.a = lin(1)
+            s.b = lin(2)
+            s.deadline = None
+
+        def forward(s, x):
+            y = s.a(x)
+            if s.deadline is None or time.monotonic() < s.deadline:
+                y = s.b(y)
+            return y
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.deadline = time.monotonic() - 1.0
+        if i == 3:
+            m.deadline = time.monotonic() + 100.0
+        return [f(inp(1))]
+
+    return run
+
+
+@program
+def dict_popitem(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.pending = {"a": 1.0, "b": 2.0, "c": 3.0}
+
+        def forward(s, x):
+            k = s.pending.popitem()[1] if s.pending else 0.0
+            return s.l(x) * k
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(1)), dict(m.pending)]
+
+    return run
+
+
+@program
+def env_int_parsed(wrap):
+    os.environ["S3_LAYERS"] = "1"
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ls = nn.ModuleList(lin(k) for k in range(3))
+
+        def forward(s, x):
+            for l in s.ls[: int(os.getenv("S3_LAYERS", "3"))]:
+                x = torch.tanh(l(x))
+            return x
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            os.environ["S3_LAYERS"] = "3"
+        if i == 4:
+            del os.environ["S3_LAYERS"]
+        return [f(inp(1))]
+
+    return run
+
+
+@program
+def data_ptr_memo(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.memo = {}
+
+        def forward(s, x):
+            k = (x.data_ptr(), tuple(x.shape))
+            if k not in s.memo:
+                s.memo[k] = s.l(x).detach()
+            return s.memo[k] + 0
+
+    m = M()
+    f = wrap(m)
+    xs = [inp(0), inp(1)]
+
+    def run(i):
+        if i == 3:
+            with torch.no_grad():
+                m.l.weight.mul_(2)
+        return [f(xs[[0, 0, 1, 0, 1][i]]), len(m.memo)]
+
+    return run
+
+
+@program
+def initial_seed_rng(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            r = random.Random(torch.initial_seed())
+            return s.l(x) * r.random()
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            torch.manual_seed(99)
+        return [f(inp(1))]
+
+    return run
+
+
+@program
+def deterministic_branch(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x) * (3.0 if torch.are_deterministic_algorithms_enabled() else 1.0)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        torch.use_deterministic_algorithms(i in (2, 3))
+        try:
+            return [f(inp(1))]
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+    return run
+
+
+@program
+def autocast_enabled_branch(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            y = s.l(x)
+            if torch.is_autocast_enabled("cpu"):
+                y = y.float() * 2
+            return y
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=i in (2, 3)):
+            out = f(inp(1))
+        return [out, out.dtype]
+
+    return run
+
+
+@program
+def inference_mode_branch(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.n = 0
+
+        def forward(s, x):
+            if not torch.is_inference_mode_enabled():
+                s.n += 1
+            return s.l(x)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i in (1, 3):
+            with torch.inference_mode():
+                out = f(inp(1))
+        else:
+            out = f(inp(1))
+        return [out.clone(), m.n]
+
+    return run
+
+
+@program
+def rng_state_roundtrip(wrap):
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.saved = None
+
+        def forward(s, x):
+            s.saved = torch.get_rng_state()
+            return torch.nn.functional.dropout(s.l(x), 0.5)
+
+    m = M()
+    f = wrap(m)
+    torch.manual_seed(0)
+
+    def run(i):
+        out = f(inp(1))
+        return [out, m.saved.clone(), torch.rand(1)]
 
     return run

@@ -59,6 +59,10 @@ _PURE_TYPES = frozenset({
     reversed, type(iter([])), type(iter(())), type(iter("")),
 })
 _RNG_MODULES = ("numpy.random", "random", "_random")
+# Methods of pure types whose result depends on hidden state no put-back restores: which member `set.pop` takes
+# follows the set's earlier pops (its search finger survives `clear()`), so a trace's pop, undone by refilling the set,
+# made the eager call that followed pop another member.
+_HIDDEN_STATE_METHODS = frozenset({(set, "pop")})
 _PYTHON_METHODS = (types.FunctionType, staticmethod, classmethod, property)
 _torch_generator = Generator
 _MODULE_VERDICTS: dict[Any, bool] = caches.register({}, "regions.purity function verdicts")
@@ -137,7 +141,8 @@ def impure_call(fn: Any) -> str | None:
     key = (cls, name)
     pure = _METHOD_VERDICTS.get(key)
     if pure is None:
-        pure = _METHOD_VERDICTS[key] = _pure_type(_owner(cls, name))
+        owner = _owner(cls, name)
+        pure = _METHOD_VERDICTS[key] = _pure_type(owner) and (owner, name) not in _HIDDEN_STATE_METHODS
     return None if pure else f"{cls.__module__}.{cls.__qualname__}.{name}"
 
 
@@ -221,6 +226,7 @@ _STDLIB = tuple(dict.fromkeys(os.path.realpath(sysconfig.get_paths()[k]) + os.se
 # `id()`: the addresses stay inside the call).
 _QUIET_STDLIB = ("logging" + os.sep, "importlib" + os.sep, "warnings.py", "linecache.py", "tokenize.py",
                  "traceback.py", "threading.py", "inspect.py")
+_QUIET_FROZEN = ("importlib", "_frozen_importlib", "zipimport", "runpy", "site", "codecs", "encodings", "io>")
 _WATCHED: dict[str, bool] = caches.register({}, "regions.purity watched files")
 
 
@@ -231,6 +237,8 @@ def watched_file(filename: str) -> bool:
     if watched is None:
         if is_user_file(filename):
             watched = True
+        elif filename.startswith("<frozen "):  # (3.11 freezes os, posixpath, genericpath: `os.path.exists` stats
+            watched = not filename[8:].startswith(_QUIET_FROZEN)  # the disk from "<frozen genericpath>")
         else:
             inner = next((filename[len(d):] for d in _STDLIB if filename.startswith(d)), None)
             watched = inner is not None and not inner.startswith(_QUIET_STDLIB) and "-packages" not in inner
