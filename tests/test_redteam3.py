@@ -5,6 +5,7 @@ identity that made its program ineligible."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import numpy as np
@@ -246,3 +247,39 @@ def test_hidden_state_of_the_standard_library_is_not_baked(name):
     the program run eagerly."""
     with stampout.config.patch(check_world=False):
         _same(_calls(name, "eager"), _calls(name, None))
+
+
+_TABLE_CFG = {"scale": 1.0}
+
+
+@functools.cache
+def _scaled_table(n: int) -> torch.Tensor:
+    return torch.full((n,), _TABLE_CFG["scale"])
+
+
+class UsesCachedTable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + _scaled_table(x.shape[-1])
+
+
+def test_a_functools_cache_the_trace_fills_keeps_eagers_value():
+    """Eager computes `_scaled_table(4)` once and hits the cache afterwards (a later change of the config it read is
+    not seen). The trace's value was taken out of the cache, so the compiled program computed the table on every call,
+    from the config as it is then: that first call now runs eagerly (filling the cache), the next captures and hits."""
+    outputs = []
+    for wrap in (lambda m: m, lambda m: stampout.compile(m, backend="eager")):
+        _scaled_table.cache_clear()
+        _TABLE_CFG["scale"] = 1.0
+        torch.manual_seed(0)
+        call = wrap(UsesCachedTable())
+        outputs.append([])
+        for i in range(4):
+            if i == 2:
+                _TABLE_CFG["scale"] = 5.0
+            outputs[-1].append(call(torch.ones(2, 4)).detach())
+    _TABLE_CFG["scale"] = 1.0
+    _same(outputs[1], outputs[0])

@@ -358,9 +358,10 @@ class ProgramCapture:
             if caught is not None:  # it caught an error stampout raised and went on: what it traced is not eager's
                 raise swallowed_error(caught)
             handler.snapshot.clear_caches(nodes=self.tracer.root.nodes)
-            cached = handler.snapshot.traced_caches
-            if cached:
-                refuse_cached(cached[0], self.program if guard_program else None)
+            cached, filled = handler.snapshot.traced_caches, handler.snapshot.filled_caches
+            if cached or guard_program and filled:  # (capture: a result drawn at random; compile: any traced one)
+                name = cached[0] if cached else getattr(filled[0], "__qualname__", "?")
+                refuse_cached(name, self.program if guard_program else None, filled)
             read = handler.snapshot.caches_read() if guard_program else None
             if read:  # (a hit's result is in the graph: a cleared cache captures again)
                 self.program.guard(Absolute(CacheReads(read), "functools caches read"), Kind.NAMESPACE, None,

@@ -14,7 +14,7 @@ from ..errors import StampoutError, message
 from ..regions.events import RegionEvent, RegionStats
 from ..regions.fingerprint import LeafKind, as_leaf_key, leaf_key, show_leaf_key
 from ..report import explain_text, guard_code_text
-from ..sources import MISSING, CallContext, Place, Source
+from ..sources import MISSING, CallContext, Source
 from ..trace.frames import user_location
 from ..trace.shapes import has_symbols
 from ..trace.structure import Template, aliases_of, build, flatten_inputs

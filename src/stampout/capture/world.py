@@ -12,17 +12,19 @@ import torch
 
 from ..context import listeners
 from ..errors import CaptureError, message
+from ..guards.guard import Guard, Kind
 from ..guards.values import module_attr
 from ..regions.call import RegionCalls
 from ..regions.frame import ProgramIneligible, RegionFrame
 from ..regions.marker import innermost
-from ..sources import MISSING, Arg, Attr, CallContext, Input, Source, mro_attr
+from ..sources import MISSING, Absolute, Arg, Attr, CallContext, Input, Source, mro_attr
 from ..torch_internals import DisableTorchFunction, FakeTensor
 from ..trace.frames import user_location
 from ..trace.names import identifier, root_module
 from ..trace.op_facts import drawn_at_random
 from ..trace.shapes import Lifted, any_symbolic, concrete
 from ..trace.tracer import Tracer
+from ..watch.functools_caches import CacheReads
 from ..watch.world import FieldsBefore, RandomStates, clear_fakes
 from .held_inputs import Held
 from .result import Capture
@@ -48,12 +50,17 @@ def refuse_subclass(leaf: torch.Tensor, label: str, guard_program: bool) -> None
                                "runs such calls eagerly"))
 
 
-def refuse_cached(cache: str, program: RegionFrame | None) -> None:
-    """The program kept a traced value in a functools cache (see Note: functools caches in world_snapshot.py)."""
+def refuse_cached(cache: str, program: RegionFrame | None, filled: list[Any] = ()) -> None:
+    """The program kept a traced value in a functools cache (see Note: functools caches in world_snapshot.py).
+    Compile runs this call eagerly, which fills the caches (`filled`, as the capture left them) with eager's values:
+    the next call, where they changed, captures again and hits them (their results then guarded, CacheReads), as
+    eager keeps computing nothing anew (a later change of what they were computed from is not seen)."""
     why = (f"keeps a traced value in the functools cache of {cache}: eager computes it once and hits the cache "
            "afterwards, a graph would compute it again on every call")
     if program is not None:
-        program.mark_ineligible(why)  # (compile: this call runs eagerly and fills the cache; later captures hit it)
+        only_while = Guard(Absolute(CacheReads(list(filled)), "functools caches filled"), Kind.NAMESPACE, None,
+                           "functools caches") if filled else None
+        program.mark_ineligible(why, only_while=only_while)
         return
     raise CaptureError(message(f"stampout.capture cannot trace this program: it {why}", user_location(),
                                "compute the cached value before the capture (call the function once), or use "

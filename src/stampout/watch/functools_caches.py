@@ -23,14 +23,14 @@ def _results(wrapper: Any) -> list[Any]:
     return [r for r in gc.get_referents(wrapper) if not any(r is o for o in own) and not isinstance(r, type)]
 
 
-def remove_traced_results(wrapper: Any, nodes: dict[int, Any] | None) -> bool:
-    """Take the results holding a fake out of a functools cache; whether one of them was drawn at random in the
-    graph of `nodes` (a fake not found there counts as drawn)."""
+def remove_traced_results(wrapper: Any, nodes: dict[int, Any] | None) -> bool | None:
+    """Take the results holding a fake out of a functools cache; None when there was none, else whether one of
+    them was drawn at random in the graph of `nodes` (a fake not found there counts as drawn)."""
     with DisableTorchFunction():
         held = _results(wrapper)
         fakes = [t for r in held for t in fakes_within(r)]
         if not fakes:
-            return False
+            return None
         table = next((r for r in held if type(r) is dict), None)
         if wrapper.cache_parameters().get("maxsize", 0) is None and table is not None:
             for key in [k for k, v in list(table.items()) if holds_fake(v, whole=True) or holds_fake(k, whole=True)]:

@@ -61,6 +61,7 @@ class Snapshot:
     caches: dict[int, tuple[Any, int]] = field(default_factory=dict)  # id -> (lru wrapper, misses before)
     classes: dict[int, tuple[type, dict]] = field(default_factory=dict)  # id -> (user class, its attributes)
     traced_caches: list[str] = field(default_factory=list)  # functools caches a trace stored a traced value in
+    filled_caches: list[Any] = field(default_factory=list)  # (drawn at random or not: the caches themselves)
     hits: dict[int, int] = field(default_factory=dict)  # id -> hits of the cache when noted
     settings: dict[str, tuple[dict, dict]] = field(default_factory=dict)  # torch.backends.* namespaces, as noted
     cells: dict[int, tuple[Any, Any, str]] = field(default_factory=dict)  # id -> (closure cell, contents, label)
@@ -315,7 +316,10 @@ class Snapshot:
             if wrapper.cache_info().misses == (noted if since is None else since.get(key, noted)):
                 continue
             self.caches[key] = (wrapper, -1)  # (changed: repair looks again)
-            if remove_traced_results(wrapper, nodes) and nodes is not None:
+            drawn = remove_traced_results(wrapper, nodes)
+            if drawn is not None and nodes is not None:
+                self.filled_caches.append(wrapper)
+            if drawn and nodes is not None:
                 code = getattr(getattr(wrapper, "__wrapped__", None), "__code__", None)
                 found.append(_name(wrapper) + (f" ({code.co_filename}:{code.co_firstlineno})" if code else ""))
         self.traced_caches.extend(found)
