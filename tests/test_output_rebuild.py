@@ -80,3 +80,68 @@ def test_a_template_of_containers_is_rebuilt_as_build_does():
         expected = build(template, holes if made is first else fresh, [])
         assert type(made) is type(expected) and repr(made) == repr(expected)
     assert second["t"][0] is fresh[0] and type(second["p"]) is Pair and type(second["size"]) is torch.Size
+
+
+@dataclasses.dataclass
+class Doubled(CausalLMOutputWithPast):
+    """Its __post_init__ changes a field: rebuilt by calling it again, the logits would be doubled twice."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.logits = self.logits * 2
+
+
+@dataclasses.dataclass
+class Scaled:
+    y: torch.Tensor
+    norm: torch.Tensor = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.y = self.y * 2
+        self.norm = self.y.abs().sum()
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenShifted:
+    y: torch.Tensor
+
+    def __post_init__(self):
+        object.__setattr__(self, "y", self.y + 1)
+
+
+@dataclasses.dataclass(slots=True)
+class SlotsNegated:
+    y: torch.Tensor
+
+    def __post_init__(self):
+        self.y = -self.y
+
+
+def _made(output: type, y: torch.Tensor):
+    return output(logits=y) if output is Doubled else output(y)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("output", [Doubled, Scaled, FrozenShifted, SlotsNegated])
+def test_a_post_init_that_changes_a_field_runs_once_as_in_eager(output, backend):
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return _made(output, self.lin(x))
+
+    model = Head()
+    fn = stampout.compile(model, backend=backend)
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        got, expected = fn(x), model(x)
+        assert type(got) is type(expected)
+        for name in [f.name for f in dataclasses.fields(output)]:
+            if getattr(expected, name, None) is not None:
+                torch.testing.assert_close(getattr(got, name), getattr(expected, name))
+        if output is Doubled:
+            assert list(got.keys()) == list(expected.keys())
+            torch.testing.assert_close(got["logits"], expected["logits"])
+    assert fn.stats.captures == 1

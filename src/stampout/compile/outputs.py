@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..sources import MISSING, mro_attr
-from ..trace.structure import Form, Template, build
+from ..sources import MISSING
+from ..trace.structure import Form, Template, build, from_state, model_output_base
 
 _OD_NEW = collections.OrderedDict.__new__
 _OD_SETITEM = collections.OrderedDict.__setitem__
@@ -70,36 +69,8 @@ def _model_output(cls: type, items: tuple, attrs: dict) -> Any:
     return obj
 
 
-def _transformers_model_output(cls: type) -> type | None:
-    """transformers' ModelOutput base of `cls`, where `cls` keeps its constructor's machinery (see the note)."""
-    base = next((k for k in cls.__mro__ if k.__name__ == "ModelOutput" and k.__module__ == "transformers.utils.generic"),
-                None)
-    if base is None or not dataclasses.is_dataclass(cls) or not issubclass(cls, collections.OrderedDict):
-        return None
-    if mro_attr(cls, "__new__") is not mro_attr(collections.OrderedDict, "__new__"):
-        return None
-    for name in ("__setattr__", "__setitem__", "__post_init__", "__getattribute__", "__init_subclass__"):
-        if mro_attr(cls, name) is not mro_attr(base, name):
-            return None
-    init = mro_attr(cls, "__init__")
-    inner = getattr(init, "__wrapped__", init)
-    code = getattr(inner, "__code__", None)
-    if code is None or code.co_filename != "<string>" or not getattr(inner, "__qualname__", "").endswith(".__init__"):
-        return None  # (not the dataclass-generated __init__ or its BC wrapper)
-    if init is not inner and getattr(init, "__code__", None) not in _bc_wrappers(type(base)):
-        return None
-    return base
-
-
-def _bc_wrappers(meta: type) -> tuple:
-    """The code of the `__init__` wrapper(s) transformers' ModelOutput metaclass puts around a dataclass `__init__`
-    (renaming old keyword arguments), as constants of the metaclass's own methods."""
-    return tuple(c for f in vars(meta).values() for c in getattr(getattr(f, "__code__", None), "co_consts", ())
-                 if isinstance(c, types.CodeType) and c.co_name == "__init__")
-
-
 def _generate(template: Template, built: Any, values: list[Any], leaves: list[Any]) -> Callable[[list, list], Any]:
-    namespace: dict[str, Any] = {"_model_output": _model_output}
+    namespace: dict[str, Any] = {"_model_output": _model_output, "_from_state": from_state}
 
     def constant(value: Any) -> str:
         name = f"c{len(namespace)}"
@@ -128,11 +99,15 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
             return f"{constant(t)}({', '.join(code(c, m) for c, m in zip(children, made))})"
         if form is Form.STRUCTSEQ:
             return f"{constant(t)}(({''.join(code(c, m) + ', ' for c, m in zip(children, made))}))"
-        keyed = [(k, code(c, _item(made, k)), c) for k, c in children]
+        pick = _state_item if form is Form.STATE else _item
+        keyed = [(k, code(c, pick(made, k)), c) for k, c in children]
         if form is Form.DICT:
             pairs = "".join(f"({constant(k)}, {expr}), " for k, expr, _ in keyed)
             return f"{constant(t)}(({pairs}))"
-        if form is Form.MODELOUTPUT and _transformers_model_output(t) is not None:
+        if form is Form.STATE:
+            pairs = "".join(f"({constant(k)}, {expr}), " for k, expr, _ in keyed)
+            return f"_from_state({constant(t)}, ({pairs}))"
+        if form is Form.MODELOUTPUT and model_output_base(t) is not None:
             fast = _recorded(t, children, keyed, values, leaves, constant)
             if fast is not None:
                 return fast
@@ -145,6 +120,15 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
     rebuild = namespace["rebuild"]
     rebuild.source_code = source  # type: ignore[attr-defined]
     return rebuild
+
+
+def _state_item(made: Any, key: tuple[str, Any]) -> Any:
+    where, name = key
+    try:
+        return vars(made)[name] if where == "attr" else getattr(made, name) if where == "slot" else dict.__getitem__(
+            made, name)
+    except Exception:  # noqa: BLE001 - as _item
+        return MISSING
 
 
 def _item(made: Any, key: Any) -> Any:

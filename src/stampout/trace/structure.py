@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import caches, config
+from ..sources import mro_attr
 from ..torch_internals import FakeTensor
 from .memory import memory_span, storages_apart
 from .shapes import SIZES, concrete
@@ -246,12 +247,14 @@ class Form(enum.IntEnum):
     MODELOUTPUT = 6  # transformers' ModelOutput: (key, child) pairs of its set keys
     DATACLASS = 7  # (field name, child) pairs of its init fields
     DICT = 8  # dict or OrderedDict: (key, child) pairs
+    STATE = 9  # a dataclass whose constructor does more than store its fields: ((where, name), child) pairs of
+    #            its state as the trace left it (where: "attr", "slot" or "item"), put back without the constructor
 
 
 _HOLE, _INPUT, _CONST = Form.HOLE, Form.INPUT, Form.CONST
 _SEQ, _NAMEDTUPLE, _STRUCTSEQ = Form.SEQ, Form.NAMEDTUPLE, Form.STRUCTSEQ
-_DICT = Form.DICT
-_KEYED = frozenset((Form.MODELOUTPUT, Form.DATACLASS, Form.DICT))  # children are (key, child) pairs
+_DICT, _STATE = Form.DICT, Form.STATE
+_KEYED = frozenset((Form.MODELOUTPUT, Form.DATACLASS, Form.DICT, Form.STATE))  # children are (key, child) pairs
 Template = tuple
 
 
@@ -276,6 +279,10 @@ def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
     if isinstance(value, tuple) and hasattr(t, "n_fields"):  # a structseq: torch.return_types.max
         return (Form.STRUCTSEQ, t, tuple(to_template(v) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if not stores_fields(t):
+            state = _state(value)
+            if state is not None:
+                return (Form.STATE, t, tuple((key, to_template(v)) for key, v in state))
         if isinstance(value, dict):  # transformers' ModelOutput: a dict whose set keys are its fields
             items = tuple((k, to_template(v)) for k, v in value.items())
             return (Form.MODELOUTPUT, t, items)
@@ -286,6 +293,87 @@ def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
     if t is dict or t is collections.OrderedDict or _plain_dict_subclass(value):
         return (Form.DICT, t, tuple((k, to_template(v)) for k, v in value.items()))
     return (Form.CONST, value)
+
+
+def stores_fields(t: type) -> bool:
+    """Whether `t(**fields)` makes again what a call made: the dataclass-generated `__init__` (or transformers'
+    ModelOutput's machinery) with no `__post_init__` of the user's (one that changes a field, `self.y = self.y * 2`,
+    would change it twice: once in the trace, once in the rebuild)."""
+    if isinstance(t, type) and issubclass(t, dict):
+        return model_output_base(t) is not None
+    if mro_attr(t, "__new__") is not object.__new__ or hasattr(t, "__post_init__"):
+        return False
+    return _generated_init(mro_attr(t, "__init__"))
+
+
+def _generated_init(init: Any) -> bool:
+    code = getattr(init, "__code__", None)
+    named = getattr(init, "__qualname__", "").endswith(".__init__")
+    return code is not None and code.co_filename == "<string>" and named
+
+
+def model_output_base(cls: type) -> type | None:
+    """transformers' ModelOutput base of `cls`, where `cls` keeps its constructor's machinery: `__new__`,
+    `__setattr__`, `__setitem__`, `__post_init__`, `__getattribute__` and `__init_subclass__` are ModelOutput's and
+    `__init__` is the dataclass-generated one or the metaclass's BC wrapper around it; else None."""
+    base = next((k for k in cls.__mro__
+                 if k.__name__ == "ModelOutput" and k.__module__ == "transformers.utils.generic"), None)
+    if base is None or not dataclasses.is_dataclass(cls) or not issubclass(cls, collections.OrderedDict):
+        return None
+    if mro_attr(cls, "__new__") is not mro_attr(collections.OrderedDict, "__new__"):
+        return None
+    for name in ("__setattr__", "__setitem__", "__post_init__", "__getattribute__", "__init_subclass__"):
+        if mro_attr(cls, name) is not mro_attr(base, name):
+            return None
+    init = mro_attr(cls, "__init__")
+    inner = getattr(init, "__wrapped__", init)
+    if not _generated_init(inner):
+        return None  # (not the dataclass-generated __init__ or its BC wrapper)
+    if init is not inner and getattr(init, "__code__", None) not in _bc_wrappers(type(base)):
+        return None
+    return base
+
+
+def _bc_wrappers(meta: type) -> tuple:
+    """The code of the `__init__` wrapper(s) transformers' ModelOutput metaclass puts around a dataclass `__init__`
+    (renaming old keyword arguments), as constants of the metaclass's own methods."""
+    return tuple(c for f in vars(meta).values() for c in getattr(getattr(f, "__code__", None), "co_consts", ())
+                 if isinstance(c, types.CodeType) and c.co_name == "__init__")
+
+
+def _state(value: Any) -> list[tuple[tuple[str, Any], Any]] | None:
+    """The state of a dataclass instance as `from_state` puts it back: its instance attributes, `__slots__` fields
+    and (a dict subclass) items; None where it cannot be (a `__new__` of its own, a non-str attribute name)."""
+    t = type(value)
+    base = dict if not isinstance(value, dict) else (
+        collections.OrderedDict if isinstance(value, collections.OrderedDict) else dict)
+    if mro_attr(t, "__new__") not in (object.__new__, mro_attr(base, "__new__")):
+        return None
+    fields = getattr(value, "__dict__", {})
+    if type(fields) is not dict or not all(type(k) is str for k in fields):
+        return None
+    state: list[tuple[tuple[str, Any], Any]] = [(("attr", k), v) for k, v in fields.items()]
+    for klass in t.__mro__:
+        state += [(("slot", n), getattr(value, n)) for n in slot_fields(klass) if hasattr(value, n)]
+    if isinstance(value, dict):
+        state += [(("item", k), v) for k, v in base.items(value)]
+    return state
+
+
+def from_state(t: type, state: Any) -> Any:
+    """An instance of `t` holding `state` ((where, name), value) pairs, made without its constructor (see `_state`)."""
+    ordered = issubclass(t, collections.OrderedDict)
+    obj = (collections.OrderedDict.__new__ if ordered else dict.__new__ if issubclass(t, dict) else object.__new__)(t)
+    put = collections.OrderedDict.__setitem__ if ordered else dict.__setitem__
+    fields = getattr(obj, "__dict__", None)
+    for (where, name), value in state:
+        if where == "attr":
+            fields[name] = value
+        elif where == "slot":
+            object.__setattr__(obj, name, value)
+        else:
+            put(obj, name, value)
+    return obj
 
 
 def _plain_dict_subclass(value: Any) -> bool:
@@ -321,6 +409,8 @@ def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
         return t(*(build(c, values, leaves) for c in children))
     if form is _STRUCTSEQ:
         return t(tuple(build(c, values, leaves) for c in children))
+    if form is _STATE:
+        return from_state(t, [(k, build(c, values, leaves)) for k, c in children])
     if form is not _DICT:  # a ModelOutput or dataclass
         return t(**{k: build(c, values, leaves) for k, c in children})
     return t((k, build(c, values, leaves)) for k, c in children)
