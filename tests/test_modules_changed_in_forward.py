@@ -332,3 +332,31 @@ def test_a_module_walking_its_registries_sees_what_is_added_between_calls(change
             weight = nn.Parameter(torch.randn(4))
             model.register_parameter(f"p{i}", weight)
             reference.register_parameter(f"p{i}", copy.deepcopy(weight))
+
+
+@pytest.mark.parametrize("change", ["none", "add to empty", "add", "remove", "replace", "reorder", "same key again"])
+def test_registries_changed_finds_each_change_to_a_registry(change) -> None:
+    """Registries.changed compares each registry with its copy from before the run: the same keys in order and the
+    same values by position (an empty registry by its length alone), whatever the change."""
+    from stampout.capture.effects import Registries
+
+    lin, holder = nn.Linear(2, 2), nn.Sequential(nn.ReLU())
+    registries = Registries([lin, holder])
+    w, b, p = lin._parameters["weight"], lin._parameters["bias"], nn.Parameter(torch.ones(1))
+    if change == "add to empty":
+        lin._buffers["steps"] = torch.zeros(1)
+    elif change == "add":
+        holder._modules["1"] = nn.ReLU()
+    elif change == "remove":
+        del lin._parameters["bias"]
+    elif change == "replace":
+        lin._parameters["weight"] = p
+    elif change == "reorder":  # (same keys and values, another order: parameters() changes)
+        lin._parameters.clear()
+        lin._parameters.update({"bias": b, "weight": w})
+    elif change == "same key again":  # (a key rebuilt equal, the same value: no change)
+        lin._parameters.clear()
+        lin._parameters.update({"".join(["wei", "ght"]): w, "bias": b})
+    found = [(m, name) for m, name, *_ in registries.changed()]
+    expected = {"none": [], "same key again": [], "add to empty": [(lin, "_buffers")], "add": [(holder, "_modules")]}
+    assert found == expected.get(change, [(lin, "_parameters")])

@@ -49,16 +49,29 @@ class Stack(nn.Module):
         return x
 
 
-def test_each_layer_module_is_opened_once_by_the_whole_walks(monkeypatch) -> None:
-    model = Stack(8)
+def count_opened(monkeypatch, key) -> collections.Counter:
+    """How often the whole walk opens each value, by `key(value)`: a module by its fields (_module_fields, which the
+    walk for fakes calls directly), anything else by referents."""
     opened: collections.Counter = collections.Counter()
-    referents = structure.referents
+    referents, module_fields = structure.referents, structure._module_fields
 
     def counting(v):
-        opened[id(v)] += 1
+        if not isinstance(v, nn.Module):
+            opened[key(v)] += 1
         return referents(v)
 
+    def counting_fields(v):
+        opened[key(v)] += 1
+        return module_fields(v)
+
     monkeypatch.setattr(structure, "referents", counting)
+    monkeypatch.setattr(structure, "_module_fields", counting_fields)
+    return opened
+
+
+def test_each_layer_module_is_opened_once_by_the_whole_walks(monkeypatch) -> None:
+    model = Stack(8)
+    opened = count_opened(monkeypatch, id)
     monkeypatch.setattr(config, "check_world", False)  # (the suite's own check after the repairs walks again)
     x = torch.randn(2, 8)
     cap = stampout.capture(model, x)
@@ -123,14 +136,7 @@ def test_the_walk_for_fakes_opens_no_real_tensor_and_no_empty_registry(monkeypat
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     model = Stack(4)
-    opened: collections.Counter = collections.Counter()
-    referents = structure.referents
-
-    def counting(v):
-        opened[type(v)] += 1
-        return referents(v)
-
-    monkeypatch.setattr(structure, "referents", counting)
+    opened = count_opened(monkeypatch, type)
     assert not structure.holds_fake(list(model.modules()), whole=True)
     assert opened[nn.Parameter] == opened[torch.Tensor] == opened[set] == 0, opened
     assert opened[Layer] == 4
@@ -146,3 +152,38 @@ def test_the_walk_for_fakes_opens_no_real_tensor_and_no_empty_registry(monkeypat
     model.layers[1].lin._parameters["extra"] = fake_param  # (a Parameter made of a fake is a FakeTensor)
     assert structure.holds_fake(list(model.modules()), whole=True)
     assert structure.holds_fake([{"k": fake_param}], whole=True, tensors_only=True) is True
+
+
+class Disguised(nn.Module):  # (a class that answers isinstance through its own `__class__`)
+    @property
+    def __class__(self):
+        return nn.Module
+
+
+@pytest.mark.parametrize("where", ["dict key", "nested dict", "buffer", "attribute", "hook", "disguised module"])
+def test_the_walk_for_fakes_opens_modules_and_dicts_directly_and_finds_a_fake_they_hold(where) -> None:
+    """The walk for fakes opens a dict and a module (of a class neither fakes predicate could accept) without asking
+    the predicate or referents: a fake anywhere they hold is still found, a key as well as a value, for either
+    predicate and with or without the pass's clean objects."""
+    import functools
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model = Stack(3)
+    with FakeTensorMode():
+        fake = torch.randn(2)
+    layer = model.layers[1]
+    store = {
+        "dict key": lambda: setattr(layer.lin, "memo", {fake: 1}),
+        "nested dict": lambda: setattr(layer.lin, "memo", {"k": {"j": [fake]}}),
+        "buffer": lambda: layer.norm._buffers.__setitem__("b", fake),
+        "attribute": lambda: layer.__dict__.__setitem__("cache", fake),
+        "hook": lambda: layer.lin._forward_hooks.__setitem__(7, functools.partial(print, fake)),
+        "disguised module": lambda: setattr(layer, "inner", Disguised()) or layer.inner.__dict__.__setitem__("c", fake),
+    }[where]
+    assert not structure.holds_fake(list(model.modules()), whole=True)
+    store()
+    for tensors_only in (False, True):
+        assert structure.holds_fake(list(model.modules()), tensors_only=tensors_only, whole=True)
+        assert structure.holds_fake(list(model.modules()), tensors_only=tensors_only, whole=True, clean={})
+    assert structure._module_class(Layer) and not structure._module_class(Disguised)

@@ -241,6 +241,13 @@ class Plan:
 _REGISTRY_NAMES = ("_parameters", "_buffers", "_modules")
 
 
+def _same_registry(d: dict, old: dict) -> bool:
+    """Whether registry `d` holds what its copy `old` held: the same keys in order, the same values by position (an
+    empty one, most of a module tree's, by its length alone)."""
+    return len(d) == len(old) and (not old or list(d) == list(old) and all(map(operator.is_, d.values(),
+                                                                               old.values())))
+
+
 class Registries:
     """The parameter, buffer and submodule dicts of a module tree before a capture. What the program registers
     in them (`register_buffer` in forward, a lazily made submodule) goes behind the watched attributes: it is
@@ -252,19 +259,19 @@ class Registries:
                        if isinstance(d := m.__dict__.get(name), dict)]  # bumping dicts: tracking.py)
 
     def changed(self) -> list[tuple[torch.nn.Module, str, dict, dict]]:
-        return [(m, name, d, old) for m, name, d, old in self.before  # (same keys in order: values by position)
-                if list(d) != list(old) or not all(map(operator.is_, d.values(), old.values()))]
+        return [(m, name, d, old) for m, name, d, old in self.before if not _same_registry(d, old)]
 
     def plan(self, program: Any) -> None:
         """Note each changed dict on the program's frame (its effects are then planned and undone with the
         containers it read). A module made during the call makes the program ineligible: it runs eagerly, which
         makes the module as eager does (a later capture finds it in the tree)."""
-        made = self.made_modules()
+        changed = self.changed()
+        made = self.made_modules(changed)
         if made:
             program.mark_ineligible(f"registers {made[0]}, a module it makes during the call")
             self.put_back()  # (the eager call makes it)
             return
-        for m, name, d, old in self.changed():
+        for m, name, d, old in changed:
             source = program.sources.get(id(m))
             if source is None:
                 program.mark_ineligible(f"changes {name} of a {type(m).__name__} it did not read")
@@ -272,10 +279,11 @@ class Registries:
             program.note_changed_container(d, Attr(source, name), old)
             program.writes.append(f"{source.name()}.{name} (registered during the call)")
 
-    def made_modules(self) -> list[str]:
+    def made_modules(self, changed: list | None = None) -> list[str]:
         """`Owner.name` of each submodule registered during the call that was not in the tree before (its
-        parameters were initialized on fakes: a capture cannot give them eager's values)."""
-        changed = [c for c in self.changed() if c[1] == "_modules"]
+        parameters were initialized on fakes: a capture cannot give them eager's values). `changed`: self.changed(),
+        where taken already."""
+        changed = [c for c in (self.changed() if changed is None else changed) if c[1] == "_modules"]
         if not changed:  # (no submodule registry changed: nothing made)
             return []
         known = {id(m) for m, *_ in self.before}

@@ -517,19 +517,26 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict
     skip = clean if clean is not None else {}
     # A walk for fakes passes over real tensors (a model's parameters: most of what a module tree holds) as over
     # atomic values: not wanted, and a tensor is a stop (referents: none)
-    passed = _PASSED_FOR_FAKES if wanted is _fake or wanted is _fake_or_symbolic else ATOMIC
+    fakes = wanted is _fake or wanted is _fake_or_symbolic
+    passed = _PASSED_FOR_FAKES if fakes else ATOMIC
     stack = [value]
     while stack:
         v = stack.pop()
-        if type(v) in passed or id(v) in seen or id(v) in skip:
+        t = type(v)
+        if t in passed or id(v) in seen or id(v) in skip:
             continue
         seen[id(v)] = v
-        if wanted(v):
+        if fakes and t is dict:  # (most of what a model holds: no fake, no symbolic size; opened as referents does)
+            inside = _dict_items(v)
+        elif fakes and (_MODULE_CLASSES.get(t) if t in _MODULE_CLASSES else _module_class(t)):  # (see _module_class)
+            inside = _module_fields(v)
+        elif wanted(v):
             found.append(v)
             if first:
                 break
             continue
-        inside = referents(v)
+        else:
+            inside = referents(v)
         if len(inside) < 64 or not ATOMIC.issuperset(map(type, inside)):  # (a vocabulary's strings and ids: one
             stack.extend(reversed(inside))  # pass in C)
     if clean is not None and not found:
@@ -543,7 +550,7 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict
 _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
 _OWN = ("torch.", "stampout.")  # (functions)
 _INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
-_EMPTIES = (dict, collections.OrderedDict, set)  # (a module's registries, hook dicts and `_non_persistent_buffers_set`:
+_EMPTIES = frozenset((dict, collections.OrderedDict, set))  # (a module's registries, hook dicts and `_non_persistent_buffers_set`:
 # empty, they hold nothing to walk)
 # The import system's loaders and finders (a module's globals name its `__loader__`; pytest's loader reaches its
 # whole session) and the builtins' namespace (`__builtins__`): no program state. A module's `__spec__` is opened (its
@@ -573,7 +580,7 @@ def referents(v: Any) -> list[Any]:
     if t is list or t is tuple or t is set or t is frozenset:
         return list(v)
     if t is dict:
-        return [] if "__builtins__" in v or v is _BUILTINS else [*v.keys(), *v.values()]  # (globals: the program)
+        return _dict_items(v)
     if isinstance(v, _STOPS):
         return []
     if t is types.FunctionType:
@@ -583,8 +590,8 @@ def referents(v: Any) -> list[Any]:
         return [*cells, v.__defaults__, v.__kwdefaults__, v.__dict__]
     if t is types.CellType:
         return _contents(v)
-    if isinstance(v, torch.nn.Module):  # (its fields by name, less flags and empty hook dicts and sets: quicker)
-        return [x for x in v.__dict__.values() if type(x) not in ATOMIC and (type(x) not in _EMPTIES or x)]
+    if isinstance(v, torch.nn.Module):
+        return _module_fields(v)
     if isinstance(v, (dict, list, tuple, set, frozenset)):  # (a subclass: a namedtuple, torch.return_types, a
         fields = getattr(v, "__dict__", None)  # ModelOutput; its attributes too. Read by the base class's C
         # methods: a subclass's own `__getitem__` or `__iter__` is the user's Python, which may make things, as
@@ -592,6 +599,27 @@ def referents(v: Any) -> list[Any]:
         inside = [*dict.keys(v), *dict.values(v)] if isinstance(v, dict) else _base_items(v)
         return [*inside, *(fields.values() if type(fields) is dict else ())]
     return [] if _shut(t) else gc.get_referents(v)
+
+
+def _dict_items(v: dict) -> list[Any]:
+    return [] if "__builtins__" in v or v is _BUILTINS else [*v.keys(), *v.values()]  # (globals: the program)
+
+
+def _module_fields(v: torch.nn.Module) -> list[Any]:
+    """A module's fields by name, less flags and empty hook dicts and sets (quicker than all its referents)."""
+    return [x for x in v.__dict__.values() if (t := type(x)) not in ATOMIC and (t not in _EMPTIES or x)]
+
+
+_MODULE_CLASSES: dict[type, bool] = caches.register({}, "structure module classes the fakes walk opens directly")
+
+
+def _module_class(t: type) -> bool:
+    """Whether every object of exact class `t` is a module that neither fakes predicate accepts and that referents
+    opens by its fields: a subclass of nn.Module, of no class in _STOPS or _FAKE_CLASSES, and none of its classes
+    defining `__class__` (isinstance would also ask the object's `__class__`). Remembered per class."""
+    opened = _MODULE_CLASSES[t] = (issubclass(t, torch.nn.Module) and not issubclass(t, (*_STOPS, *_FAKE_CLASSES))
+                                   and not any("__class__" in vars(k) for k in t.__mro__[:-1]))
+    return opened
 
 
 def _base_items(v: list | tuple | set | frozenset) -> list[Any]:
@@ -623,8 +651,11 @@ def _fake(v: Any) -> bool:
     return type(v) is FakeTensor or isinstance(v, FakeTensor)
 
 
+_FAKE_CLASSES = (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
 def _fake_or_symbolic(v: Any) -> bool:
-    return type(v) is FakeTensor or isinstance(v, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool))
+    return type(v) is FakeTensor or isinstance(v, _FAKE_CLASSES)
 
 
 def fakes_within(value: Any) -> list[Any]:
