@@ -43,7 +43,8 @@ def _model() -> torch.nn.Module:
 
 
 @pytest.fixture
-def worker_takes_the_second_region(monkeypatch):
+def worker_takes_the_second_region(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # (a cache that holds none of them)
     compile_region_graph = inductor.compile_region_graph
 
     def after_the_worker_took_its_region(*args):
@@ -102,10 +103,9 @@ def test_how_many_workers(monkeypatch, cpus, setting, jobs, workers):
 
 
 @pytest.mark.inductor
-def test_regions_this_cache_holds_go_to_no_worker(worker_takes_the_second_region, monkeypatch, tmp_path):
+def test_regions_this_cache_holds_go_to_no_worker(worker_takes_the_second_region):
     """A second compile of the same model on the same cache directory (a restart's view: the store remembers the
     region compiles) hands no region to a worker and starts none."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     x = torch.randn(2, 4, 8)
     with torch.no_grad():
         stampout.compile(_model(), backend="inductor")(x)
@@ -113,3 +113,17 @@ def test_regions_this_cache_holds_go_to_no_worker(worker_takes_the_second_region
         model = _model()
         torch.testing.assert_close(stampout.compile(model, backend="inductor")(x), model(x))
     assert parallel.STATS["submitted"] == 1 and parallel.STATS["workers_started"] == 1, parallel.STATS
+
+
+def test_no_worker_when_the_caches_are_off(monkeypatch):
+    """What a worker compiles reaches this process through the FX graph and AOTAutograd caches: without them, none."""
+    from stampout.torch_internals import inductor_config
+
+    started = []
+    monkeypatch.setattr(parallel, "_Worker", lambda: started.append(1))
+    monkeypatch.setattr(parallel, "_payload", lambda *args: b"payload")
+    monkeypatch.setattr(parallel, "cpus", lambda: 8)
+    region = ((1,), "subgraph_1", torch.fx.symbolic_trace(lambda x: x + 1), [], False)
+    with inductor_config.patch(force_disable_caches=True):
+        assert parallel.submit([region]) == 0 and not started
+    parallel.release([(1,)])

@@ -229,7 +229,7 @@ def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., An
     if claimed and counters_hits() == hits:  # (a worker compiled it into the caches: this should have loaded it)
         log.warning("inductor: region %s, compiled by a worker process, was not found in the caches",
                     call.node.args[1])
-    if (config.parallel_regions != 0 and not split.symbolic(vals)
+    if (parallel.worker_count(1) and not split.symbolic(vals)
             and split.compute_nodes(call.subgraph) >= config.parallel_min_nodes):  # (one a worker could get)
         parallel.remember(parallel.fingerprint(call.subgraph, vals, torch.is_grad_enabled()))
     return compiled
@@ -264,7 +264,7 @@ def _job_key(call: split.RegionCall) -> tuple:
 
 def _compile_ahead(calls: list[split.RegionCall]) -> list[tuple]:
     """The distinct regions after the first that are worth a worker process (parallel.py), handed to workers."""
-    if len(calls) < 2 or config.parallel_regions <= 0:
+    if len(calls) < 2 or not parallel.worker_count(len(calls) - 1):
         return []
     regions = []
     for call in calls[1:]:

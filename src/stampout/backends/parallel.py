@@ -15,13 +15,19 @@ Workers start when a compile has two or more distinct regions of `config.paralle
 (tiny graphs compile faster than a Python interpreter imports torch): `config.parallel_regions` of them at most, by
 default one per CPU this process may use beyond two, at most AUTO_MOST. (On two CPUs a worker only competes with
 this process's lowering and its C++ compiles, and pays for its own imports and Inductor's once-per-process checks:
-measured: see the figures below.) A worker announces itself once its imports are done; until a
+measured below.) A worker announces itself once its imports are done; until a
 worker takes a region, the caller takes it back when it gets there (`claim`), so a slow start costs nothing but
 the worker's own CPU. A region this cache directory already holds (compiled here before: the store's "regions")
 is not handed out, so a restart starts no worker; one that does anyway (a cache cleared and refilled by torch alone)
 takes them all back, and the workers still importing are stopped when its compile ends (`release`). Idle workers exit after IDLE_S seconds, and with this
 process. Symbolic graphs (a new
-size's recapture: background.py) and tensor subclasses stay in the calling process.
+size's recapture: background.py) and tensor subclasses stay in the calling process, and nothing goes to a worker
+while the FX graph or AOTAutograd cache is off (a worker's compile could not reach this process).
+
+Measured on this project's shared 2-CPU machine (load 8-10, SD3 transformer with 4 blocks, two distinct regions,
+one worker forced, bench/first_call.py --base-src, 2 repeats): the worker was never ready before this process
+reached the second region (9-32 s to import under that load), so both were compiled here, and the cold first call
+took 47-56 s against 30-35 s without workers, 20.5 against 14.7 CPU seconds: hence no worker on two CPUs by default.
 """
 
 from __future__ import annotations
@@ -106,6 +112,11 @@ def submit(regions: list[tuple[tuple, str, fx.GraphModule, list[Any], bool]]) ->
     """Hand `regions` ((key, name, subgraph, example values, grad mode) each, in the order the caller will reach them) to
     workers, the last first, but those this cache directory already holds (`remember`); returns how many were handed.
     The caller must `claim` each key before compiling it."""
+    from ..torch_internals import functorch_config, inductor_config
+
+    if not (inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache) \
+            or inductor_config.force_disable_caches:
+        return 0  # (nothing a worker compiles could reach this process)
     payloads = []
     cached = store.load(_NAMESPACE)
     for key, name, subgraph, vals, grad_enabled in regions:
