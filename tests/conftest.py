@@ -48,14 +48,14 @@ except ImportError:  # pragma: no cover
     pass
 
 
-# Files by time, longest first (each timed in one process, one file after another, once the whole walk no longer
-# opened pytest's session through a test module's __loader__). Only the order matters; a file not named here runs
-# after these, in collection order.
+# Files by time, longest first (per-file totals of one `make test` run's junit report, 2 workers; test_fuzz_soundness.py
+# at 8 examples per kind). Only the order matters; a file not named here runs after these, in collection order.
 HEAVY_FIRST = (
-    "test_fuzz_soundness.py", "test_hf_zoo_decoders.py", "test_hf_zoo_encoders.py", "test_inductor_restart_caches.py",
-    "test_hf_zoo_diffusers.py", "test_export.py", "test_hf_zoo_training.py", "test_fsdp.py",
-    "test_dynamic_compile_modes.py", "test_fsdp_mesh.py", "test_strides.py", "test_fuzz_world.py",
-    "test_generation.py", "test_bench_cli.py", "test_higher_order.py", "test_backends.py",
+    "test_fuzz_soundness.py", "test_hf_zoo_decoders.py", "test_hf_zoo_diffusers.py", "test_hf_zoo_encoders.py",
+    "test_export.py", "test_bench_cli.py", "test_inductor_restart_caches.py", "test_inductor_compile_threads.py",
+    "test_dynamic_compile_modes.py", "test_strides.py", "test_generation.py", "test_fuzz_world.py",
+    "test_hf_zoo_training.py", "test_inductor_kernel_batch.py", "test_inductor_headers.py",
+    "test_higher_order_backends.py", "test_fsdp_mesh.py", "test_fsdp.py", "test_higher_order.py", "test_backends.py",
 )
 _RANK = {name: i for i, name in enumerate(HEAVY_FIRST)}
 
