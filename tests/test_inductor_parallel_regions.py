@@ -95,11 +95,12 @@ def test_a_region_the_worker_fails_on_is_compiled_here(worker_takes_the_second_r
 @pytest.mark.parametrize("cpus, setting, jobs, workers", [(2, -1, 3, 0), (3, -1, 3, 1), (8, -1, 3, 3), (16, -1, 9, 4),
                                                           (2, 1, 3, 1), (8, 0, 3, 0), (8, 2, 1, 1)])
 def test_how_many_workers(monkeypatch, cpus, setting, jobs, workers):
-    """By default one per CPU beyond two (this process lowers on one, its C++ compiles use the other), at most
-    AUTO_MOST; config.parallel_regions sets the most (0: none); never more than the regions."""
+    """-1: one per CPU beyond two (this process lowers on one, its C++ compiles use the other), at most AUTO_MOST;
+    otherwise config.parallel_regions is the most (0, the default: none); never more than the regions."""
     monkeypatch.setattr(parallel, "cpus", lambda: cpus)
     with stampout.config.patch(parallel_regions=setting):
         assert parallel.worker_count(jobs) == workers
+    assert stampout.config.parallel_regions == 0 or "STAMPOUT_PARALLEL_REGIONS" in __import__("os").environ
 
 
 @pytest.mark.inductor

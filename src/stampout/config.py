@@ -67,8 +67,9 @@ SWITCHES: tuple[Switch, ...] = (
            "are built as one library (kernel_batch.py)"),
     Switch("background_recompile", True, "inductor: a new size's symbolic recapture compiles on a thread while its "
            "calls run eagerly (background.py)", "STAMPOUT_BACKGROUND_RECOMPILE", lambda raw: raw != "0"),
-    Switch("parallel_regions", -1, "inductor: at most this many worker processes compile a compile's distinct "
-           "regions while this one compiles the first (parallel.py); 0: none; -1: the CPUs less two, at most 4",
+    Switch("parallel_regions", 0, "inductor: at most this many worker processes compile a compile's distinct "
+           "regions while this one compiles the first (parallel.py); 0 (default, measured: see there): none; -1: the "
+           "CPUs less two, at most 4",
            "STAMPOUT_PARALLEL_REGIONS", int),
     Switch("parallel_min_nodes", 40, "inductor: regions with fewer compute nodes are not worth a worker process"),
     Switch("avoid_reused_subgraph_buffer_bug", True, "inductor: no buffer reuse in differentiated graphs with "

@@ -12,10 +12,9 @@ and finds it there: a cache load instead of a compile. What serves is what a res
 load, so a worker decides nothing about results; a worker that fails or disagrees (a cache miss) costs time only.
 
 Workers start when a compile has two or more distinct regions of `config.parallel_min_nodes` compute nodes or more
-(tiny graphs compile faster than a Python interpreter imports torch): `config.parallel_regions` of them at most, by
-default one per CPU this process may use beyond two, at most AUTO_MOST. (On two CPUs a worker only competes with
-this process's lowering and its C++ compiles, and pays for its own imports and Inductor's once-per-process checks:
-measured below.) A worker announces itself once its imports are done; until a
+(tiny graphs compile faster than a Python interpreter imports torch): `config.parallel_regions` of them at most
+(-1: one per CPU this process may use beyond two, at most AUTO_MOST). The default is 0, none: measured below, a
+worker's start (importing torch and Inductor, Inductor's once-per-process checks) outlasts a region's compile. A worker announces itself once its imports are done; until a
 worker takes a region, the caller takes it back when it gets there (`claim`), so a slow start costs nothing but
 the worker's own CPU. A region this cache directory already holds (compiled here before: the store's "regions")
 is not handed out, so a restart starts no worker; one that does anyway (a cache cleared and refilled by torch alone)
@@ -27,7 +26,11 @@ while the FX graph or AOTAutograd cache is off (a worker's compile could not rea
 Measured on this project's shared 2-CPU machine (load 8-10, SD3 transformer with 4 blocks, two distinct regions,
 one worker forced, bench/first_call.py --base-src, 2 repeats): the worker was never ready before this process
 reached the second region (9-32 s to import under that load), so both were compiled here, and the cold first call
-took 47-56 s against 30-35 s without workers, 20.5 against 14.7 CPU seconds: hence no worker on two CPUs by default.
+took 47-56 s against 30-35 s without workers, 20.5 against 14.7 CPU seconds. On the same machine quiet (load < 2),
+the same compile takes 7.3-7.7 s without a worker (15.4-16.1 CPU s) and 8.6-11.4 s with one (18.6-20.0 CPU s): the
+first region is compiled in ~3 s, before the worker has imported torch (~4 s), so it is overtaken there too, and
+more CPUs would not change that for two distinct regions. Workers can pay where this process spends longer before
+the regions it hands out (three or more distinct regions, or larger ones): opt in with parallel_regions.
 """
 
 from __future__ import annotations
@@ -86,8 +89,8 @@ def cpus() -> int:
 
 
 def worker_count(jobs: int) -> int:
-    """How many workers `jobs` regions get: `config.parallel_regions`, or by default one per CPU beyond two (this
-    process lowers on one, its C++ compiles run on the other: on two CPUs a worker only competes with them)."""
+    """How many workers `jobs` regions get: `config.parallel_regions` at most, or with -1 one per CPU beyond two
+    (this process lowers on one, its C++ compiles run on the other: on two CPUs a worker only competes with them)."""
     most = config.parallel_regions if config.parallel_regions >= 0 else min(AUTO_MOST, cpus() - 2)
     return max(0, min(jobs, most))
 
