@@ -56,6 +56,7 @@ from .held_inputs import (
     note_input_containers,
     object_fields,
     rebuild_inputs,
+    refuse_made_outputs,
 )
 from .leftovers import (
     carried_state,
@@ -374,6 +375,8 @@ class ProgramCapture:
             self.holes: list[torch.Tensor] = []
             self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True)
             check_no_hidden_tensors(self.template)
+            if program is not None:
+                refuse_made_outputs(self.template, program)
             check_no_output_fields(self.holes, self.tracer)
             with DisableTorchFunction(), listeners(None, None):
                 if guard_program:
