@@ -75,3 +75,30 @@ def test_made_object_output_like_eager():
 def test_made_outputs_like_eager(kind):
     model = Make(kind)
     assert _shape(kind, stampout.compile(model, backend="eager")) == _shape(kind, model)
+
+
+@dataclasses.dataclass
+class Settings:
+    scale: float = 1.0
+
+
+class ReturnsHeld(nn.Module):
+    """Returns a dataclass it holds (a user's settings; transformers' configs are dataclasses too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.settings = nn.Linear(3, 3), Settings()
+
+    def forward(self, x: torch.Tensor):
+        return self.lin(x) * self.settings.scale, self.settings
+
+
+def test_held_dataclass_returned_is_that_object():
+    """It was rebuilt (constructor or state) per call: another object, blind to the caller's later changes."""
+    model = ReturnsHeld()
+    fn = stampout.compile(model, backend="eager")
+    for _ in range(3):
+        out = fn(torch.randn(2, 3))
+        assert out[1] is model.settings
+        out[1].note = "seen by the model's own object"
+    assert model.settings.note == "seen by the model's own object"

@@ -373,7 +373,8 @@ class ProgramCapture:
             if program is not None:
                 program.abandon = False
             self.holes: list[torch.Tensor] = []
-            self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True)
+            self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True,
+                                        world=program.sources if program is not None else ())
             check_no_hidden_tensors(self.template)
             if program is not None:
                 refuse_made_outputs(self.template, program)
