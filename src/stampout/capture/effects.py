@@ -20,7 +20,7 @@ import torch
 from ..guards.guard import is_constant
 from ..regions.frame_writes import put_back
 from ..regions.frame_writes import undo as undo  # (capture/program.py's)
-from ..sources import MISSING, Arg, Attr, CallContext, Source
+from ..sources import MISSING, Arg, Attr, CallContext, Item, SlotItem, Source
 from ..torch_internals import FakeTensor
 from ..trace.shapes import any_symbolic
 from ..trace.structure import holds_fake
@@ -195,6 +195,30 @@ class Plan:
             if id(container) not in planned:  # one list reached by two paths: its first note saw it as it was
                 planned.add(id(container))
                 self._container(container, source, before)
+        self._crossed()
+
+    def _crossed(self) -> None:
+        """A store whose target is reached through a place another store of the call changes is refused: targets
+        are paths as the call found them (`h.layers[1]`), resolved when replayed, after `h.layers = [h.layers[1],
+        h.layers[0]]` would name the other layer (eager wrote `h.layers[0].k` on the one the call moved there)."""
+        attrs, items, whole = set(), set(), set()
+        for e in self.effects:
+            if e.op is EffectOp.SETATTR:
+                attrs.add((e.target, e.key))
+            elif e.op is EffectOp.SETITEM:
+                items.add((e.target, e.key))
+            else:
+                whole.add(e.target)
+        for e in self.effects:
+            step = e.target
+            while step is not None:
+                parent = step.base()
+                if (type(step) is Attr and (parent, step.attr) in attrs
+                        or type(step) is Item and ((parent, step.item) in items or parent in whole)
+                        or type(step) is SlotItem and parent in whole):
+                    self._refuse(f"stores through {step.name()}, which another of its stores changes (at {e.where})")
+                    return
+                step = parent
 
     def _container(self, container: Any, source: Source, before: Any) -> None:
         where = f"{source.name()} (changed in place)"

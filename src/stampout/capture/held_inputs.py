@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -239,3 +240,20 @@ def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple,
         return next(it)
 
     return tuple(walk(a) for a in args), {k: walk(v) for k, v in kwargs.items()}
+
+
+_SHARED_KINDS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def refuse_made_outputs(template: Any, program: RegionFrame) -> None:
+    """An output object the program made during the call (a user object, a partial; not a tensor, a constant, a
+    list or dict, which are made anew per call, or an object it read from the world) would be the template's constant:
+    one object shared by every compiled call, where eager makes a new one each call (a caller's change to it would
+    show in the next call's output). Such a program runs eagerly."""
+    for value in template_constants(template):
+        if type(value) in ATOMIC or isinstance(value, _SHARED_KINDS) or id(value) in program.sources:
+            continue
+        if not is_constant(value):
+            program.mark_ineligible(f"returns a {type(value).__name__} made during the call (eager makes a new one "
+                                    "each call; a compiled call would return the same one)")
+            return

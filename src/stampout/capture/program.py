@@ -56,6 +56,7 @@ from .held_inputs import (
     note_input_containers,
     object_fields,
     rebuild_inputs,
+    refuse_made_outputs,
 )
 from .leftovers import (
     carried_state,
@@ -372,8 +373,11 @@ class ProgramCapture:
             if program is not None:
                 program.abandon = False
             self.holes: list[torch.Tensor] = []
-            self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True)
+            self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True,
+                                        world=program.sources if program is not None else ())
             check_no_hidden_tensors(self.template)
+            if program is not None:
+                refuse_made_outputs(self.template, program)
             check_no_output_fields(self.holes, self.tracer)
             with DisableTorchFunction(), listeners(None, None):
                 if guard_program:

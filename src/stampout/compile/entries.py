@@ -23,7 +23,7 @@ from ..torch_internals import DisableTorchFunction, instance_dicts_sentinel, ten
 from ..trace.memory import memory_span, spans_of
 from ..trace.structure import aliases_of
 from ..watch.tracking import EPOCH, WriteWatch
-from .fsdp_swaps import SwappedParams
+from .fsdp_swaps import SwappedParams, swapped
 from .outputs import OutputBuilder
 from .per_call_aliases import PerCallAliases, overlaps_fixed
 from .piecewise import Pieces
@@ -253,6 +253,11 @@ class Entry:
                 if isinstance(obj, torch.nn.Module) and (absent or name in obj.__dict__):
                     modules[id(obj)] = obj
             modules.update((id(m), m) for m in self.anchors.holders(ctx, memo))
+            for source in self.fixed_sources:  # (a lifted parameter's module: `m.__dict__["weight"] = t` shadows it)
+                holder = source.base().resolve(ctx, memo) if isinstance(source, Attr) else None
+                if isinstance(holder, torch.nn.Module) and source.attr not in holder.__dict__ \
+                        and not swapped(holder, source.attr):  # (FSDP's: checked by SwappedParams)
+                    modules[id(holder)] = holder
             unwritten = self.swapped.and_held(instance_dicts_sentinel(list(modules.values())), ctx, memo)
         state = EntryState(EPOCH.value, unique, [names.get(id(t), "a lifted tensor") for t in unique], tuple(fixed),
                            tensor_guards(unique), unwritten, anchors)

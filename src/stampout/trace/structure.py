@@ -258,16 +258,21 @@ _KEYED = frozenset((Form.MODELOUTPUT, Form.DATACLASS, Form.DICT, Form.STATE))  #
 Template = tuple
 
 
-def to_template(value: Any, holes: list[Any], inputs: dict[int, int] | None = None, sizes: bool = False) -> Template:
+def to_template(value: Any, holes: list[Any], inputs: dict[int, int] | None = None, sizes: bool = False,
+                world: Any = ()) -> Template:
     """The template of `value`, appending each tensor it holds (and with `sizes`, each symbolic size: the
     graph computes it) to `holes`; `inputs` maps the id of each input object (not a tensor or constant) to
-    its leaf index."""
+    its leaf index. A dataclass instance whose id is in `world` (read by the program from its model, globals or
+    closures: `return y, self.config`) and that holds no fake is that very object (a constant), not one rebuilt."""
     if isinstance(value, torch.Tensor) or sizes and isinstance(value, SIZES):
         holes.append(value)
         return (Form.HOLE, len(holes) - 1)
     if inputs and id(value) in inputs:
         return (Form.INPUT, inputs[id(value)])
-    return _to_template(value, holes, lambda v: to_template(v, holes, inputs, sizes))
+    if id(value) in world and dataclasses.is_dataclass(value) and not isinstance(value, type) \
+            and not fakes_within(value):
+        return (Form.CONST, value)
+    return _to_template(value, holes, lambda v: to_template(v, holes, inputs, sizes, world))
 
 
 def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
