@@ -36,7 +36,10 @@ def _delta(before: dict[str, int]) -> dict[str, int]:
     return {k: v - before[k] for k, v in direct_call.calls.items()}
 
 
-def test_inference_calls_the_compiled_regions_directly_with_eagers_results() -> None:
+@pytest.mark.parametrize("cold", [False, True], ids=["warm", "cold"])
+def test_inference_calls_the_compiled_regions_directly_with_eagers_results(cold: bool, monkeypatch, tmp_path) -> None:
+    if cold:  # (compiled, not loaded from AOTAutograd's cache: its graph comes wrapped once more)
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     model = _model()
     compiled = stampout.compile(model, backend="inductor")
     before = _calls()

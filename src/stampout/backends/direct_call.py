@@ -12,7 +12,8 @@ known to be pass-through, else the wrappers are called as before:
 - the outer callable is Dynamo's disable wrapper around `aot_module_simplified`'s unboxed `forward`, with no
   lifted parameters and AOT's `runtime_wrapper` inside it (no dedupe / synthetic-base wrapper between them, only
   the pass-through `SerializableCompiledFunction`);
-- the runtime wrapper's inner callable is the `CompiledFxGraph` itself: no autograd function (training), no
+- the runtime wrapper's inner callable is the `CompiledFxGraph` itself (or it in a `SerializableCompiledFunction`,
+  as compiled rather than loaded from the cache): no autograd function (training), no
   subclass, functionalized-RNG or effect-token wrapper, whose presence makes it another object;
 - the graph's autotune-bundler context is settled.
 The direct call then runs the runtime wrapper's own codegen'd body, with the graph's `current_callable` in
@@ -94,6 +95,8 @@ def take_apart(compiled: Callable[..., Any]) -> tuple[Any, Callable[..., Any], A
     cells = _closure(wrapper)
     graph, body, first_call = (cells.get(name) for name in
                                ("_inner_compiled_fn", "_codegen_runtime_wrapper", "_first_invocation_ctx"))
+    if type(graph) is SerializableCompiledFunction:  # (as compiled, not loaded from AOTAutograd's cache)
+        graph = graph.compiled_fn
     if type(graph) is not CompiledFxGraph or graph.current_callable is None or graph._compile_context is not None:
         return None
     if not callable(body) or first_call is None:
