@@ -41,6 +41,7 @@ calls = {"direct": 0, "wrapped": 0}
 _FORWARD = "aot_module_simplified.<locals>.forward"
 _RUNTIME_WRAPPER = "_create_runtime_wrapper.<locals>.runtime_wrapper"
 _VARARGS = 0x04  # inspect.CO_VARARGS
+_BODY_ARGS = ("_compiled_fn_", "_first_ctx_", "_on_before_call_", "args")  # (torch 2.13's codegen'd body)
 
 
 def _nothing() -> None:
@@ -99,8 +100,8 @@ def take_apart(compiled: Callable[..., Any]) -> tuple[Any, Callable[..., Any], A
         graph = graph.compiled_fn
     if type(graph) is not CompiledFxGraph or graph.current_callable is None or graph._compile_context is not None:
         return None
-    if not callable(body) or first_call is None:
-        return None
+    if first_call is None or getattr(getattr(body, "__code__", None), "co_varnames", ())[:4] != _BODY_ARGS:
+        return None  # (a torch whose runtime wrapper calls its body otherwise)
     return graph, body, first_call
 
 
