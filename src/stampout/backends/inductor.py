@@ -43,7 +43,7 @@ import torch.fx as fx
 from .. import config, torch_internals
 from ..errors import StampoutError
 from ..torch_internals import INVOKE_SUBGRAPH, TracingContext, is_traceable_wrapper_subclass, tracing
-from . import background, parallel, pipeline, progress, split, startup, timing, toolchain
+from . import background, direct_call, parallel, pipeline, progress, split, startup, timing, toolchain
 from .grad_identity import separate_by_requires_grad
 from .undifferentiated import detach_undifferentiated_operands
 from .inline import inline_regions, inline_writing_regions, subclass_operands
@@ -232,7 +232,7 @@ def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., An
     if (parallel.worker_count(1) and not split.symbolic(vals)
             and split.compute_nodes(call.subgraph) >= config.parallel_min_nodes):  # (one a worker could get)
         parallel.remember(parallel.fingerprint(call.subgraph, vals, torch.is_grad_enabled()))
-    return compiled
+    return direct_call.direct(compiled)  # (past the wrappers that do nothing for it: direct_call.py)
 
 
 def counters_hits() -> int:

@@ -60,6 +60,7 @@ for _module, _name in _REQUIRED:
 # private names still used outside this module, and fails when they grow.
 NAMES = {
     "AsyncCompile": "torch._inductor.async_compile.AsyncCompile",
+    "CompiledFxGraph": "torch._inductor.output_code.CompiledFxGraph",
     "ConstantAttrMap": "torch._export.passes.lift_constants_pass.ConstantAttrMap",
     "CppBuilder": "torch._inductor.cpp_builder.CppBuilder",
     "CppPythonBindingsCodeCache": "torch._inductor.codecache.CppPythonBindingsCodeCache",
@@ -87,9 +88,11 @@ NAMES = {
     "LocalSource": "torch._dynamo.source.LocalSource",
     "OpOverload": "torch._ops.OpOverload",
     "OpOverloadPacket": "torch._ops.OpOverloadPacket",
+    "SerializableCompiledFunction": "torch._functorch._aot_autograd.runtime_wrappers.SerializableCompiledFunction",
     "TensorBase": "torch._C.TensorBase",
     "TracingContext": "torch._guards.TracingContext",
     "TrainingIRVerifier": "torch._export.verifier.TrainingIRVerifier",
+    "aot_autograd_module": "torch._functorch.aot_autograd",
     "aot_module_simplified": "torch._functorch.aot_autograd.aot_module_simplified",
     "cache_dir": "torch._inductor.runtime.cache_dir_utils.cache_dir",
     "check_input_alias_and_mutation_return_outputs": "torch._higher_order_ops.utils.check_input_alias_and_mutation_return_outputs",  # noqa: E501
@@ -108,11 +111,13 @@ NAMES = {
     "enter_inference_mode": "torch.autograd.grad_mode._enter_inference_mode",
     "exit_autocast": "torch.amp.autocast_mode._exit_autocast",
     "exit_inference_mode": "torch.autograd.grad_mode._exit_inference_mode",
+    "eval_frame_module": "torch._dynamo.eval_frame",
     "extract_tensor_metadata": "torch.fx.passes.shape_prop._extract_tensor_metadata",
     "functorch_config": "torch._functorch.config",
     "functorch_vmap_decrement_nesting": "torch._C._functorch._vmap_decrement_nesting",
     "get_compile_threads": "torch._inductor.async_compile.get_compile_threads",
     "get_current_function_mode_stack": "torch.overrides._get_current_function_mode_stack",
+    "get_eval_frame_callback": "torch._C._dynamo.eval_frame.get_eval_frame_callback",
     "get_invoke_subgraph_cache": "torch._higher_order_ops.invoke_subgraph.get_invoke_subgraph_cache",
     "get_isa_dry_compile_fingerprint": "torch._inductor.cpu_vec_isa._get_isa_dry_compile_fingerprint",
     "get_lock_dir": "torch._inductor.codecache.get_lock_dir",
@@ -120,6 +125,7 @@ NAMES = {
     "global_forward_hooks_with_kwargs": "torch.nn.modules.module._global_forward_hooks_with_kwargs",
     "global_forward_pre_hooks": "torch.nn.modules.module._global_forward_pre_hooks",
     "inductor_config": "torch._inductor.config",
+    "inductor_debug": "torch._inductor.debug",
     "inductor_ir": "torch._inductor.ir",
     "invoke_subgraph_op": "torch._higher_order_ops.invoke_subgraph.invoke_subgraph",
     "is_any_autocast_enabled": "torch._C._is_any_autocast_enabled",
@@ -134,8 +140,10 @@ NAMES = {
     "pop_saved_tensors_default_hooks": "torch._C._autograd._pop_saved_tensors_default_hooks",
     "push_saved_tensors_default_hooks": "torch._C._autograd._push_saved_tensors_default_hooks",
     "pytree": "torch.utils._pytree",
+    "profiler_module": "torch.autograd.profiler",
     "replace_autocast_with_hop_pass": "torch._export.passes.replace_autocast_with_hop_pass.replace_autocast_with_hop_pass",  # noqa: E501
     "replace_set_grad_with_hop_pass": "torch._export.passes.replace_set_grad_with_hop_pass.replace_set_grad_with_hop_pass",  # noqa: E501
+    "runtime_wrappers_module": "torch._functorch._aot_autograd.runtime_wrappers",
     "set_default_dtype": "torch._C._set_default_dtype",
     "set_deterministic_algorithms": "torch._C._set_deterministic_algorithms",
     "set_grad_enabled": "torch._C._set_grad_enabled",
@@ -186,6 +194,7 @@ _USED_HERE = (  # (and in the modules tests/size_baseline.json still lists)
     "torch._higher_order_ops.invoke_subgraph.invoke_subgraph_placeholder",
     "torch.compiler.is_compiling",
     "torch.utils._pytree.tree_leaves",
+    "torch.autograd.profiler._is_profiler_enabled",
 )
 PRIVATE_NAMES = (*NAMES.values(), *_USED_HERE, *PATCH_TARGETS)
 
