@@ -145,3 +145,22 @@ def test_a_post_init_that_changes_a_field_runs_once_as_in_eager(output, backend)
             assert list(got.keys()) == list(expected.keys())
             torch.testing.assert_close(got["logits"], expected["logits"])
     assert fn.stats.captures == 1
+
+
+def test_the_first_calls_outputs_are_freed_without_a_collection():
+    """The first call derives the generated rebuild from what it built; nothing of that call (its outputs, their
+    autograd graphs, which hold the parameters) may stay alive after the caller drops them (a reference cycle did:
+    `torch.utils.swap_tensors` then refused the parameters until the next collection)."""
+    import gc
+    import weakref
+
+    model = Step()
+    fn = stampout.compile(model, backend="eager")
+    gc.disable()
+    try:
+        out = fn(torch.randn(2, 4), None)
+        logits = weakref.ref(out.logits)
+        del out
+        assert logits() is None
+    finally:
+        gc.enable()

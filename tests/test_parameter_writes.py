@@ -139,9 +139,6 @@ def test_compiled_bound_method_guards_its_module_by_writes():
     assert fn.stats.captures == 2
 
 
-@pytest.mark.xfail(strict=True, reason="a module's _parameters replaced through its __dict__ (not through the "
-                   "bumping registry) moves neither EPOCH nor a dict the sentinel watches "
-                   "(compiled_entries.Entry.refresh): the lifted weight of the capture is used")
 def test_a_parameter_registry_replaced_through_the_instance_dict_is_seen():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))

@@ -114,7 +114,10 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
         kwargs = "".join(f"**{{{constant(k)}: {expr}}}, " for k, expr, _ in keyed)
         return f"{constant(t)}({kwargs})"
 
-    body = code(template, built)
+    try:
+        body = code(template, built)
+    finally:  # (`code` calls itself: its cell would keep this call's outputs and their autograd graphs, which hold
+        code = None  # the parameters, alive until a collection; torch.utils.swap_tensors refuses such a parameter)
     source = f"def rebuild(values, leaves):\n    return {body}\n"
     exec(compile(source, "<stampout outputs>", "exec"), namespace)
     rebuild = namespace["rebuild"]
