@@ -24,6 +24,18 @@ class Mlp(nn.Module):
         return self.fc(x)
 
 
+class NormGelu(nn.Module):
+    """A width-8 residual region (LayerNorm, Linear, GELU), for the Inductor files."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.lin = nn.LayerNorm(8), nn.Linear(8, 8)
+
+    @stampout.region
+    def forward(self, x):
+        return x + nn.functional.gelu(self.lin(self.norm(x)))
+
+
 class Block(nn.Module):
     """A residual block whose forward is the region."""
 

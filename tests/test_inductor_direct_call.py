@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from blocks import NormGelu
 
 import stampout
 from stampout.backends import direct_call
@@ -13,19 +14,9 @@ from stampout.backends import direct_call
 pytestmark = pytest.mark.inductor
 
 
-class _Block(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm, self.lin = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
-
-    @stampout.region
-    def forward(self, x):
-        return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
-
-
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(_Block(), _Block())
+    return torch.nn.Sequential(NormGelu(), NormGelu())
 
 
 def _calls() -> dict[str, int]:

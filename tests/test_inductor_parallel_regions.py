@@ -11,20 +11,11 @@ import time
 
 import pytest
 import torch
+from blocks import NormGelu
 
 import stampout
 from stampout.backends import inductor, parallel
 from stampout.torch_internals import dynamo_counters as counters
-
-
-class _Norm(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm, self.lin = torch.nn.LayerNorm(8), torch.nn.Linear(8, 8)
-
-    @stampout.region
-    def forward(self, x):
-        return x + torch.nn.functional.gelu(self.lin(self.norm(x)))
 
 
 class _Gate(torch.nn.Module):
@@ -39,7 +30,7 @@ class _Gate(torch.nn.Module):
 
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(_Norm(), _Norm(), _Gate(), _Gate())
+    return torch.nn.Sequential(NormGelu(), NormGelu(), _Gate(), _Gate())
 
 
 @pytest.fixture
@@ -64,7 +55,7 @@ def worker_takes_the_second_region(monkeypatch, tmp_path):
 def test_a_worker_compiles_the_second_region_and_this_process_loads_it_with_eager_gradients(
         worker_takes_the_second_region, caplog):
     model = _model()
-    x = torch.randn(2, 4, 8, requires_grad=True)  # (every _Norm call alike: two distinct regions)
+    x = torch.randn(2, 4, 8, requires_grad=True)  # (every NormGelu call alike: two distinct regions)
     model(x).pow(2).mean().backward()
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
