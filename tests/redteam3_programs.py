@@ -980,9 +980,6 @@ def dropout_rng(wrap):
     return run
 
 
-# 32 print in forward
-
-
 # 33 global dict stats
 
 
@@ -1011,12 +1008,6 @@ def global_counter_dict(wrap):
         return [out, dict(STATS)]
 
     return run
-
-
-# 34 step counter branching
-
-
-# 35 running buffer EMA (in place under no_grad)
 
 
 # 36 id(x)-keyed memo
@@ -1050,18 +1041,6 @@ def id_keyed_memo(wrap):
         return [f(x)]
 
     return run
-
-
-# 37 default dtype branch
-
-
-# 38 eval/train toggle with dropout and a counter of train calls
-
-
-# 39 deque of recent outputs
-
-
-# 40 lazy buffer registration in forward
 
 
 # 41 torch.Generator held on module
@@ -1148,21 +1127,6 @@ def cached_method_rope(wrap):
     return run
 
 
-# 44 generator function consumed in forward (internal)
-
-
-# 45 hook handle stored, removed after N calls
-
-
-# 46 setattr of tensor to input (store input on self), read next call
-
-
-# 47 list of losses accumulated for logging as float via .item() -> data dependent
-
-
-# 48 getattr default on config object changed
-
-
 # 49 random.Random instance held
 
 
@@ -1211,9 +1175,6 @@ def activation_swapped(wrap):
         return [f(inp(1))]
 
     return run
-
-
-# 51 tensor attribute on input tensor
 
 
 # 52 enable_grad inside no_grad caller
