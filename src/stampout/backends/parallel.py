@@ -6,8 +6,8 @@ encoder and a decoder block, a DiT's double and single blocks, a last block that
 compiles the first and hands the others to worker processes. A worker receives the region's subgraph and example
 inputs (torch's GraphPickler: nodes with their fake values), the settings the compile depends on (Inductor's and
 AOTAutograd's config, stampout's switches, grad mode, intra-op threads), compiles it exactly as the caller would
-(inductor.compile_region_graph), and so fills the FX graph and AOTAutograd caches of the shared
-`TORCHINDUCTOR_CACHE_DIR` with it, C++ modules included. The caller then compiles that region itself, as always,
+(inductor.compile_region_graph; the worker's side is region_worker.py), and so fills the FX graph and AOTAutograd
+caches of the shared `TORCHINDUCTOR_CACHE_DIR` with it, C++ modules included. The caller then compiles that region itself, as always,
 and finds it there: a cache load instead of a compile. What serves is what a restart on that cache directory would
 load, so a worker decides nothing about results; a worker that fails or disagrees (a cache miss) costs time only.
 
@@ -46,7 +46,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -217,7 +216,7 @@ def _matmul_settings() -> tuple:
             matmul.allow_bf16_reduced_precision_reduction, torch.get_float32_matmul_precision())
 
 
-def _set_matmul_settings(settings: tuple) -> None:
+def set_matmul_settings(settings: tuple) -> None:
     if _matmul_settings()[3] != settings[3]:
         torch.set_float32_matmul_precision(settings[3])
     matmul = torch.backends.cuda.matmul
@@ -238,13 +237,13 @@ def _picklable(settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _send(stream: BinaryIO, message: Any) -> None:
+def send(stream: BinaryIO, message: Any) -> None:
     data = pickle.dumps(message)
     stream.write(struct.pack("<Q", len(data)) + data)
     stream.flush()
 
 
-def _receive(stream: BinaryIO) -> Any:
+def receive(stream: BinaryIO) -> Any:
     head = stream.read(8)
     if len(head) < 8:
         raise EOFError("the worker process exited")
@@ -259,7 +258,7 @@ class _Worker:
     """One worker process and the thread that feeds it jobs from the queue."""
 
     def __init__(self) -> None:
-        code = "from stampout.backends.parallel import serve; serve()"
+        code = "from stampout.backends.region_worker import serve; serve()"
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # (this stampout's)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
         self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -276,7 +275,7 @@ class _Worker:
     def _feed(self) -> None:
         assert self.process.stdin is not None and self.process.stdout is not None
         try:
-            if _receive(self.process.stdout) != ("ready", None):
+            if receive(self.process.stdout) != ("ready", None):
                 return
             self.ready.set()
             log.debug("inductor: a worker process is ready, %.1fs after its start", time.perf_counter() - self.started)
@@ -290,8 +289,8 @@ class _Worker:
                         continue
                     job.state = "running"
                 try:
-                    _send(self.process.stdin, job.payload)
-                    job.state, job.error = _receive(self.process.stdout)
+                    send(self.process.stdin, job.payload)
+                    job.state, job.error = receive(self.process.stdout)
                 except (OSError, EOFError, ValueError) as error:
                     job.state, job.error = "failed", f"{type(error).__name__}: {error}"
                     return
@@ -326,50 +325,3 @@ def shutdown() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the worker
-
-
-def serve() -> None:
-    """A worker process's loop: compile each region sent on stdin, answer on stdout."""
-    import select
-
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # (whatever prints goes to stderr, not into the answers)
-    stdin = sys.stdin.buffer
-    from ..torch_internals import compile_fx  # noqa: F401 - Inductor imported before announcing readiness
-    from . import inductor, startup, toolchain
-
-    startup.fill_torch_key()
-    toolchain.warm_up()
-    _send(out, ("ready", None))
-    del inductor
-    while select.select([stdin], [], [], IDLE_S)[0]:
-        try:
-            payload = _receive(stdin)
-        except EOFError:
-            return
-        try:
-            _compile(payload)
-            answer = ("done", None)
-        except Exception:  # noqa: BLE001 - reported to the caller, which compiles the region itself
-            answer = ("failed", traceback.format_exc())
-        _send(out, answer)
-
-
-def _compile(payload: bytes) -> None:
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    from ..torch_internals import FakeTensorMode, GraphPickler, functorch_config, inductor_config
-    from . import inductor, pipeline, startup
-
-    name, settings, graph = pickle.loads(payload)
-    subgraph, vals = GraphPickler.loads(graph, FakeTensorMode(shape_env=ShapeEnv() if settings["shape_env"] else None))
-    subgraph = fx.GraphModule(subgraph, subgraph.graph, class_name=settings["class_name"])
-    if torch.get_num_threads() != settings["threads"]:
-        torch.set_num_threads(settings["threads"])
-    _set_matmul_settings(settings["matmul"])
-    own_inductor, own_functorch = inductor_config.get_config_copy(), functorch_config.get_config_copy()
-    with inductor_config.patch({k: v for k, v in settings["inductor"].items() if own_inductor.get(k) != v}), \
-            functorch_config.patch({k: v for k, v in settings["functorch"].items() if own_functorch.get(k) != v}), \
-            config.patch(**settings["stampout"]), torch.set_grad_enabled(settings["grad_enabled"]), \
-            startup.scope(), pipeline.overlapped():
-        inductor.compile_region_graph(subgraph, name, vals)
