@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..sources import MISSING
-from ..trace.structure import Form, Template, build, from_state, model_output_base
+from ..trace.structure import Form, Template, build, from_state, model_output_base, state_of
 
 _OD_NEW = collections.OrderedDict.__new__
 _OD_SETITEM = collections.OrderedDict.__setitem__
@@ -99,8 +99,11 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
             return f"{constant(t)}({', '.join(code(c, m) for c, m in zip(children, made))})"
         if form is Form.STRUCTSEQ:
             return f"{constant(t)}(({''.join(code(c, m) + ', ' for c, m in zip(children, made))}))"
-        pick = _state_item if form is Form.STATE else _item
-        keyed = [(k, code(c, pick(made, k)), c) for k, c in children]
+        if form is Form.STATE:  # (what the first call's object holds, read as from_state puts it back)
+            state = dict(state_of(made) or ()) if type(made) is t else {}
+            keyed = [(k, code(c, state.get(k, MISSING)), c) for k, c in children]
+        else:
+            keyed = [(k, code(c, _item(made, k)), c) for k, c in children]
         if form is Form.DICT:
             pairs = "".join(f"({constant(k)}, {expr}), " for k, expr, _ in keyed)
             return f"{constant(t)}(({pairs}))"
@@ -123,15 +126,6 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
     rebuild = namespace["rebuild"]
     rebuild.source_code = source  # type: ignore[attr-defined]
     return rebuild
-
-
-def _state_item(made: Any, key: tuple[str, Any]) -> Any:
-    where, name = key
-    try:
-        return vars(made)[name] if where == "attr" else getattr(made, name) if where == "slot" else dict.__getitem__(
-            made, name)
-    except Exception:  # noqa: BLE001 - as _item
-        return MISSING
 
 
 def _item(made: Any, key: Any) -> Any:

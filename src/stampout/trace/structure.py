@@ -285,7 +285,7 @@ def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
         return (Form.STRUCTSEQ, t, tuple(to_template(v) for v in value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         if not stores_fields(t):
-            state = _state(value)
+            state = state_of(value)
             if state is not None:
                 return (Form.STATE, t, tuple((key, to_template(v)) for key, v in state))
         if isinstance(value, dict):  # transformers' ModelOutput: a dict whose set keys are its fields
@@ -346,12 +346,11 @@ def _bc_wrappers(meta: type) -> tuple:
                  if isinstance(c, types.CodeType) and c.co_name == "__init__")
 
 
-def _state(value: Any) -> list[tuple[tuple[str, Any], Any]] | None:
+def state_of(value: Any) -> list[tuple[tuple[str, Any], Any]] | None:
     """The state of a dataclass instance as `from_state` puts it back: its instance attributes, `__slots__` fields
     and (a dict subclass) items; None where it cannot be (a `__new__` of its own, a non-str attribute name)."""
     t = type(value)
-    base = dict if not isinstance(value, dict) else (
-        collections.OrderedDict if isinstance(value, collections.OrderedDict) else dict)
+    base = collections.OrderedDict if isinstance(value, collections.OrderedDict) else dict
     if mro_attr(t, "__new__") not in (object.__new__, mro_attr(base, "__new__")):
         return None
     fields = getattr(value, "__dict__", {})
@@ -366,7 +365,7 @@ def _state(value: Any) -> list[tuple[tuple[str, Any], Any]] | None:
 
 
 def from_state(t: type, state: Any) -> Any:
-    """An instance of `t` holding `state` ((where, name), value) pairs, made without its constructor (see `_state`)."""
+    """An instance of `t` holding `state` ((where, name), value) pairs, made without its constructor (`state_of`)."""
     ordered = issubclass(t, collections.OrderedDict)
     obj = (collections.OrderedDict.__new__ if ordered else dict.__new__ if issubclass(t, dict) else object.__new__)(t)
     put = collections.OrderedDict.__setitem__ if ordered else dict.__setitem__
@@ -555,8 +554,8 @@ def _reached(value: Any, wanted: Callable[[Any], bool], first: bool, clean: dict
 _STOPS = (type, types.ModuleType, types.CodeType, types.FrameType, torch.Tensor)
 _OWN = ("torch.", "stampout.")  # (functions)
 _INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distributions.Normal a program returns is opened)
-_EMPTIES = frozenset((dict, collections.OrderedDict, set))  # (a module's registries, hook dicts and `_non_persistent_buffers_set`:
-# empty, they hold nothing to walk)
+# A module's registries, hook dicts and `_non_persistent_buffers_set`: empty, they hold nothing to walk
+_EMPTIES = frozenset((dict, collections.OrderedDict, set))
 # The import system's loaders and finders (a module's globals name its `__loader__`; pytest's loader reaches its
 # whole session) and the builtins' namespace (`__builtins__`): no program state. A module's `__spec__` is opened (its
 # names and paths; its loader, shut): a program's store on it (`mod.__spec__.h = h`) is found.
