@@ -244,7 +244,7 @@ class ModulePaths:
     """`source.resolve(ctx, memo)` for many paths through one module tree (a deep model's lifted parameters, each
     `self.layers[i].attn.qkv.weight`): a step from a module whose class resolves attributes as nn.Module does (no
     `__getattr__`/`__getattribute__` of its own) to a name its class does not define reads the instance dict and
-    the registries, as nn.Module resolves it (the generated guards' `_module_attr`), without the failed lookup and
+    the registries, as nn.Module resolves it (guards.values.module_attr), without the failed lookup and
     `nn.Module.__getattr__` call per step; the parents shared by many paths are resolved once (by identity: the
     capture's sources share them). Any other step is the source's own resolve."""
 

@@ -20,11 +20,11 @@ from ..trace.tensormeta import kind_values, meta_values, tensor_kind, tensor_met
 from .hook_keys import NO_HOOKS, describe_hooks, hooks_key, no_hooks
 from .values import (
     _length,
-    _module_attr,
     _object_dict,
     const_key,
     is_auto_mark,
     is_constant,
+    module_attr,
     show_const,
 )
 
@@ -384,7 +384,7 @@ HELPERS = {
     "_length": _length,
     "_is_auto_mark": lambda v: is_auto_mark(v),
     "_object_dict": _object_dict,
-    "_module_attr": _module_attr,
+    "_module_attr": module_attr,
     "_Tensor": torch.Tensor,
     "_int": int,
     "_str": str,

@@ -47,8 +47,9 @@ def _object_dict(v: Any) -> Any:
         return MISSING
 
 
-def _module_attr(v: Any, name: str) -> Any:
-    """`getattr(module, name)` for a name its class does not define, as nn.Module resolves it."""
+def module_attr(v: Any, name: str) -> Any:
+    """`getattr(module, name)` for a name its class does not define, as nn.Module resolves it (`_module_attr` in
+    the generated guards; capture/world.ModulePaths reads parameter paths with it)."""
     try:
         d = OBJECT_GETATTRIBUTE(v, "__dict__")
     except AttributeError:
@@ -60,9 +61,6 @@ def _module_attr(v: Any, name: str) -> Any:
         if r is not None and name in r:
             return r[name]
     return MISSING
-
-
-module_attr = _module_attr  # (capture/program.py reads a capture's parameter paths with it)
 
 
 def is_auto_mark(value: Any) -> bool:
