@@ -15,7 +15,9 @@ hashes torch's sources nor precompiles headers for modules already built (startu
 backward is lowered with the forward, and C++ compiles run while the next graph lowers (pipeline.py); the
 Python wrapper's kernels of a compile are one library, one compiler run (kernel_batch.py); a graph without
 region calls inside is one C++ file (Inductor's C++ wrapper) in inference; distinct regions beyond the first may be
-compiled by worker processes meanwhile and loaded from the caches (parallel.py). Every phase is timed (`STAMPOUT_LOGS=+timing`, see timing.py).
+compiled by worker processes meanwhile and loaded from the caches (parallel.py, opt-in); an inference region is
+called past AOTAutograd's and Inductor's pass-through wrappers (direct_call.py). Every phase is timed
+(`STAMPOUT_LOGS=+timing`, see timing.py).
 
 Two torch 2.13 Inductor bugs give wrong gradients; stampout compiles around both:
 - with buffer reuse, reused subgraphs (TORCH_NOTES.md: 31-39 % relative error on the layer norm weights of
