@@ -1,11 +1,13 @@
-"""A new size's symbolic recompile finishes in the background (backends/background.py): calls run the captured
-graph eagerly until the C++ builds and module loads are done; a build that fails leaves the eager run."""
+"""A recapture's compile finishes in the background (backends/background.py): a new size's symbolic graph runs
+eagerly until the C++ builds and module loads are done, a static one's capturing call runs eagerly and its next call
+waits for them; a build that fails leaves the eager run."""
 
 from __future__ import annotations
 
 import logging
 import threading
 
+import pytest
 import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -50,12 +52,62 @@ def test_a_build_that_fails_leaves_the_eager_run(caplog):
     assert deferred(torch.ones(4)).tolist() == [2.0] * 4
 
 
-def test_only_a_symbolic_inference_graph_inside_recompiling_is_deferred():
+def test_only_an_inference_graph_inside_recompiling_is_deferred():
+    """A symbolic recapture runs eagerly until built, a static one waits at its entry's next call; first compiles
+    and training compiles finish at once, and each kind has its switch."""
+    from stampout import config
+
     fake, static = _symbolic_input(), torch.ones(4)
-    assert not background.deferrable([fake])  # (outside recompiling(): a first compile)
+    assert background.deferrable([fake]) is None and background.deferrable([static]) is None  # (a first compile)
     with background.recompiling(True):
-        assert background.deferrable([fake]) and not background.deferrable([static])
+        assert background.deferrable([fake]) == background.EAGER and background.deferrable([static]) == background.WAIT
         with torch.enable_grad():
-            assert not background.deferrable([fake.requires_grad_()])  # (training: compiled at once)
-    with background.recompiling(False):
-        assert not background.deferrable([fake.detach()])
+            assert background.deferrable([fake.requires_grad_()]) is None  # (training: compiled at once)
+            assert background.deferrable([torch.ones(4, requires_grad=True)]) is None
+        with config.patch(overlap_builds=False):
+            assert background.deferrable([static]) is None and background.deferrable([fake.detach()]) is not None
+    with config.patch(background_recompile=False), background.recompiling(True):
+        assert background.deferrable([fake.detach()]) is None and background.deferrable([static]) == background.WAIT
+    with background.recompiling(False):  # (a first compile)
+        assert background.deferrable([fake.detach()]) is None and background.deferrable([static]) is None
+        with config.patch(overlap_first_build=True):
+            assert background.deferrable([fake.detach()]) == background.WAIT == background.deferrable([static])
+
+
+def test_a_static_recapture_runs_eagerly_once_then_waits_for_its_build():
+    release, loaded = threading.Event(), []
+
+    def finish():
+        release.wait(30)
+        loaded.append(True)
+
+    deferred = background.Deferred(background.eager_runner(_plus_one()), lambda x: x * 3, [finish], "test graph",
+                                   background.WAIT)
+    assert deferred(torch.ones(8)).tolist() == [2.0] * 8  # (the capturing call: eager, the build goes on)
+    threading.Timer(0.2, release.set).start()
+    assert deferred(torch.ones(8)).tolist() == [3.0] * 8 and loaded == [True]  # (waited for the build: compiled)
+
+
+@pytest.mark.inductor
+def test_a_static_recapture_with_inductor_overlaps_its_build_and_then_serves_compiled():
+    """dynamic=False: a second shape recaptures with static sizes; that call runs the graph eagerly while the C++
+    builds, the next call at that shape waits for the build and runs it compiled. Values are eager's throughout."""
+    from blocks import NormGelu
+
+    import stampout
+    from stampout.backends import direct_call
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(NormGelu(), NormGelu()).eval()
+    fn = stampout.compile(model, backend="inductor", dynamic=False)
+    stats = dict(background.STATS)
+    with torch.no_grad():
+        for n in (2, 3):
+            x = torch.randn(n, 8)
+            torch.testing.assert_close(fn(x), model(x))
+        assert {k: background.STATS[k] - stats[k] for k in stats}["deferred"] == 1  # (the second shape's build)
+        calls = dict(direct_call.calls)
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(fn(x), model(x))  # (waits for the build: compiled, not eager)
+    assert {k: background.STATS[k] - stats[k] for k in stats} == {"deferred": 1, "ready": 1, "failed": 0}
+    assert sum(direct_call.calls[k] - calls[k] for k in calls) == 2 and fn.stats.captures == 2

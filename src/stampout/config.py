@@ -67,6 +67,12 @@ SWITCHES: tuple[Switch, ...] = (
            "are built as one library (kernel_batch.py)"),
     Switch("background_recompile", True, "inductor: a new size's symbolic recapture compiles on a thread while its "
            "calls run eagerly (background.py)", "STAMPOUT_BACKGROUND_RECOMPILE", lambda raw: raw != "0"),
+    Switch("overlap_builds", True, "inductor: a static recapture's C++ build runs on a thread: the capturing call "
+           "runs eagerly, the entry's next call waits for it (background.py)", "STAMPOUT_OVERLAP_BUILDS",
+           lambda raw: raw != "0"),
+    Switch("overlap_first_build", False, "inductor: a first capture's C++ build too runs on a thread as a static "
+           "recapture's does (the first call returns before it is built: its cost moves to the entry's next call)",
+           "STAMPOUT_OVERLAP_FIRST_BUILD", lambda raw: raw == "1"),
     Switch("parallel_regions", 0, "inductor: at most this many worker processes compile a compile's distinct "
            "regions while this one compiles the first (parallel.py); 0 (default, measured: see there): none; -1: the "
            "CPUs less two, at most 4",
@@ -100,6 +106,8 @@ thin_glue: float
 cpp_wrapper: bool
 batch_kernels: bool
 background_recompile: bool
+overlap_builds: bool
+overlap_first_build: bool
 parallel_regions: int
 parallel_min_nodes: int
 avoid_reused_subgraph_buffer_bug: bool

@@ -14,11 +14,20 @@ asynchronous compile mode (Inductor's `fx_compile_mode="async+subprocess"`) runs
 compile is done; the compiled program serves from the first call after. A build or load that fails leaves the
 eager runner in place (a warning says so).
 
-What goes this way (`deferrable`): an inference graph (no input requires grad with grad on) with symbolic sizes,
-compiled inside `recompiling()`, which compile/function.py opens only when the function already holds a compiled
-program (a recapture, not a first call: `dynamic=True` compiles its first, symbolic, capture at once), with
-`config.background_recompile` on. `wait_all()` waits for every such compile (benchmarks: when the compiled
-program is ready); the thread is not a daemon, so a process that exits meanwhile finishes it.
+What goes this way (`deferrable`): an inference graph (no input requires grad with grad on) compiled inside
+`recompiling()`, which compile/function.py opens only when the function already holds a compiled program (a
+recapture, not a first call: a first call, `dynamic=True`'s symbolic one too, compiles at once), in one of two ways:
+- with symbolic sizes (`config.background_recompile`): calls run eagerly until the build is done, as above;
+- with static sizes (`config.overlap_builds`): the capturing call runs the graph eagerly, and the entry's next call
+  waits for the build (it never runs eagerly again). In a generate with a dynamic cache, the first decode step's
+  static capture is called once per generate: its build (~10 s of C++ on 2 cores) then overlaps the next step's
+  symbolic capture and lowering instead of stalling the first generate; a program that calls the recaptured entry
+  again at once waits as it would have inside the compile.
+A first compile goes the second way only with `config.overlap_first_build` (off: a first call returns compiled,
+and cold first-call figures stay the compile's cost): in a generate, the prefill's build would then overlap the
+first decode step's capture and lowering.
+`wait_all()` waits for every such compile (benchmarks: when the compiled program is ready); the thread is not a
+daemon, so a process that exits meanwhile finishes it.
 """
 
 from __future__ import annotations
@@ -37,26 +46,39 @@ from .runner import as_call_modules
 
 log = logging.getLogger("stampout.backends")
 
-_local = threading.local()  # .allowed: inside recompiling(True) on this thread
+_local = threading.local()  # .allowed: inside recompiling() on this thread (True: a recapture; False: a first compile)
 _started: list[Deferred] = []  # compiles still finishing (each removes itself when done)
 # This process: compiles whose C++ half went to the background, that finished and serve calls, that failed.
 STATS = {"deferred": 0, "ready": 0, "failed": 0}
 
 
+EAGER = "eager"  # calls run eagerly until the build is done (a symbolic graph)
+WAIT = "wait"  # the capturing call runs eagerly; later calls wait for the build (a static graph)
+
+
 @contextlib.contextmanager
 def recompiling(allowed: bool) -> Iterator[None]:
-    """Inside (when `allowed` and the switch is on): a symbolic inference graph this thread hands Inductor
-    finishes its compile in the background."""
-    outer = getattr(_local, "allowed", False)
-    _local.allowed = allowed and config.background_recompile
+    """Inside (when `allowed`, a recapture): an inference graph this thread hands Inductor finishes its compile in
+    the background, where the switch for its kind is on (see the module docstring); otherwise (a first compile)
+    only with `config.overlap_first_build`, as a static recapture does."""
+    outer = getattr(_local, "allowed", None)
+    _local.allowed = allowed
     try:
         yield
     finally:
         _local.allowed = outer
 
 
-def deferrable(example_inputs: list[Any]) -> bool:
-    return getattr(_local, "allowed", False) and split.symbolic(example_inputs) and not split.trains(example_inputs)
+def deferrable(example_inputs: list[Any]) -> str | None:
+    """How a graph this thread compiles now finishes (EAGER, WAIT), or None: at once."""
+    allowed = getattr(_local, "allowed", None)
+    if allowed is None or split.trains(example_inputs):
+        return None
+    if not allowed:
+        return WAIT if config.overlap_first_build else None
+    if split.symbolic(example_inputs):
+        return EAGER if config.background_recompile else None
+    return WAIT if config.overlap_builds else None
 
 
 def eager_runner(gm: fx.GraphModule) -> Callable[..., Any]:
@@ -69,9 +91,11 @@ class Deferred:
     run `eager`."""
 
     def __init__(self, eager: Callable[..., Any], compiled: Callable[..., Any],
-                 finish: list[Callable[[], Any]], what: str) -> None:
+                 finish: list[Callable[[], Any]], what: str, mode: str = EAGER) -> None:
         self._eager, self._compiled, self._finish, self.what = eager, compiled, list(finish), what
         self._run: Callable[..., Any] | None = None  # the compiled program, once ready
+        self._waits = mode == WAIT  # (after its first call, each call waits for the build)
+        self._called = False
         self.error: BaseException | None = None
         STATS["deferred"] += 1
         self._thread = threading.Thread(target=self._finish_now, name="stampout-c++", daemon=False)
@@ -85,6 +109,11 @@ class Deferred:
 
     def __call__(self, *args: Any) -> Any:
         run = self._run
+        if run is None and self._waits:
+            if self._called:
+                self._thread.join()
+                run = self._run  # (None where the build failed: eager)
+            self._called = True
         return run(*args) if run is not None else self._eager(*args)
 
     def _finish_now(self) -> None:

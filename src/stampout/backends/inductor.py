@@ -293,11 +293,13 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    if background.deferrable(example_inputs):  # (a new size's symbolic recapture: see background.py)
+    mode = background.deferrable(example_inputs)  # (a recapture: its C++ build in the background, background.py)
+    if mode is not None:
         eager = background.eager_runner(gm)  # (before the compile changes gm)
         finish_later: list[Callable[[], Any]] = []
         compiled = _compile_graph(gm, example_inputs, finish_later)
-        return background.Deferred(eager, compiled, finish_later, "symbolic graph")
+        what = "symbolic graph" if mode == background.EAGER else "recaptured graph"
+        return background.Deferred(eager, compiled, finish_later, what, mode)
     return _compile_graph(gm, example_inputs)
 
 

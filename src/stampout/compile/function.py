@@ -248,9 +248,9 @@ class CompiledFunction:
         # A symbolic capture is compiled for every size: the backend gets its fake inputs, whose sizes are
         # symbols of the capture's ShapeEnv (as Dynamo hands backends fakes of its ShapeEnv).
         example = cap.fake_inputs() if cap.shapes is not None else real
-        # A new size's symbolic recapture (the function already holds a compiled program): Inductor may finish
-        # its compile in the background (backends/background.py).
-        recompile = cap.shapes is not None and any(isinstance(e, Entry) for e in self._entries)
+        # A recapture (the function already holds a compiled program): Inductor may finish its compile in the
+        # background (backends/background.py: a new size's symbolic graph, or a static one's C++ build).
+        recompile = any(isinstance(e, Entry) for e in self._entries)
         try:
             with progress.compiling(_name(self.fn)), background.recompiling(recompile):
                 compiled = self.backend(cap.gm, example)
