@@ -20,8 +20,10 @@ must equal eager's (checked). Ratios are stampout / peer from the same run (targ
 per token <= 1.0x torch.compile's). The table also lists each timed generate's ms / token in order: stampout's first
 timed generates after a compile are slower than its later ones (each entry's per-call check builds an instance-facts
 memo that a new cache object per generate strikes out, guards/instance_facts.py, until after a few generates it
-stops making them; and the first call after the background compile and after a capture moved EPOCH checks in full),
-so the median alone would hide a warm-up that torch.compile's flat rows do not have. Raw numbers:
+stops making them; the first call of each entry after a later capture moved EPOCH checks in full; each program
+built in the background makes its first call through Inductor's wrappers in the first timed generate), so the median
+alone would hide a warm-up that torch.compile's flat rows do not have. On a loaded machine the wall clock is mostly
+waiting for a core (a 3 ms decode step taking 7-11 ms): compare per token with `--clock thread` there. Raw numbers:
 bench/out/generate.json.
 """
 
