@@ -56,16 +56,15 @@ def _run(tmp_path) -> dict:
 
 @pytest.mark.inductor
 def test_a_compiles_kernels_are_built_as_one_library_and_found_again_on_restart(tmp_path):
-    """The forward's and the backward's modules load several kernels each: each module's kernels are one
-    compiler-built library (`<key>.main.so`; the forward's builds while the backward lowers); eager's values; the
-    restart on the same cache builds nothing."""
+    """The forward's and the backward's modules load several kernels each; together fewer than CLOSE_AT, they are
+    one compiler-built library (`<key>.main.so`); eager's values; the restart on the same cache builds nothing."""
     cold = _run(tmp_path)
     modules = glob.glob(str(tmp_path / "inductor" / "**" / "*.py"), recursive=True)
     kernels = sum(open(m).read().count("async_compile.cpp_pybinding(") for m in modules)
     libraries = glob.glob(str(tmp_path / "inductor" / "**" / "*.main.so"), recursive=True)
     with_kernels = sum("async_compile.cpp_pybinding(" in open(m).read() for m in modules)
-    assert cold["batches"] == 2 and cold["batches_failed"] == 0 and cold["kernels_batched"] == kernels, cold
-    assert len(libraries) == 2 and kernels > with_kernels == 2, (len(libraries), with_kernels, kernels)
+    assert cold["batches"] == 1 and cold["batches_failed"] == 0 and cold["kernels_batched"] == kernels, cold
+    assert len(libraries) == 1 and kernels > with_kernels == 2, (len(libraries), with_kernels, kernels)
     warm = _run(tmp_path)
     assert warm["batches"] == cold["batches"] and not warm["compiler_runs"], warm
     assert len(glob.glob(str(tmp_path / "inductor" / "**" / "*.main.so"), recursive=True)) == len(libraries)
@@ -143,55 +142,21 @@ class _RecordingCache(_FakeCache):
         return lambda: module
 
 
-class _Build:
-    """A compile pool's future: building until `finish`."""
-
-    def __init__(self) -> None:
-        self.finished = False
-
-    def done(self) -> bool:
-        return self.finished
-
-
-class _BuildingCache(_RecordingCache):
-    """A combined build handed to the pool (`submit_fn`), as CppPythonBindingsCodeCache.load_async hands it."""
-
-    @classmethod
-    def load_async(cls, code, device, submit_fn=None):
-        load = super().load_async(code, device, submit_fn)
-        submit_fn(load)
-        return load
-
-
-def test_a_small_batch_spans_modules_while_a_library_builds_and_a_kernel_resolved_early_closes_it(monkeypatch):
-    """Below CLOSE_AT, a module's end closes the batch when no library is building (the compiler works while the
-    next graph lowers) and leaves it open for the next module's kernels while one is; a future resolved before
-    the batch closed closes it, and the next kernel starts a new batch."""
-    monkeypatch.setattr(kernel_batch, "CLOSE_AT", 4)
-    builds: list[_Build] = []
-
-    def submit(task):
-        builds.append(_Build())
-        return builds[-1]
-
-    collector = kernel_batch.Collector(_BuildingCache, submit, lambda get: get)
+def test_a_small_batch_spans_modules_and_a_kernel_resolved_early_closes_it(monkeypatch):
+    """Below CLOSE_AT, a module's end leaves the batch open for the next module's kernels; a future resolved
+    before the batch closed closes it, and the next kernel starts a new batch."""
+    monkeypatch.setattr(kernel_batch, "CLOSE_AT", 3)
+    collector = kernel_batch.Collector(_RecordingCache, None, lambda get: get)
     def kernel(i: int) -> str:
         return _KERNEL.replace("out_ptr0", f"out_ptr{i}")
 
-    forward = [collector.add(["float*"], kernel(i)) for i in range(2)]
-    collector.close(at_module_end=True)  # nothing building: closed at once, below CLOSE_AT
-    assert _RecordingCache.libraries == [2] and len(builds) == 1
-    first = [collector.add(["float*"], kernel(i)) for i in range(2, 4)]
-    collector.close(at_module_end=True)  # 2 < CLOSE_AT while the forward's library builds: still open
-    first.append(collector.add(["float*"], kernel(4)))
-    builds[0].finished = True
-    collector.close(at_module_end=True)  # the forward's library built: closed
-    assert _RecordingCache.libraries == [2, 3] and [f()() for f in forward + first] == [0, 1, 0, 1, 2]
-    first = [collector.add(["float*"], kernel(i)) for i in range(5, 9)]
-    collector.close(at_module_end=True)  # 4 = CLOSE_AT: closed while the last library builds
-    assert _RecordingCache.libraries == [2, 3, 4]
-    early = [collector.add(["float*"], kernel(i)) for i in range(9, 11)]
-    assert early[1]()() == 1 and _RecordingCache.libraries == [2, 3, 4, 2]  # resolved early: this batch closed
+    first = [collector.add(["float*"], kernel(i)) for i in range(2)]
+    collector.close(at_module_end=True)  # 2 < CLOSE_AT: still open
+    first.append(collector.add(["float*"], kernel(2)))
+    collector.close(at_module_end=True)  # 3: closed, built as one library
+    assert _RecordingCache.libraries == [3] and [f()() for f in first] == [0, 1, 2]
+    early = [collector.add(["float*"], kernel(i)) for i in range(3, 5)]
+    assert early[1]()() == 1 and _RecordingCache.libraries == [3, 2]  # resolved early: this batch closed
     late = collector.add(["float*"], kernel(5))
     collector.close()
     assert late()() == kernel(5) == _FakeCache.built[-1]  # a batch of one: Inductor's own build

@@ -8,10 +8,8 @@ time of a compile was mostly that header.
 
 Inside `pipeline.overlapped()` (this thread, with a compile pool), `Collector.add` takes each `cpp_pybinding`
 call into the open *batch* and returns a future. A generated module's final `async_compile.wait(globals())`
-closes the batch when no library of this compile is building (the compiler has a core while this thread lowers the
-next graph: a training forward's kernels build while its backward lowers) or once it holds `CLOSE_AT` kernels; a
-smaller batch stays open for the next module's kernels (the backward's, the next region's) while one builds, and
-the end of `overlapped()` closes it. Closing hands ONE library build to
+closes the batch once it holds `CLOSE_AT` kernels; a smaller batch stays open for the next module's kernels (the
+backward's, the next region's), and the end of `overlapped()` closes it. Closing hands ONE library build to
 Inductor's compile pool: the kernels' sources one after another, each in a namespace of its own with its entry
 point renamed `kernel_<i>` (a macro, so the body is untouched) and torch's own Python-binding code for it, and one
 `PyInit_kernel` that gathers the entry points. A future resolved before its batch closed closes it; a kernel that
@@ -39,11 +37,9 @@ log = logging.getLogger("stampout.backends")
 _NAMESPACE = "stampout_batch_{}"
 _ENTRY = "kernel_{}"
 _DIRECTIVE = re.compile(r"^\s*#\s*(\w+)")
-# A batch closes at the end of a module once it has this many kernels; while a library is building, a smaller one
-# takes the next module's kernels too (the forward's and the backward's, several regions'): each more library costs
-# a parse of cpp_prefix.h (about 1.6 s CPU), about what 16 kernels' own code costs the compiler. With no library
-# building it closes at once: the parse then runs on a core that would idle while the next graph lowers (a cold
-# 32-layer training compile on 2 cores: the forward's 5 kernels built during the backward's lowering, not after).
+# A batch closes at the end of a module once it has this many kernels; a smaller one takes the next module's kernels
+# too (the forward's and the backward's, several regions'), until the compile ends: each more library costs a parse
+# of cpp_prefix.h (about 1.6 s CPU), about what 16 kernels' own code costs the compiler.
 CLOSE_AT = 16
 # This process: kernels built in batches, batches built, kernels left to Inductor (not batchable, or alone),
 # batches whose build failed and were built kernel by kernel.
@@ -130,16 +126,6 @@ class Batch:
         self._lock = threading.Lock()
         self._load: Callable[[], Any] | None = None
         self._entries: list[Callable[[], Any]] | None = None
-        self._builds: list[Any] = []  # what the compile pool returned for this batch's builds (futures)
-
-    def _submit(self, task: Callable[[], Any]) -> Any:
-        future = self.submit(task)
-        self._builds.append(future)
-        return future
-
-    def building(self) -> bool:
-        """Whether a build of this batch was handed to the compile pool and has not finished."""
-        return any(not getattr(f, "done", lambda: True)() for f in self._builds)
 
     def add(self, argtypes: list[str], source: str, includes: list[str], body: str) -> int:
         with self._lock:
@@ -155,10 +141,10 @@ class Batch:
                 return
             if len(self.kernels) == 1:  # Inductor's own build
                 STATS["kernels_alone"] += 1
-                self._entries = [self.cls.load_pybinding_async(*self.sources[0], submit_fn=self._submit)]
+                self._entries = [self.cls.load_pybinding_async(*self.sources[0], submit_fn=self.submit)]
                 return
             try:
-                self._load = self.cls.load_async(combined_source(self.cls, self.kernels), "cpu", submit_fn=self._submit)
+                self._load = self.cls.load_async(combined_source(self.cls, self.kernels), "cpu", submit_fn=self.submit)
             except Exception as error:  # noqa: BLE001 - see _one_by_one
                 self._one_by_one(error)
                 return
@@ -191,7 +177,6 @@ class Collector:
     def __init__(self, cls: Any, submit: Callable[..., Any], future: Callable[[Callable[[], Any]], Any]) -> None:
         self.cls, self.submit, self.future = cls, submit, future
         self.open: Batch | None = None
-        self.closed: Batch | None = None  # the batch closed last
 
     def add(self, argtypes: Any, source: Any) -> Any:
         """A future of the kernel's entry point, or None when Inductor should load this kernel itself."""
@@ -207,15 +192,13 @@ class Collector:
 
     def _resolve(self, batch: Batch, index: int) -> Any:
         if self.open is batch:  # resolved before its module's wait: later kernels start a new batch
-            self.open, self.closed = None, batch
+            self.open = None
         return batch.entry(index)
 
     def close(self, at_module_end: bool = False) -> None:
         """Close the open batch: its build goes to the pool. At a module's end, only a batch of `CLOSE_AT`
-        kernels or more, or any when the batch closed last is not building."""
-        if self.open is None or (at_module_end and len(self.open.kernels) < CLOSE_AT
-                                 and self.closed is not None and self.closed.building()):
+        kernels or more."""
+        if self.open is None or (at_module_end and len(self.open.kernels) < CLOSE_AT):
             return
         batch, self.open = self.open, None
-        self.closed = batch
         batch.close()

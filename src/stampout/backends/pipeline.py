@@ -10,8 +10,8 @@ half the time on a 2-core machine. Inside `overlapped()`, on the calling thread 
 - a C++-wrapper build (`CppWrapperCodeCache.load_pybinding`) is submitted to Inductor's compile pool and
   the module gets an entry point that resolves on first use;
 - the Python wrapper's kernels (`AsyncCompile.cpp_pybinding`) are collected and built as one library (per
-  module while the compiler is free, else per `kernel_batch.CLOSE_AT` kernels), handed to the pool when a module's
-  wait finds no library building or the batch full, or when the context exits (kernel_batch.py; `config.batch_kernels`);
+  compile, or per `kernel_batch.CLOSE_AT` kernels), handed to the pool when a module's wait finds the batch full
+  or when the context exits (kernel_batch.py; `config.batch_kernels`);
 
 so the next graph's lowering runs while the compiler works. Leaving the context waits for all of it (timed
 as `c++ compile`), so the compiled callables are complete before anyone calls them; compile errors surface
