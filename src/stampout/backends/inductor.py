@@ -294,6 +294,17 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
     return run
 
 
+def prepare(inputs: list[Any]) -> None:
+    """Before a first capture (compile/function.py): start on background threads what the compile will wait for,
+    so it runs while the capture does — torch's source hash (startup.fill_torch_key: the caches' key) and, for
+    inputs on the CPU, the C++ ISA checks (toolchain.warm_up). Both are started again, if not yet, by the
+    compile itself; nothing here changes what is compiled."""
+    startup.fill_torch_key()
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if tensors and _on_cpu(tensors):
+        toolchain.warm_up()
+
+
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     if background.deferrable(example_inputs):  # (a new size's symbolic recapture: see background.py)
         eager = background.eager_runner(gm)  # (before the compile changes gm)
@@ -301,6 +312,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         compiled = _compile_graph(gm, example_inputs, finish_later)
         return background.Deferred(eager, compiled, finish_later, "symbolic graph")
     return _compile_graph(gm, example_inputs)
+
+
+compile_graph.prepare = prepare  # (a backend's optional hook, called before its first capture)
 
 
 def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any],
