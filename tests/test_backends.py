@@ -339,7 +339,8 @@ def test_inductors_waits_start_before_the_first_capture(monkeypatch):
     monkeypatch.setattr(inductor.toolchain, "warm_up", lambda: events.append("isa checks"))
     monkeypatch.setattr(inductor, "_compile_graph", lambda gm, example_inputs, *later: events.append("compile") or gm)
     capture_program = function.capture_program
-    monkeypatch.setattr(function, "capture_program", lambda *a, **k: events.append("capture") or capture_program(*a, **k))
+    monkeypatch.setattr(function, "capture_program",
+                        lambda *a, **k: events.append("capture") or capture_program(*a, **k))
     fn = stampout.compile(lambda x: torch.sin(x) + 1, backend="inductor", options={"max_autotune": False})
     for n in (3, 3, 4):
         torch.testing.assert_close(fn(torch.ones(n)), torch.sin(torch.ones(n)) + 1)

@@ -10,8 +10,9 @@ compiling: under a TracingContext whose fake mode has a ShapeEnv (without one th
 "No shape env"), with static shapes from the example inputs (`ignore_shape_env`, as `standalone_compile`
 does), and on a copy of the graph whose nodes carry `example_value` (AOTAutogradCache bypasses a graph
 with tensor method calls otherwise). Cold, nothing waits that need not: Inductor's once-per-process C++
-ISA checks are cut to the one that decides and start in the background (toolchain.py), and a restart neither
-hashes torch's sources nor precompiles headers for modules already built (startup.py); in training the
+ISA checks are cut to the one that decides and start in the background before the first capture (`prepare`,
+toolchain.py), as torch's source hash does, and a restart neither hashes torch's sources nor precompiles headers
+for modules already built (startup.py); in training the
 backward is lowered with the forward, and C++ compiles run while the next graph lowers (pipeline.py); the
 Python wrapper's kernels of a compile are one library, one compiler run (kernel_batch.py); a graph without
 region calls inside is one C++ file (Inductor's C++ wrapper) in inference; distinct regions beyond the first may be
