@@ -346,6 +346,9 @@ def test_inductors_waits_start_before_the_first_capture(monkeypatch):
         torch.testing.assert_close(fn(torch.ones(n)), torch.sin(torch.ones(n)) + 1)
     assert events[:4] == ["torch key", "isa checks", "capture", "compile"], events
     assert events.count("isa checks") == 1 and events.count("capture") == 2, events
+    events.clear()
+    inductor.prepare([torch.nn.Linear(2, 2, device="meta"), torch.ones(2, dtype=torch.long)])
+    assert events == ["torch key"], events  # (a module not on the CPU: no CPU ISA checks for it)
 
 
 def test_timing_phases_are_exclusive_and_add_up():

@@ -302,6 +302,8 @@ def prepare(inputs: list[Any]) -> None:
     compile itself; nothing here changes what is compiled."""
     startup.fill_torch_key()
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    for module in (m for m in inputs if isinstance(m, torch.nn.Module)):  # (a module's parameters are inputs too)
+        tensors.extend(t for t in (next(module.parameters(), None), next(module.buffers(), None)) if t is not None)
     if tensors and _on_cpu(tensors):
         toolchain.warm_up()
 
