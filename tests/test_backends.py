@@ -328,29 +328,6 @@ def test_isa_verdicts_are_remembered_in_the_cache_dir(tmp_path, monkeypatch):
     assert store.directory().startswith(str(tmp_path))
 
 
-def test_inductors_waits_start_before_the_first_capture(monkeypatch):
-    """The compile's background work (torch's source hash, the CPU ISA checks) starts before the first capture, so
-    it overlaps it; not again before a recapture; and `options=` keeps the hook."""
-    from stampout.backends import inductor
-    from stampout.compile import function
-
-    events = []
-    monkeypatch.setattr(inductor.startup, "fill_torch_key", lambda: events.append("torch key"))
-    monkeypatch.setattr(inductor.toolchain, "warm_up", lambda: events.append("isa checks"))
-    monkeypatch.setattr(inductor, "_compile_graph", lambda gm, example_inputs, *later: events.append("compile") or gm)
-    capture_program = function.capture_program
-    monkeypatch.setattr(function, "capture_program",
-                        lambda *a, **k: events.append("capture") or capture_program(*a, **k))
-    fn = stampout.compile(lambda x: torch.sin(x) + 1, backend="inductor", options={"max_autotune": False})
-    for n in (3, 3, 4):
-        torch.testing.assert_close(fn(torch.ones(n)), torch.sin(torch.ones(n)) + 1)
-    assert events[:4] == ["torch key", "isa checks", "capture", "compile"], events
-    assert events.count("isa checks") == 1 and events.count("capture") == 2, events
-    events.clear()
-    inductor.prepare([torch.nn.Linear(2, 2, device="meta"), torch.ones(2, dtype=torch.long)])
-    assert events == ["torch key"], events  # (a module not on the CPU: no CPU ISA checks for it)
-
-
 def test_timing_phases_are_exclusive_and_add_up():
     from stampout.backends import timing
 

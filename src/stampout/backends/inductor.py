@@ -10,9 +10,8 @@ compiling: under a TracingContext whose fake mode has a ShapeEnv (without one th
 "No shape env"), with static shapes from the example inputs (`ignore_shape_env`, as `standalone_compile`
 does), and on a copy of the graph whose nodes carry `example_value` (AOTAutogradCache bypasses a graph
 with tensor method calls otherwise). Cold, nothing waits that need not: Inductor's once-per-process C++
-ISA checks are cut to the one that decides and start in the background before the first capture (`prepare`,
-toolchain.py), as torch's source hash does, and a restart neither hashes torch's sources nor precompiles headers
-for modules already built (startup.py); in training the
+ISA checks are cut to the one that decides and start in the background (toolchain.py), and a restart neither
+hashes torch's sources nor precompiles headers for modules already built (startup.py); in training the
 backward is lowered with the forward, and C++ compiles run while the next graph lowers (pipeline.py); the
 Python wrapper's kernels of a compile are one library, one compiler run (kernel_batch.py); a graph without
 region calls inside is one C++ file (Inductor's C++ wrapper) in inference; distinct regions beyond the first may be
@@ -295,19 +294,6 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
     return run
 
 
-def prepare(inputs: list[Any]) -> None:
-    """Before a first capture (compile/function.py): start on background threads what the compile will wait for,
-    so it runs while the capture does — torch's source hash (startup.fill_torch_key: the caches' key) and, for
-    inputs on the CPU, the C++ ISA checks (toolchain.warm_up). Both are started again, if not yet, by the
-    compile itself; nothing here changes what is compiled."""
-    startup.fill_torch_key()
-    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-    for module in (m for m in inputs if isinstance(m, torch.nn.Module)):  # (a module's parameters are inputs too)
-        tensors.extend(t for t in (next(module.parameters(), None), next(module.buffers(), None)) if t is not None)
-    if tensors and _on_cpu(tensors):
-        toolchain.warm_up()
-
-
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     if background.deferrable(example_inputs):  # (a new size's symbolic recapture: see background.py)
         eager = background.eager_runner(gm)  # (before the compile changes gm)
@@ -315,9 +301,6 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         compiled = _compile_graph(gm, example_inputs, finish_later)
         return background.Deferred(eager, compiled, finish_later, "symbolic graph")
     return _compile_graph(gm, example_inputs)
-
-
-compile_graph.prepare = prepare  # (a backend's optional hook, called before its first capture)
 
 
 def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any],

@@ -85,6 +85,4 @@ def with_patches(compile_graph: Callable[..., Any], patches: dict[str, Any]) -> 
             return compile_graph(gm, example_inputs)
 
     compile_with_options.__module__ = getattr(compile_graph, "__module__", __name__)
-    if hasattr(compile_graph, "prepare"):
-        compile_with_options.prepare = compile_graph.prepare
     return compile_with_options

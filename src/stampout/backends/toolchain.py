@@ -11,9 +11,8 @@ stampout changes when those checks run, never their verdicts:
 - `valid_vec_isa_list()` (read only by `pick_vec_isa`, which takes its first entry, or the first that
   matches `ATEN_CPU_CAPABILITY`) becomes a `LazyIsaList` that checks candidates in torch's order only as
   far as it is read: usually the first candidate decides and the others are never compiled;
-- `warm_up()`, before the first capture (inductor.prepare) or when a compile starts, plans the first
-  candidate's checks with a dry run of its `__bool__` (on a fresh instance, every check answered "yes" and
-  recorded), prepares the compiler command of each
+- `warm_up()`, when a compile starts, plans the first candidate's checks with a dry run of its `__bool__`
+  (on a fresh instance, every check answered "yes" and recorded), prepares the compiler command of each
   check whose verdict is not stored on the calling thread (a restart prepares none: that is most of the
   planning's cost), and runs the compiles and probes on background threads — they overlap AOTAutograd and
   lowering, and a thread that mostly waits on a subprocess is not slowed by the busy main thread;

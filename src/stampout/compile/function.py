@@ -211,9 +211,6 @@ class CompiledFunction:
             automatic = {s.index - 1: dims for s, dims in changed.items() if isinstance(s, Arg)}
             held = {s: dims for s, dims in changed.items() if not isinstance(s, Arg)}
             ints = self._seen.ints(structure, ctx)
-            prepare = getattr(self.backend, "prepare", None)  # (inductor: its waits start during the capture)
-            if prepare is not None and not self._counts.captures:
-                prepare(ctx.leaves)
             with marking, timing.record(f"capture: {_name(self.fn)}"), timing.phase("capture"):
                 try:
                     cap = self._capture(args, kwargs, structure, automatic, held, ints)
