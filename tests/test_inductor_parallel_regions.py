@@ -119,3 +119,23 @@ def test_no_worker_when_the_caches_are_off(monkeypatch):
     with inductor_config.patch(force_disable_caches=True):
         assert parallel.submit([region]) == 0 and not started
     parallel.release([(1,)])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_region_asks_the_workers_only_when_parallel_regions_are_on(monkeypatch, workers):
+    """With parallel regions off (the default) a region's compile neither asks for a worker's result nor counts
+    cache hits: the compile alone."""
+    from types import SimpleNamespace
+
+    asked = []
+    monkeypatch.setattr(parallel, "claim", lambda key: asked.append(key) or False)
+    monkeypatch.setattr(parallel, "remember", lambda fingerprint: asked.append(fingerprint))
+    monkeypatch.setattr(parallel, "cpus", lambda: 8)
+    monkeypatch.setattr(inductor, "compile_region_graph", lambda subgraph, name, vals: subgraph)
+    subgraph = torch.fx.symbolic_trace(lambda x: x + 1)
+    call = SimpleNamespace(subgraph=subgraph, node=SimpleNamespace(args=(None, "subgraph_0")), operands=(),
+                           grad_enabled=False)
+    with stampout.config.patch(parallel_regions=workers, parallel_min_nodes=0):
+        compiled = inductor._compile_region(call, [torch.ones(2)])
+    assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 2.0))
+    assert len(asked) == (2 if workers else 0), asked

@@ -224,6 +224,8 @@ def _fake_mode(example_inputs: list[Any]) -> Any:
 
 
 def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., Any]:
+    if not parallel.worker_count(1):  # (parallel regions off, the default: no worker to ask, nothing to remember)
+        return direct_call.direct(compile_region_graph(call.subgraph, call.node.args[1], vals))
     with timing.phase("region workers"):
         claimed = parallel.claim(_job_key(call))
     hits = counters_hits()
@@ -231,7 +233,7 @@ def _compile_region(call: split.RegionCall, vals: list[Any]) -> Callable[..., An
     if claimed and counters_hits() == hits:  # (a worker compiled it into the caches: this should have loaded it)
         log.warning("inductor: region %s, compiled by a worker process, was not found in the caches",
                     call.node.args[1])
-    if (parallel.worker_count(1) and not split.symbolic(vals)
+    if (not split.symbolic(vals)
             and split.compute_nodes(call.subgraph) >= config.parallel_min_nodes):  # (one a worker could get)
         parallel.remember(parallel.fingerprint(call.subgraph, vals, torch.is_grad_enabled()))
     return direct_call.direct(compiled)  # (past the wrappers that do nothing for it: direct_call.py)
