@@ -187,3 +187,36 @@ def test_the_walk_for_fakes_opens_modules_and_dicts_directly_and_finds_a_fake_th
         assert structure.holds_fake(list(model.modules()), tensors_only=tensors_only, whole=True)
         assert structure.holds_fake(list(model.modules()), tensors_only=tensors_only, whole=True, clean={})
     assert structure._module_class(Layer) and not structure._module_class(Disguised)
+
+
+class OwnListing(nn.Module):
+    """Lists only itself: its submodules are not part of `modules()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(2, 2)
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        yield prefix, self
+
+
+def _trees() -> list[nn.Module]:
+    shared = nn.Linear(2, 2)
+    with_none = nn.Sequential(shared, nn.ReLU(), nn.Sequential(shared, nn.Tanh()))
+    with_none.register_module("empty", None)
+    shadowed = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
+    shadowed[1].named_modules = lambda *a, **k: iter([("", shadowed[1])])  # (an instance's own listing)
+    return [Stack(3), with_none, nn.Sequential(nn.Linear(2, 2), OwnListing(), nn.Sequential(OwnListing())), shadowed]
+
+
+@pytest.mark.parametrize("tree", range(4))
+def test_the_module_tree_listing_is_nn_modules_own(tree) -> None:
+    """names.module_tree (the capture's listing of the program's modules, without named_modules' generators) gives
+    the modules `modules()` gives, in its order, each once: shared modules, None entries, and a class or an instance
+    with a listing of its own (then it is that listing)."""
+    from stampout.trace.names import module_tree
+
+    root = _trees()[tree]
+    listed = module_tree(root)
+    assert len(listed) == len(list(root.modules()))
+    assert all(a is b for a, b in zip(listed, root.modules()))

@@ -13,7 +13,7 @@ import torch
 from ..backends.runner import as_call_modules
 from ..sources import Attr, CallContext, Place
 from ..torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
-from ..trace.names import root_module
+from ..trace.names import module_tree, root_module
 from ..trace.shapes import any_symbolic, concrete
 from ..trace.structure import flatten_inputs, holds_fake
 from ..trace.tracer import Tracer
@@ -48,7 +48,7 @@ def hooks_of(modules: list[Any]) -> list[Any]:
 
 def modules_of(fn: Callable) -> list[Any]:
     root = root_module(fn)
-    return list(root.modules()) if root is not None else []
+    return module_tree(root) if root is not None else []
 
 
 def uninitialized_module(fn: Callable, modules: list[Any] | None = None) -> str | None:
