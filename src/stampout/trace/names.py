@@ -17,7 +17,6 @@ import torch
 
 from .. import caches, config
 from ..sources import Absolute, Arg, Attr, Item, Source, module_path
-from .structure import ATOMIC
 
 
 def written_as_is(name: str) -> bool:
@@ -51,6 +50,7 @@ def root_module(fn: Callable) -> torch.nn.Module | None:
 
 
 _Module = torch.nn.Module
+_Tensor = torch.Tensor
 _PLAIN_TREE: dict[type, bool] = caches.register({}, "names module classes listed without named_modules")
 
 
@@ -154,14 +154,15 @@ class TensorNames:
                         name = prefix + key
                         found[id(value)] = (name, root, name if same else path + key)
         # Tensor attributes, in the module's attribute order: only the names nn.Module does not set itself can
-        # hold one (a set difference in C; a deep model has thousands of modules). A value of an atomic type is
-        # none (and no isinstance for it: a config's own __getattribute__ answers `__class__` in Python)
+        # hold one (a set difference in C; a deep model has thousands of modules). A tensor by its class (a real
+        # tensor's is a subclass of Tensor; isinstance would also ask the value's `__class__`, which a config's own
+        # __getattribute__ answers in Python, ~2 us for each module holding the config; no lifted tensor is an
+        # object that only claims to be one)
         extra = d.keys() - _MODULE_FIELDS
         for key in extra:
-            value = d[key]
-            if type(value) not in ATOMIC and isinstance(value, torch.Tensor):
+            if issubclass(type(d[key]), _Tensor):
                 for key, value in d.items():
-                    if key in extra and isinstance(value, torch.Tensor) and not key.startswith("__"):
+                    if key in extra and issubclass(type(value), _Tensor) and not key.startswith("__"):
                         self._add(value, prefix + key, root, path + key)
                 break
         modules = d.get("_modules")
