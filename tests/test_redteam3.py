@@ -283,3 +283,32 @@ def test_a_functools_cache_the_trace_fills_keeps_eagers_value():
             outputs[-1].append(call(torch.ones(2, 4)).detach())
     _TABLE_CFG["scale"] = 1.0
     _same(outputs[1], outputs[0])
+
+
+class HeldInContainer(nn.Module):
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.lin = nn.Linear(4, 4)
+        self.held: object = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.held is None:
+            self.held = {"tuple": lambda: (x, 1), "list": lambda: [1, x], "dict": lambda: {"x": x}}[self.kind]()
+        return self.lin(x)
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "dict"])
+def test_capture_refuses_a_deep_module_that_holds_its_input_in_a_container(kind):
+    """The input held as an item of a tuple, list or dict attribute of a module deep in the tree (the module-tree pass
+    looks into each module's containers, not only at its attributes): refused, naming the attribute."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU(), HeldInContainer(kind)))
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model[1][1](x)
+        with pytest.raises(stampout.StampoutError, match=r"HeldInContainer.held holds the input"):
+            stampout.capture(model, x)
+        y = torch.randn(2, 4)
+        cap = stampout.capture(model, y)
+        _same(cap(y), model(y))

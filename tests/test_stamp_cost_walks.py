@@ -187,3 +187,91 @@ def test_the_walk_for_fakes_opens_modules_and_dicts_directly_and_finds_a_fake_th
         assert structure.holds_fake(list(model.modules()), tensors_only=tensors_only, whole=True)
         assert structure.holds_fake(list(model.modules()), tensors_only=tensors_only, whole=True, clean={})
     assert structure._module_class(Layer) and not structure._module_class(Disguised)
+
+
+class OwnListing(nn.Module):
+    """Lists only itself: its submodules are not part of `modules()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(2, 2)
+
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        yield prefix, self
+
+
+def _trees() -> list[nn.Module]:
+    shared = nn.Linear(2, 2)
+    with_none = nn.Sequential(shared, nn.ReLU(), nn.Sequential(shared, nn.Tanh()))
+    with_none.register_module("empty", None)
+    shadowed = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
+    shadowed[1].named_modules = lambda *a, **k: iter([("", shadowed[1])])  # (an instance's own listing)
+    return [Stack(3), with_none, nn.Sequential(nn.Linear(2, 2), OwnListing(), nn.Sequential(OwnListing())), shadowed]
+
+
+@pytest.mark.parametrize("tree", range(4))
+def test_the_module_tree_listing_is_nn_modules_own(tree) -> None:
+    """names.module_tree (the capture's listing of the program's modules, without named_modules' generators) gives
+    the modules `modules()` gives, in its order, each once: shared modules, None entries, and a class or an instance
+    with a listing of its own (then it is that listing)."""
+    from stampout.trace.names import module_tree
+
+    root = _trees()[tree]
+    listed = module_tree(root)
+    assert len(listed) == len(list(root.modules()))
+    assert all(a is b for a, b in zip(listed, root.modules()))
+
+
+class CountingConfig:
+    """A config answering attribute reads in Python (as transformers' PretrainedConfig does): each `__class__` read,
+    which isinstance makes of a value whose class is not the one asked about, is counted."""
+
+    reads = 0
+
+    def __init__(self) -> None:
+        self.eps = 1e-5
+
+    def __getattribute__(self, name):
+        if name == "__class__":
+            type(self).reads += 1
+        return object.__getattribute__(self, name)
+
+
+class ConfigLayer(nn.Module):
+    def __init__(self, cfg: CountingConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * 2
+
+
+class ConfigStack(nn.Module):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        cfg = CountingConfig()
+        self.config = cfg
+        self.layers = nn.ModuleList(ConfigLayer(cfg) for _ in range(n))
+        for layer in self.layers:
+            layer.forward = stampout.region(layer.forward)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_config_every_layer_holds_is_not_asked_its_class_per_layer() -> None:
+    """The passes over the module tree (tensor names, the fields noted before the run) take a tensor by its class and
+    note a shared config once: the config's Python `__getattribute__` is not run again for each layer holding it."""
+    reads = []
+    for n in (2, 8):
+        model = ConfigStack(n)
+        x = torch.randn(2, 8)
+        CountingConfig.reads = 0
+        cap = stampout.capture(model, x)
+        reads.append(CountingConfig.reads)
+        assert (cap.stats.traces, cap.stats.reuses) == (1, n - 1)
+        torch.testing.assert_close(cap(x), model(x))
+    assert reads[1] == reads[0], reads

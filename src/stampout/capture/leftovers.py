@@ -13,7 +13,7 @@ import torch
 from ..backends.runner import as_call_modules
 from ..sources import Attr, CallContext, Place
 from ..torch_internals import FakeTensor, global_forward_hooks, global_forward_pre_hooks
-from ..trace.names import root_module
+from ..trace.names import module_tree, root_module
 from ..trace.shapes import any_symbolic, concrete
 from ..trace.structure import flatten_inputs, holds_fake
 from ..trace.tracer import Tracer
@@ -48,7 +48,7 @@ def hooks_of(modules: list[Any]) -> list[Any]:
 
 def modules_of(fn: Callable) -> list[Any]:
     root = root_module(fn)
-    return list(root.modules()) if root is not None else []
+    return module_tree(root) if root is not None else []
 
 
 def uninitialized_module(fn: Callable, modules: list[Any] | None = None) -> str | None:
@@ -61,6 +61,10 @@ def uninitialized_module(fn: Callable, modules: list[Any] | None = None) -> str 
     return None
 
 
+_NO_FIELDS: dict = {}
+_OPENED = frozenset((dict, list, tuple))  # (what input_held_by looks into: exact classes, as its loop opens them)
+
+
 def input_held_by(modules: list[Any], leaves: list[Any], labels: list[str]) -> str | None:
     """Where a module of the program holds one of the call's input tensors as a plain attribute, or an item of
     one (`self._last = (x, y)` of an earlier call, then `if self._last[0] is x`): the trace gets a fake for the
@@ -68,7 +72,13 @@ def input_held_by(modules: list[Any], leaves: list[Any], labels: list[str]) -> s
     Compile runs such a call eagerly; `capture`, which cannot, refuses. Parameters and buffers are not plain
     attributes (a graph reads them by path, and their memory is compared with the inputs')."""
     inputs = {id(t): label for t, label in zip(leaves, labels) if isinstance(t, torch.Tensor)}
+    ids = inputs.keys()  # (the inputs are alive, held by `leaves`: an object of one of their ids is that tensor)
     for m in modules if inputs else ():
+        fields = getattr(m, "__dict__", _NO_FIELDS).values()
+        if ids.isdisjoint(map(id, fields)) and all(  # (a pass in C over each module's values and the items of its
+                ids.isdisjoint(map(id, dict.values(v) if type(v) is dict else v))  # lists, tuples and dicts: the
+                for v in fields if type(v) in _OPENED):  # loop below names the holder, where there is one)
+            continue
         for name, value in list(getattr(m, "__dict__", {}).items()):
             items = value.values() if type(value) is dict else value if type(value) in (list, tuple) else (value,)
             for item in items:

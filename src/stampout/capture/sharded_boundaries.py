@@ -124,12 +124,12 @@ def fsdp_post_forward(boundary: Boundary, *values: torch.Tensor) -> tuple:
 
 def sharded_modules(fn: Any) -> dict[int, tuple[str, nn.Module]]:
     """The modules sharded with fully_shard that a call of `fn` (a module, or a method of one) may call."""
-    from ..trace.names import root_module
+    from ..trace.names import module_tree, root_module
 
     cls = fsdp_module_class()
     root = root_module(fn)
-    if cls is None or root is None:
-        return {}
+    if cls is None or root is None or not any(isinstance(m, cls) for m in module_tree(root)):  # (the common case:
+        return {}  # none sharded, found without naming every module)
     return {id(m): (name, m) for name, m in root.named_modules() if isinstance(m, cls)}
 
 

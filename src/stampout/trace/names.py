@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from .. import config
+from .. import caches, config
 from ..sources import Absolute, Arg, Attr, Item, Source, module_path
-from .structure import ATOMIC
 
 
 def written_as_is(name: str) -> bool:
@@ -48,6 +47,48 @@ def root_module(fn: Callable) -> torch.nn.Module | None:
         return fn
     owner = getattr(fn, "__self__", None)
     return owner if isinstance(owner, torch.nn.Module) else None
+
+
+_Module = torch.nn.Module
+_Tensor = torch.Tensor
+_PLAIN_TREE: dict[type, bool] = caches.register({}, "names module classes listed without named_modules")
+
+
+def _plain_tree(cls: type) -> bool:
+    """Whether a module of exact class `cls` is listed by nn.Module's own `modules`/`named_modules` (not its class's:
+    a `_modules` of its own, another `__getattribute__`, hash or equality, which the listing's memo uses)."""
+    plain = _PLAIN_TREE.get(cls)
+    if plain is None:
+        plain = _PLAIN_TREE[cls] = (issubclass(cls, _Module) and cls.named_modules is _Module.named_modules
+                                    and cls.modules is _Module.modules and cls.__hash__ is _Module.__hash__
+                                    and cls.__eq__ is _Module.__eq__
+                                    and cls.__getattribute__ is _Module.__getattribute__
+                                    and not any("_modules" in vars(k) for k in cls.__mro__))
+    return plain
+
+
+def module_tree(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """`list(root.modules())`, without its generator per module (each module passing up through every level above
+    it) and its names: the same modules in the same order (depth first, each once), by a walk of the `_modules`
+    dicts where every class of the tree lists as nn.Module does (`_plain_tree`), else `root.modules()` itself."""
+    out: list[torch.nn.Module] = []
+    seen: set[int] = set()
+    plain = _PLAIN_TREE
+    stack = [root]
+    while stack:
+        m = stack.pop()
+        if m is None or id(m) in seen:  # (a None in `_modules`: skipped, as nn.Module does)
+            continue
+        d = getattr(m, "__dict__", None)
+        children = d.get("_modules") if type(d) is dict else None
+        if (type(children) is not dict or not (plain.get(type(m)) or _plain_tree(type(m)))
+                or "named_modules" in d or "modules" in d):  # (an instance's own: they would shadow the methods)
+            return list(root.modules())
+        seen.add(id(m))
+        out.append(m)
+        if children:
+            stack += reversed(children.values())
+    return out
 
 
 class TensorNames:
@@ -113,14 +154,15 @@ class TensorNames:
                         name = prefix + key
                         found[id(value)] = (name, root, name if same else path + key)
         # Tensor attributes, in the module's attribute order: only the names nn.Module does not set itself can
-        # hold one (a set difference in C; a deep model has thousands of modules). A value of an atomic type is
-        # none (and no isinstance for it: a config's own __getattribute__ answers `__class__` in Python)
+        # hold one (a set difference in C; a deep model has thousands of modules). A tensor by its class (a real
+        # tensor's is a subclass of Tensor; isinstance would also ask the value's `__class__`, which a config's own
+        # __getattribute__ answers in Python, ~2 us for each module holding the config; no lifted tensor is an
+        # object that only claims to be one)
         extra = d.keys() - _MODULE_FIELDS
         for key in extra:
-            value = d[key]
-            if type(value) not in ATOMIC and isinstance(value, torch.Tensor):
+            if issubclass(type(d[key]), _Tensor):
                 for key, value in d.items():
-                    if key in extra and isinstance(value, torch.Tensor) and not key.startswith("__"):
+                    if key in extra and issubclass(type(value), _Tensor) and not key.startswith("__"):
                         self._add(value, prefix + key, root, path + key)
                 break
         modules = d.get("_modules")

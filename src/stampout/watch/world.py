@@ -75,8 +75,8 @@ class FieldsBefore:
     def _note(self, v: Any, depth: int) -> None:
         """`v`'s attributes (an object with a __dict__) or items (a list, dict, set, deque of at most
         config.scan_items), and theirs, config.scan_depth levels deep."""
-        if type(v) in ATOMIC or isinstance(v, torch.Tensor) or id(v) in self.items or id(v) in self.fields:
-            return
+        if type(v) in ATOMIC or id(v) in self.items or id(v) in self.fields or isinstance(v, torch.Tensor):
+            return  # (noted already before isinstance: a config every module holds answers `__class__` in Python)
         if type(v) in (list, set, collections.deque, dict):
             if len(v) > config.scan_items:
                 return
