@@ -103,3 +103,55 @@ def test_stores_from_arguments_need_no_epoch_check_between_them():
     anchored = Effect(EffectOp.SETATTR, Anchor(0, "self.block"), "last", (Value(ValueKind.OUT, 3),), "")
     code = compile_replay([*store, anchored]).source_code
     assert code.count("_EPOCH.value != epoch") == 3 and code.rstrip().endswith("return 4")
+
+
+class Registry(dict):
+    """A dict subclass that iterates and counts as dict does (as a watched module's `_modules`)."""
+
+    __slots__ = ()
+
+
+def _keys_of_registry(cache: Cache) -> tuple[list[Guard], list]:
+    source = Attr(Arg(2, "cache"), "registry")
+    return [Guard(source, Kind.KEYS, tuple(cache.registry)), Guard(source, Kind.LEN, len(cache.registry))], \
+        [None, torch.ones(2), cache]
+
+
+def test_keys_of_a_dict_subclass_are_settled_and_a_write_past_its_methods_is_seen():
+    cache = Cache(2)
+    cache.registry = Registry(a=1, b=2)
+    guards, leaves = _keys_of_registry(cache)
+    held = _memoized(guards, leaves)
+    assert "dict keys" not in annotated(held._memo.rest)  # (its version tag fixes its keys: none read per call)
+    dict.__setitem__(cache.registry, "c", 3)  # (past any method the class could define)
+    assert held.run(_check(guards), leaves, None, ()) is False
+    del cache.registry["c"]
+    assert held.run(_check(guards), leaves, None, ()) is not False
+    cache.registry.pop("a")
+    cache.registry["a"] = 1  # (the same keys in another order: b, a)
+    assert held.run(_check(guards), leaves, None, ()) is False
+
+
+def test_keys_of_a_dict_subclass_whose_class_gains_an_iter_are_read_again():
+    class Sized(dict):
+        pass
+
+    cache = Cache(2)
+    cache.registry = Sized(a=1, b=2)
+    guards, leaves = _keys_of_registry(cache)
+    held = _memoized(guards, leaves)
+    assert "dict keys" not in annotated(held._memo.rest)
+    Sized.__iter__ = lambda self: iter(("b", "a"))  # (tuple() of it now iterates another way)
+    assert held.run(_check(guards), leaves, None, ()) is False
+
+
+def test_keys_of_a_dict_subclass_with_its_own_iter_are_read_per_call():
+    class Ordered(dict):
+        def __iter__(self):
+            return iter(sorted(dict.keys(self)))
+
+    cache = Cache(2)
+    cache.registry = Ordered(a=1, b=2)
+    guards, leaves = _keys_of_registry(cache)
+    held = _memoized(guards, leaves)
+    assert "dict keys" in annotated(held._memo.rest)
