@@ -367,6 +367,12 @@ def grad_free(values: list | tuple) -> bool:
     return module is not None and module.grad_free(values, torch.Tensor)
 
 
+def is_native(check: Any) -> bool:
+    """Whether `check` is a native pass `tensor_facts` made (not a caller's fallback)."""
+    return type(check) is functools.partial and bool(_LOADED) and _LOADED[0] is not None \
+        and check.func is _LOADED[0].check
+
+
 NATIVE_FROM = 16  # tensors from which a check is made native (fewer: TensorGuards and Python calls cost as little)
 
 
