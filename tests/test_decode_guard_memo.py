@@ -103,3 +103,120 @@ def test_stores_from_arguments_need_no_epoch_check_between_them():
     anchored = Effect(EffectOp.SETATTR, Anchor(0, "self.block"), "last", (Value(ValueKind.OUT, 3),), "")
     code = compile_replay([*store, anchored]).source_code
     assert code.count("_EPOCH.value != epoch") == 3 and code.rstrip().endswith("return 4")
+
+
+class Registry(dict):
+    """A dict subclass that iterates and counts as dict does (as a watched module's `_modules`)."""
+
+    __slots__ = ()
+
+
+def _keys_of_registry(cache: Cache) -> tuple[list[Guard], list]:
+    source = Attr(Arg(2, "cache"), "registry")
+    return [Guard(source, Kind.KEYS, tuple(cache.registry)), Guard(source, Kind.LEN, len(cache.registry))], \
+        [None, torch.ones(2), cache]
+
+
+def test_keys_of_a_dict_subclass_are_settled_and_a_write_past_its_methods_is_seen():
+    cache = Cache(2)
+    cache.registry = Registry(a=1, b=2)
+    guards, leaves = _keys_of_registry(cache)
+    held = _memoized(guards, leaves)
+    assert "dict keys" not in annotated(held._memo.rest)  # (its version tag fixes its keys: none read per call)
+    dict.__setitem__(cache.registry, "c", 3)  # (past any method the class could define)
+    assert held.run(_check(guards), leaves, None, ()) is False
+    del cache.registry["c"]
+    assert held.run(_check(guards), leaves, None, ()) is not False
+    cache.registry.pop("a")
+    cache.registry["a"] = 1  # (the same keys in another order: b, a)
+    assert held.run(_check(guards), leaves, None, ()) is False
+
+
+def test_keys_of_a_dict_subclass_whose_class_gains_an_iter_are_read_again():
+    class Sized(dict):
+        pass
+
+    cache = Cache(2)
+    cache.registry = Sized(a=1, b=2)
+    guards, leaves = _keys_of_registry(cache)
+    held = _memoized(guards, leaves)
+    assert "dict keys" not in annotated(held._memo.rest)
+    Sized.__iter__ = lambda self: iter(("b", "a"))  # (tuple() of it now iterates another way)
+    assert held.run(_check(guards), leaves, None, ()) is False
+
+
+def test_keys_of_a_dict_subclass_with_its_own_iter_are_read_per_call():
+    class Ordered(dict):
+        def __iter__(self):
+            return iter(sorted(dict.keys(self)))
+
+    cache = Cache(2)
+    cache.registry = Ordered(a=1, b=2)
+    guards, leaves = _keys_of_registry(cache)
+    held = _memoized(guards, leaves)
+    assert "dict keys" in annotated(held._memo.rest)
+
+
+class _Reads(torch.nn.Module):
+    """Reads each cache layer's keys (tensors read per call, lifted) and only the shape of `cache.meta`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
+        for layer in cache.layers:
+            x = x + layer.keys.sum(0)
+        if hasattr(cache, "meta") and cache.meta.shape[0] > 2:
+            x = x * 2
+        return self.lin(x)
+
+
+def _twins(n: int, meta: bool = True):
+    import stampout
+
+    torch.manual_seed(0)
+    model, caches = _Reads(), []
+    keys = [torch.randn(3, 4) for _ in range(n)]
+    for _ in range(2):
+        cache = Cache(0)
+        cache.layers = [Layer() for _ in range(n)]
+        for layer, k in zip(cache.layers, keys):
+            layer.keys = k.clone()
+        if meta:
+            cache.meta = torch.zeros(2)
+        caches.append(cache)
+    return stampout.compile(model, backend="eager"), model, caches
+
+
+def _same(fn, model, caches, x) -> None:
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x, caches[0]), model(x, caches[1]))
+
+
+def test_per_call_tensors_changed_in_place_behind_the_aliasing_memo_are_seen():
+    """The aliasing memo's native pass stands for the per-call tensors' metadata check only where it covers them:
+    a tensor whose metadata alone is read (not among them), a cache tensor resized in place at the same pointer
+    (4 layers: a pointer check in Python, no metadata), and one whose requires_grad flips (20 layers, native) each
+    still miss."""
+    x = torch.randn(2, 4)
+    fn, model, caches = _twins(20)
+    for _ in range(3):
+        _same(fn, model, caches, x)
+    for cache in caches:
+        cache.meta.resize_(5)  # (only its shape read: a deferred metadata check, not an aliased tensor)
+    _same(fn, model, caches, x)
+    assert fn.stats.captures == 2
+    for _ in range(2):
+        _same(fn, model, caches, x)
+    caches[0].layers[7].keys.requires_grad_()
+    caches[1].layers[7].keys.requires_grad_()
+    _same(fn, model, caches, x)
+    assert fn.stats.captures == 3
+    fn, model, caches = _twins(4, meta=False)
+    for _ in range(3):
+        _same(fn, model, caches, x)
+    for cache in caches:
+        cache.layers[1].keys.resize_(2, 4)  # (smaller: the same data pointer)
+    _same(fn, model, caches, x)
+    assert fn.stats.captures == 2

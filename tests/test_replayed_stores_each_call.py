@@ -126,3 +126,54 @@ def test_stores_through_dict_items_and_non_identifier_attributes_match_eager():
                 torch.testing.assert_close(a.keys, b.keys)
                 torch.testing.assert_close(getattr(a, "last out"), getattr(b, "last out"))
     assert fn.stats.captures == 1
+
+
+class Detaching(nn.Module):
+    """Stores a value it computes without autograd (`.detach()`: the capture takes it as an output without autograd)."""
+
+    def __init__(self, n: int = 3) -> None:
+        super().__init__()
+        self.lins = nn.ModuleList(nn.Linear(4, 4) for _ in range(n))
+
+    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        for i, lin in enumerate(self.lins):
+            layer = cache.layers[i]
+            x = lin(x) + layer.keys.sum(0)
+            layer.keys = torch.cat([layer.keys[1:], x[:1]]).detach()
+        return x
+
+
+def _grad_handing(gm, example):
+    """A backend that hands back every floating output as requiring grad (as AOTAutograd may)."""
+
+    def run(*args):
+        return tuple(o.detach().requires_grad_() if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+                     for o in gm(*args))
+
+    return run
+
+
+def test_outputs_taken_without_autograd_are_stored_detached_when_the_backend_hands_them_requiring_grad():
+    """The replay tests all such outputs at once (natively) and stores them as they are only where none requires
+    grad: here every one does, and each stored value must be detached, as eager's are."""
+    from stampout.torch_internals import grad_free
+
+    torch.manual_seed(0)
+    model, reference = Detaching(), Detaching()
+    reference.load_state_dict(model.state_dict())
+    fn = stampout.compile(model, backend=_grad_handing)
+    x = torch.randn(2, 4)
+    keys = [torch.randn(3, 4) for _ in range(3)]
+    ours, theirs = Cache([Layer(k.clone()) for k in keys]), Cache([Layer(k.clone()) for k in keys])
+    for _ in range(3):
+        fn(x, ours)
+        reference(x, theirs)
+        for a, b in zip(ours.layers, theirs.layers):
+            torch.testing.assert_close(a.keys, b.keys)
+            assert not b.keys.requires_grad and not a.keys.requires_grad
+    assert fn.stats.captures == 1
+    assert not grad_free([torch.zeros(1, requires_grad=True)])
+    assert not grad_free([torch.zeros(1, requires_grad=True) * 2])  # (a grad_fn counts)
+    assert not grad_free([torch.zeros(1), 1])  # (not a tensor)
+    assert not grad_free([nn.Parameter(torch.zeros(1), requires_grad=False)])  # (not a plain tensor: tested one by one)
+

@@ -164,7 +164,8 @@ class CompiledFunction:
         cap = entry.capture
         for fn in self._lineage:
             fn.last_capture = cap
-        outputs = list(entry.compiled(*[leaves[i] for i in cap.input_tensor_leaves], *lifted))
+        head = tuple([leaves[i] for i in cap.input_tensor_leaves])  # (a tuple of the lifted ones: one copy, not two)
+        outputs = list(entry.compiled(*(head + lifted if type(lifted) is tuple else (*head, *lifted))))
         effects = cap.effects
         if effects.effects:
             n = len(outputs) - len(effects.extra)

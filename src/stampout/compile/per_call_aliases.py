@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ..torch_internals import tensor_check
+from ..torch_internals import is_native, tensor_check
 from ..trace.memory import Spans, memory_span, spans_of
 from ..trace.structure import aliases_of, show_aliases
 
@@ -42,18 +42,32 @@ class PerCallAliases:
         self.expected = expected
         self.pinned = pinned
         # (whether the tensors are at the same pointers, and the same objects where the pointers alone do not decide;
-        # the memory they use)
-        self._memo: tuple[Callable[[tuple], bool], Spans] | None = None
+        # the memory they use; whether that check is the native pass over their metadata and pointers)
+        self._memo: tuple[Callable[[tuple], bool], Spans, bool] | None = None
+
+    def remembered(self, per_call: tuple) -> tuple | None:
+        """The memo, where it is the native pass (each tensor's class, metadata and data pointer, with the thread's
+        dispatch state, as recorded at the last call that held) and `per_call` passes it; else None. That call's
+        exact metadata check passed (the entry checks metadata before this check), so every check of those fields
+        passes now too (compile/entries.py: the memoized per-call tensors are then not checked twice)."""
+        memo = self._memo
+        if memo is None or not memo[2]:
+            return None
+        try:
+            return memo if memo[0](per_call) else None
+        except (TypeError, RuntimeError):
+            return None
 
     def holds(self, leaves: list[Any], per_call: tuple, inputs: list[torch.Tensor] | None = None,
-              input_spans: list | None = None) -> bool:
-        """`inputs`, `input_spans`: the call's tensor inputs and their memory_span, where the caller has them."""
+              input_spans: list | None = None, same_as: tuple | None = None) -> bool:
+        """`inputs`, `input_spans`: the call's tensor inputs and their memory_span, where the caller has them;
+        `same_as`: the memo `remembered(per_call)` answered with, in this call."""
         if inputs is None:
             inputs = [v for v in leaves[1:] if isinstance(v, torch.Tensor)]
-        memo = self._memo
+        memo = self._memo if same_as is None else same_as
         if memo is not None:
             try:
-                same = memo[0](per_call)
+                same = same_as is not None or memo[0](per_call)
             except (TypeError, RuntimeError):
                 same = False
             if same and self._apart(inputs, memo[1], input_spans):
@@ -97,15 +111,17 @@ class PerCallAliases:
         except (TypeError, RuntimeError, NotImplementedError):
             return
         same: Callable[[tuple], bool]
+        native = False
         if alone:  # (one native pass over them where there are many: their metadata and pointers, as now)
             same = tensor_check(per_call, lambda: lambda now: tuple(map(_data_ptr, now)) == pointers, self._forget,
                                 pointers=True)
+            native = is_native(same)
         else:
             pointers = (*map(id, per_call), *pointers)
             same = lambda now: (*map(id, now), *map(_data_ptr, now)) == pointers  # noqa: E731
         taken = spans_of(per_call)
         # (only when the inputs kept apart from the per-call tensors, as `holds` will require of later calls)
-        self._memo = (same, taken) if self._apart(inputs, taken) else None
+        self._memo = (same, taken, native) if self._apart(inputs, taken) else None
 
     def _forget(self) -> None:
         self._memo = None  # (the native check is built: remembered anew, natively, on the next call that holds)

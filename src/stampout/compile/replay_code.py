@@ -16,6 +16,7 @@ from typing import Any
 
 from ..capture.effects import Effect, EffectOp, ValueKind
 from ..sources import RESOLVE_HELPERS, Absolute, Anchor, Arg, Attr, Closure, Global, Item, SlotItem, Source
+from ..torch_internals import grad_free
 from ..trace.names import written_as_is
 from ..watch.tracking import EPOCH
 
@@ -29,7 +30,8 @@ def _detached(out: Any) -> Any:
 
 class _Code:
     def __init__(self) -> None:
-        self.namespace: dict[str, Any] = {**RESOLVE_HELPERS, "_detached": _detached, "_EPOCH": EPOCH}
+        self.namespace: dict[str, Any] = {**RESOLVE_HELPERS, "_detached": _detached, "_EPOCH": EPOCH,
+                                          "_grad_free": grad_free}
         self.leaves: dict[str, str] = {}  # an argument's expression -> the local it is read into, once
         self.anchored = False  # (whether an expression made since this was last cleared starts from an anchor)
 
@@ -80,7 +82,9 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
     if not effects:
         return None
     code = _Code()
-    stores: list[tuple[str, bool]] = []  # (the store, whether its target starts from an anchor)
+    stores: list[tuple[str, str, bool]] = []  # (the store, the same without grad tests, whether its target starts
+    constant: set[int] = set()  # from an anchor); the outputs taken without autograd, and the others
+    other: set[int] = set()
     for effect in effects:
         if effect.op is not EffectOp.SETATTR or len(effect.values) != 1 or not isinstance(effect.key, str):
             return None
@@ -90,30 +94,46 @@ def compile_replay(effects: list[Effect]) -> Callable[[list, Any, tuple, list, i
         if target is None or value.kind not in (ValueKind.OUT, ValueKind.OUT_CONSTANT, ValueKind.CONST):
             return None
         if value.kind is ValueKind.OUT:
-            expr = f"outputs[{int(value.value)}]"
+            expr = plain = f"outputs[{int(value.value)}]"
+            other.add(int(value.value))
         elif value.kind is ValueKind.OUT_CONSTANT:  # (`_detached`, inline: one call fewer per store)
             expr = f"(_o.detach() if (_o := outputs[{int(value.value)}]).requires_grad else _o)"
+            plain = f"outputs[{int(value.value)}]"
+            constant.add(int(value.value))
         else:
-            expr = code.constant(value.value)
+            expr = plain = code.constant(value.value)
         if written_as_is(effect.key):  # (a store, not a call of setattr)
-            stores.append((f"    {target}.{effect.key} = {expr}", code.anchored))
+            stores.append((f"{target}.{effect.key} = {expr}", f"{target}.{effect.key} = {plain}", code.anchored))
         else:
-            stores.append((f"    setattr({target}, {effect.key!r}, {expr})", code.anchored))
+            stores.append((f"setattr({target}, {effect.key!r}, {expr})", f"setattr({target}, {effect.key!r}, {plain})",
+                           code.anchored))
     # A store that moved EPOCH stops the function only where a later target starts from an anchor (resolved for
     # the epoch the call began in); a target from the call's arguments, a closure or a global is read afresh per
     # store whatever was written (a dynamic cache's 160 stores: no check between them).
-    lines = ["def replay(leaves, fn, anchors, outputs, epoch):"]
     later_anchored, later = [], False
-    for _, anchored in reversed(stores):
+    for *_, anchored in reversed(stores):
         later_anchored.append(later)
         later = later or anchored
     later_anchored.reverse()
-    for i, ((store, _), check) in enumerate(zip(stores, later_anchored)):
-        lines.append(store)
-        if check:
-            lines.append(f"    if _EPOCH.value != epoch: return {i + 1}")
-    lines.append(f"    return {len(effects)}")
-    lines[1:1] = [f"    {local} = {expr}" for expr, local in code.leaves.items()]
+
+    def body(plain: bool, indent: str) -> list[str]:
+        out = []
+        for i, ((store, without, _), check) in enumerate(zip(stores, later_anchored)):
+            out.append(indent + (without if plain else store))
+            if check:
+                out.append(f"{indent}if _EPOCH.value != epoch: return {i + 1}")
+        return [*out, f"{indent}return {len(effects)}"]
+
+    lines = ["def replay(leaves, fn, anchors, outputs, epoch):",
+             *(f"    {local} = {expr}" for expr, local in code.leaves.items())]
+    # Outputs taken without autograd are tested for requires_grad (AOTAutograd hands back every output as requiring
+    # grad) all at once, natively: where none requires grad the stores take them as they are (160 per-value Python
+    # tests cost 6.7 us a decode step at 80 layers); else, or without the native check, each is tested.
+    if constant:
+        tested = "outputs" if not other and constant == set(range(max(constant) + 1)) else \
+            f"({''.join(f'outputs[{i}], ' for i in sorted(constant))})"
+        lines += [f"    if _grad_free({tested}):", *body(True, "        ")]
+    lines += body(False, "    ")
     source = "\n".join(lines)
     exec(compile(source, "<stampout replay>", "exec"), code.namespace)
     replay = code.namespace["replay"]

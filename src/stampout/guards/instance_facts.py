@@ -336,6 +336,10 @@ class _Builder:
                 self.facts.same_length(node, len(container))
             elif type(container) is dict:
                 self.facts.unchanged_dict(node, container)
+            elif _dict_sized(container):  # (its keys and length, not its items: `_item` reads exact dicts only)
+                self.facts.same_class(node, type(container))
+                self.facts.unchanged_dict(node, container)
+                self._class_facts(type(container))
             self._dict_nodes[source] = node
         return self._dict_nodes[source]
 
@@ -376,7 +380,8 @@ class _Builder:
         elif kind is Kind.DISTINCT:
             return self._apart(guard)
         elif kind in (Kind.LEN, Kind.KEYS):
-            if source in self.unnoded or type(value) not in ((list, tuple, dict) if kind is Kind.LEN else (dict,)):
+            if source in self.unnoded or not (type(value) in ((list, tuple, dict) if kind is Kind.LEN else (dict,))
+                                               or _dict_sized(value)):
                 return False
             self._contents_of(source)
         elif kind is Kind.TYPE:
@@ -440,6 +445,15 @@ class _Builder:
 
 
 _NO = object()  # (not vouched for)
+_DICT_ITER, _DICT_LEN = dict.__dict__["__iter__"], dict.__dict__["__len__"]
+
+
+def _dict_sized(value: Any) -> bool:
+    """An instance of a dict subclass that iterates and counts as dict does (a watched module's `_modules`, whose
+    class bumps EPOCH on item writes): its keys, in order, and its length are fixed by its dict version tag while
+    its class (same_class) and the dicts along its MRO (no `__iter__` or `__len__` added) are unchanged."""
+    cls = type(value)
+    return isinstance(value, dict) and mro_attr(cls, "__iter__") is _DICT_ITER and mro_attr(cls, "__len__") is _DICT_LEN
 
 
 def _immutable(value: Any) -> bool:

@@ -254,5 +254,5 @@ from .fakes import FakeMaker  # noqa: E402, F401
 from .fsdp import fsdp_cast_dtypes, fsdp_lazy_init, patch_fsdp_parameter_swaps  # noqa: E402, F401
 from .graphs import INVOKE_SUBGRAPH, append_node, invoke_subgraph, is_region_call, without_module_hooks  # noqa: E402, F401
 from .hooks import capture_hooks, check_message  # noqa: E402, F401
-from .native_tensors import tensor_check  # noqa: E402, F401
+from .native_tensors import grad_free, is_native, tensor_check  # noqa: E402, F401
 from .parameter_writes import PARAMETER_METADATA_METHODS, patch_parameter_writes  # noqa: E402, F401

@@ -222,7 +222,25 @@ PyObject* check_dicts(PyObject*, PyObject* capsule) {
   Py_RETURN_TRUE;
 }
 
+// (values: list or tuple, cls: type) -> whether each value is a `cls` (exactly) whose TensorImpl does not require
+// grad (requires_grad() answers as Python's: a grad_fn counts)
+PyObject* grad_free(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || !(PyList_Check(args[0]) || PyTuple_Check(args[0])) || !PyType_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "grad_free(list or tuple, type)");
+    return nullptr;
+  }
+  PyObject** items = PySequence_Fast_ITEMS(args[0]);
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(args[0]);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (Py_TYPE(items[i]) != reinterpret_cast<PyTypeObject*>(args[1])) Py_RETURN_FALSE;
+    c10::TensorImpl* t = impl_of(items[i]);
+    if (t == nullptr || t->requires_grad()) Py_RETURN_FALSE;
+  }
+  Py_RETURN_TRUE;
+}
+
 PyMethodDef methods[] = {
+    {"grad_free", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(grad_free)), METH_FASTCALL, nullptr},
     {"record_dicts", record_dicts, METH_O, nullptr},
     {"check_dicts", check_dicts, METH_O, nullptr},
     {"set_offset", set_offset, METH_O, nullptr},
@@ -340,6 +358,19 @@ def tensor_facts(tensors: tuple, pointers: bool = False) -> Callable[[tuple], bo
         return None
     capsule = module.record(tuple(tensors), pointers)
     return None if capsule is None else functools.partial(module.check, capsule)
+
+
+def grad_free(values: list | tuple) -> bool:
+    """Whether every item of `values` is a plain `torch.Tensor` that does not require grad, in one native pass; False
+    where that is not so or the native check is not available (yet): the caller then tests each value."""
+    module = _LOADED[0] if _LOADED else native(wait=False)
+    return module is not None and module.grad_free(values, torch.Tensor)
+
+
+def is_native(check: Any) -> bool:
+    """Whether `check` is a native pass `tensor_facts` made (not a caller's fallback)."""
+    return type(check) is functools.partial and bool(_LOADED) and _LOADED[0] is not None \
+        and check.func is _LOADED[0].check
 
 
 NATIVE_FROM = 16  # tensors from which a check is made native (fewer: TensorGuards and Python calls cost as little)
