@@ -1,0 +1,2098 @@
+# ruff: noqa: B006, B019, B023, B028, E731, E741 (the programs are written as users write them)
+"""Red-team round 4: more ordinary programs that touch the world from traced code (closure cells rebound from
+outside, metaclasses, data descriptors, module `__getattr__`, generators driven with `send`, weak-value caches,
+thread-locals and contextvars written, RNG reseeded or its state read, the environment written, exceptions used for
+control flow, in-place updates of input views, tensor attributes, hooks added and removed between calls, parameters
+reassigned, `requires_grad` flips, dtype changes, train/eval flips, recursion, shared submodules, `*args`/`**kwargs`,
+NamedTuple and dataclass inputs, containers returned that alias state, whole training steps with an optimizer, user
+torch-function modes around the call), for tests/test_redteam4.py. Same shape as tests/redteam3_programs.py: each
+`make(wrap)` builds a fresh world (`wrap` is the identity for eager, or compiles) and returns `run(i)`: call i, with
+the changes a user makes between calls, returning what is compared with eager."""
+
+from __future__ import annotations
+
+import collections
+import contextvars
+import dataclasses
+import functools
+import itertools
+import os
+import random
+import threading
+import types
+import typing
+import weakref
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stampout
+
+PROGRAMS = {}
+
+
+def program(fn):
+    PROGRAMS[fn.__name__] = fn
+    return fn
+
+
+def lin(seed=0, d=4):
+    g = torch.Generator().manual_seed(seed)
+    m = nn.Linear(d, d)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(d, d, generator=g))
+        m.bias.copy_(torch.randn(d, generator=g))
+    return m
+
+
+def inp(i, n=2, d=4, grad=False):
+    g = torch.Generator().manual_seed(100 + i)
+    return torch.randn(n, d, generator=g, requires_grad=grad)
+
+
+def grads(m):
+    return {k: (None if p.grad is None else p.grad.clone()) for k, p in m.named_parameters()}
+
+
+# ---- closures -------------------------------------------------------------------------------------------------------
+
+
+@program
+def closure_cell_set_outside(wrap):
+    """A scale kept in a closure cell, changed by a setter the caller calls between calls."""
+    l = lin()
+
+    def make():
+        scale = 1.0
+
+        def set_scale(v):
+            nonlocal scale
+            scale = v
+
+        def fwd(x):
+            return l(x) * scale
+
+        return fwd, set_scale
+
+    fwd, set_scale = make()
+    f = wrap(fwd)
+
+    def run(i):
+        if i in (2, 4):
+            set_scale(float(i))
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def closure_list_appended(wrap):
+    """A closure appends the mean of each call to a list the caller reads."""
+    l = lin()
+    seen = []
+
+    def fwd(x):
+        y = l(x)
+        seen.append(y.detach().mean())
+        return y
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i)), list(seen)]
+
+    return run
+
+
+@program
+def closure_tensor_rebound(wrap):
+    """A closure over a tensor cell the caller rebinds (a new bias) and updates in place."""
+    l = lin()
+
+    def make():
+        bias = torch.zeros(4)
+
+        def fwd(x):
+            return l(x) + bias
+
+        def set_bias(b):
+            nonlocal bias
+            bias = b
+
+        return fwd, set_bias, lambda: bias
+
+    fwd, set_bias, get = make()
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            set_bias(torch.ones(4))
+        if i == 3:
+            get().add_(5)
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def closure_counter_in_cell_dict(wrap):
+    """A closure keeps a dict of call counts by batch size, used in the computation."""
+    l = lin()
+
+    def make():
+        counts = {}
+
+        def fwd(x):
+            n = x.shape[0]
+            counts[n] = counts.get(n, 0) + 1
+            return l(x) * counts[n]
+
+        return fwd, counts
+
+    fwd, counts = make()
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i, n=[2, 3, 2, 2, 3][i])), dict(counts)]
+
+    return run
+
+
+# ---- classes: class attributes, metaclasses, descriptors, properties, __getattr__ -------------------------------------
+
+
+@program
+def metaclass_instance_count(wrap):
+    """A metaclass counts instances; forward makes a small helper object each call and scales by the count."""
+
+    class Counting(type):
+        made = 0
+
+        def __call__(cls, *a, **k):
+            Counting.made += 1
+            return super().__call__(*a, **k)
+
+    class Scale(metaclass=Counting):
+        def __init__(self, v):
+            self.v = v
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            sc = Scale(2.0)
+            return s.l(x) * sc.v + Counting.made
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(i)), Counting.made]
+
+    return run
+
+
+@program
+def metaclass_property_config(wrap):
+    """A config class whose metaclass property reads a class-level dict; the dict changes between calls."""
+
+    class Meta(type):
+        @property
+        def scale(cls):
+            return cls._table["scale"]
+
+    class Cfg(metaclass=Meta):
+        _table = {"scale": 1.0}
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x) * Cfg.scale
+
+    f = wrap(M())
+
+    def run(i):
+        if i == 2:
+            Cfg._table["scale"] = 3.0
+        if i == 4:
+            Cfg._table = {"scale": -1.0}
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def classmethod_step_counter(wrap):
+    """A classmethod increments a class-level step used in the computation."""
+
+    class M(nn.Module):
+        step = 0
+
+        @classmethod
+        def tick(cls):
+            cls.step += 1
+            return cls.step
+
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x) / s.tick()
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(i)), M.step]
+
+    return run
+
+
+class _PerInstance:
+    """A data descriptor storing per-instance values in a WeakKeyDictionary (not in the instance's __dict__)."""
+
+    def __init__(self, default):
+        self.default = default
+        self.values = weakref.WeakKeyDictionary()
+
+    def __get__(self, obj, owner):
+        return self if obj is None else self.values.get(obj, self.default)
+
+    def __set__(self, obj, value):
+        self.values[obj] = value
+
+
+@program
+def descriptor_weak_storage(wrap):
+    """A data descriptor keeps the value outside the instance: set between calls."""
+
+    class M(nn.Module):
+        gain = _PerInstance(1.0)
+
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x) * s.gain
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.gain = 4.0
+        if i == 3:
+            M.gain.values[m] = -2.0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def property_setter_in_forward(wrap):
+    """A temperature property with a setter, annealed in forward."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s._t = 1.0
+
+        @property
+        def temperature(s):
+            return s._t
+
+        @temperature.setter
+        def temperature(s, v):
+            s._t = max(v, 0.1)
+
+        def forward(s, x):
+            y = s.l(x) / s.temperature
+            s.temperature = s.temperature * 0.5
+            return y
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m._t]
+
+    return run
+
+
+@program
+def module_getattr_defaults(wrap):
+    """A module with __getattr__ falling back to a defaults dict; the dict and the instance change between calls."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.defaults = {"alpha": 0.5}
+
+        def __getattr__(s, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                d = s.__dict__.get("defaults", {})
+                if name in d:
+                    return d[name]
+                raise
+
+        def forward(s, x):
+            return s.l(x) * s.alpha
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.defaults["alpha"] = 2.0
+        if i == 3:
+            m.alpha = 7.0
+        if i == 4:
+            del m.alpha
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def class_swapped_between_calls(wrap):
+    """obj.__class__ reassigned between calls (a config switching behaviour)."""
+
+    class A:
+        def act(self, t):
+            return t.relu()
+
+    class B:
+        def act(self, t):
+            return t.tanh()
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.policy = A()
+
+        def forward(s, x):
+            return s.policy.act(s.l(x))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.policy.__class__ = B
+        if i == 4:
+            m.policy.__class__ = A
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def class_method_monkeypatched(wrap):
+    """A method of a helper class replaced on the class between calls."""
+
+    class Act:
+        def __call__(self, t):
+            return t * 2
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.act = Act()
+
+        def forward(s, x):
+            return s.act(s.l(x))
+
+    f = wrap(M())
+
+    def run(i):
+        if i == 2:
+            Act.__call__ = lambda self, t: t * 3
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def slots_config(wrap):
+    """A __slots__ config object changed between calls."""
+
+    class Cfg:
+        __slots__ = ("scale", "shift")
+
+        def __init__(self):
+            self.scale, self.shift = 1.0, 0.0
+
+    class M(nn.Module):
+        def __init__(s, cfg):
+            super().__init__()
+            s.l = lin()
+            s.cfg = cfg
+
+        def forward(s, x):
+            return s.l(x) * s.cfg.scale + s.cfg.shift
+
+    cfg = Cfg()
+    f = wrap(M(cfg))
+
+    def run(i):
+        if i == 2:
+            cfg.shift = 1.5
+        if i == 3:
+            cfg.scale = -1.0
+        return [f(inp(i))]
+
+    return run
+
+
+# ---- generators, iterators, weakrefs, contextvars, thread-locals ------------------------------------------------------
+
+
+@program
+def generator_send(wrap):
+    """A coroutine-style generator held on the module, driven with send() per call (a running average)."""
+
+    def averager():
+        total, n, avg = 0.0, 0, None
+        while True:
+            v = yield avg
+            total += v
+            n += 1
+            avg = total / n
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.avg = averager()
+            next(s.avg)
+
+        def forward(s, x):
+            a = s.avg.send(float(x.shape[0]))
+            return s.l(x) * a
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(i, n=[2, 3, 4, 2, 3][i]))]
+
+    return run
+
+
+@program
+def itertools_cycle_held(wrap):
+    """itertools.cycle of scales held on the module."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.scales = itertools.cycle([1.0, 2.0, 3.0])
+
+        def forward(s, x):
+            return s.l(x) * next(s.scales)
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(1))]
+
+    return run
+
+
+@program
+def weak_value_cache(wrap):
+    """A WeakValueDictionary cache of position tensors keyed by length, held by the caller too."""
+    keep = []
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.cache = weakref.WeakValueDictionary()
+
+        def forward(s, x):
+            n = x.shape[0]
+            pos = s.cache.get(n)
+            if pos is None:
+                pos = torch.arange(n, dtype=torch.float32)[:, None]
+                s.cache[n] = pos
+                keep.append(pos)
+            return s.l(x) + pos
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 3:
+            keep.clear()
+        return [f(inp(i, n=[2, 3, 2, 3, 2][i])), sorted(m.cache.keys())]
+
+    return run
+
+
+@program
+def weakref_finalize_count(wrap):
+    """weakref to the input tensor; the caller checks whether forward kept it alive."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.last = None
+
+        def forward(s, x):
+            s.last = weakref.ref(x)
+            return s.l(x)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        x = inp(i)
+        out = f(x)
+        return [out, m.last is not None and m.last() is x]
+
+    return run
+
+
+_MODE = contextvars.ContextVar("mode", default="train")
+
+
+@program
+def contextvar_set_in_forward(wrap):
+    """forward sets a contextvar for its children and resets it with the token; a child reads it."""
+
+    class Child(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x) * (2.0 if _MODE.get() == "inner" else 1.0)
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.c = Child()
+
+        def forward(s, x):
+            tok = _MODE.set("inner")
+            try:
+                y = s.c(x)
+            finally:
+                _MODE.reset(tok)
+            return y + s.c(x)
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(i)), _MODE.get()]
+
+    return run
+
+
+@program
+def contextvar_left_set(wrap):
+    """forward records the last batch size in a contextvar (never reset); the caller reads it."""
+    var = contextvars.ContextVar("last_n", default=-1)
+    l = lin()
+
+    def fwd(x):
+        var.set(x.shape[0])
+        return l(x)
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 3:
+            var.set(-5)
+        return [f(inp(i, n=[2, 3, 2, 3, 2][i])), var.get()]
+
+    return run
+
+
+_TLS = threading.local()
+
+
+@program
+def thread_local_written(wrap):
+    """forward counts calls in a thread-local; the count scales the output."""
+    _TLS.calls = 0
+    l = lin()
+
+    def fwd(x):
+        _TLS.calls += 1
+        return l(x) * _TLS.calls
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i)), _TLS.calls]
+
+    return run
+
+
+# ---- RNG, time, environment, global dicts ----------------------------------------------------------------------------
+
+
+@program
+def manual_seed_in_forward(wrap):
+    """forward reseeds torch with a per-call seed and draws noise."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.seed = 0
+
+        def forward(s, x):
+            torch.manual_seed(s.seed)
+            s.seed += 1
+            return s.l(x) + torch.randn_like(x)
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(i)), torch.rand(2)]
+
+    return run
+
+
+@program
+def rand_then_caller_draws(wrap):
+    """forward draws noise; the caller draws after each call too (the generator must advance as in eager)."""
+    l = lin()
+
+    def fwd(x):
+        return l(x) + 0.1 * torch.rand(x.shape)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i)), torch.rand(3)]
+
+    return run
+
+
+@program
+def bernoulli_mask_aot(wrap):
+    """A bernoulli mask of given probabilities, gradients through the masked product."""
+    l = lin()
+
+    def fwd(x, p):
+        return (l(x) * torch.bernoulli(p)).sum()
+
+    f = wrap(fwd)
+
+    def run(i):
+        l.zero_grad(set_to_none=True)
+        torch.manual_seed(i)
+        out = f(inp(i), torch.full((2, 4), 0.5))
+        out.backward()
+        return [out, grads(l)]
+
+    return run
+
+
+@program
+def python_random_seeded_in_forward(wrap):
+    """random.seed in forward with the batch size, then random.random."""
+    l = lin()
+
+    def fwd(x):
+        random.seed(x.shape[0])
+        return l(x) * random.random()
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i, n=[2, 3, 2, 3, 2][i])), random.random()]
+
+    return run
+
+
+@program
+def numpy_generator_on_module(wrap):
+    """A numpy Generator held on the module draws a scale per call."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.rng = np.random.default_rng(0)
+
+        def forward(s, x):
+            return s.l(x) * float(s.rng.uniform())
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def torch_rng_state_restored(wrap):
+    """forward saves torch's RNG state, draws, restores (reproducible noise each call)."""
+    l = lin()
+
+    def fwd(x):
+        st = torch.get_rng_state()
+        n = torch.randn(x.shape)
+        torch.set_rng_state(st)
+        return l(x) + n
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i)), torch.rand(2)]
+
+    return run
+
+
+@program
+def environ_written(wrap):
+    """forward writes os.environ (a flag for later code) and reads another variable."""
+    os.environ.pop("RT4_LAST_N", None)
+    os.environ["RT4_SCALE"] = "1"
+    l = lin()
+
+    def fwd(x):
+        os.environ["RT4_LAST_N"] = str(x.shape[0])
+        return l(x) * float(os.environ["RT4_SCALE"])
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            os.environ["RT4_SCALE"] = "3"
+        return [f(inp(i, n=[2, 3, 2, 3, 2][i])), os.environ.get("RT4_LAST_N")]
+
+    return run
+
+
+_REGISTRY = {}
+
+
+@program
+def global_dict_shapes(wrap):
+    """forward records each input's shape in a global dict, keyed by name."""
+    _REGISTRY.clear()
+    l = lin()
+
+    def fwd(x, name):
+        _REGISTRY[name] = tuple(x.shape)
+        return l(x)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i, n=[2, 3, 2, 3, 2][i]), ["a", "b", "a", "c", "a"][i]), dict(_REGISTRY)]
+
+    return run
+
+
+_SEEN_TOTAL = {"n": 0, "sum": None}
+
+
+@program
+def global_dict_tensor_accumulator(wrap):
+    """A global dict accumulates a detached running sum tensor."""
+    _SEEN_TOTAL.update(n=0, sum=None)
+    l = lin()
+
+    def fwd(x):
+        y = l(x)
+        s = y.detach().sum(0)
+        _SEEN_TOTAL["sum"] = s if _SEEN_TOTAL["sum"] is None else _SEEN_TOTAL["sum"] + s
+        _SEEN_TOTAL["n"] += 1
+        return y
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i)), _SEEN_TOTAL["n"], _SEEN_TOTAL["sum"].clone()]
+
+    return run
+
+
+# ---- exceptions ----------------------------------------------------------------------------------------------------
+
+
+@program
+def getattr_fallback_exception(wrap):
+    """try: self.extra_bias except AttributeError: zero; the attribute appears, changes, and goes."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            try:
+                b = s.extra
+            except AttributeError:
+                b = 0.0
+            return s.l(x) + b
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 1:
+            m.extra = 2.0
+        if i == 2:
+            m.extra = torch.ones(4)
+        if i == 3:
+            del m.extra
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def keyerror_fallback(wrap):
+    """A dict lookup whose KeyError picks a default; the dict gains the key between calls."""
+    table = {}
+    l = lin()
+
+    def fwd(x, key):
+        try:
+            s = table[key]
+        except KeyError:
+            s = 1.0
+        return l(x) * s
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            table["a"] = 5.0
+        return [f(inp(i), "a")]
+
+    return run
+
+
+@program
+def stopiteration_exhausted(wrap):
+    """next(it, default) on an iterator held by the module, exhausted after two calls."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.warm = iter([0.1, 0.5])
+
+        def forward(s, x):
+            return s.l(x) * next(s.warm, 1.0)
+
+    f = wrap(M())
+
+    def run(i):
+        return [f(inp(i))]
+
+    return run
+
+
+# ---- in-place ops on inputs and views, tensor attributes -----------------------------------------------------------
+
+
+@program
+def inplace_input_view(wrap):
+    """forward scales the first column of its input in place through a view."""
+    l = lin()
+
+    def fwd(x):
+        x[:, 0].mul_(2)
+        return l(x)
+
+    f = wrap(fwd)
+
+    def run(i):
+        x = inp(i)
+        out = f(x)
+        return [out, x]
+
+    return run
+
+
+@program
+def inplace_on_view_of_input_passed(wrap):
+    """The caller passes a view (a transpose) of a bigger tensor; forward writes it in place."""
+    l = lin()
+
+    def fwd(x):
+        x.add_(1)
+        return l(x)
+
+    f = wrap(fwd)
+    base = torch.zeros(4, 6)
+
+    def run(i):
+        v = base[:, i:i + 2].t()
+        out = f(v)
+        return [out, base.clone()]
+
+    return run
+
+
+@program
+def inplace_input_aliases_param(wrap):
+    """The caller passes a slice of the model's own weight as input (no_grad); forward writes it in place."""
+    l = lin()
+
+    def fwd(x):
+        y = l(x)
+        x.mul_(0.5)
+        return y
+
+    f = wrap(fwd)
+
+    def run(i):
+        with torch.no_grad():
+            out = f(l.weight[:2])
+        return [out, l.weight.detach().clone()]
+
+    return run
+
+
+@program
+def tensor_attr_written_on_input(wrap):
+    """forward tags its input tensor with an attribute; the caller reads it."""
+    l = lin()
+
+    def fwd(x):
+        x.seen = getattr(x, "seen", 0) + 1
+        return l(x)
+
+    f = wrap(fwd)
+    x0 = inp(0)
+
+    def run(i):
+        x = x0 if i % 2 == 0 else inp(i)
+        out = f(x)
+        return [out, x.seen]
+
+    return run
+
+
+@program
+def tensor_attr_read_on_input(wrap):
+    """The input tensor carries a `scale` attribute the forward reads; it changes between calls."""
+    l = lin()
+
+    def fwd(x):
+        return l(x) * getattr(x, "scale", 1.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        x = inp(i)
+        if i >= 2:
+            x.scale = float(i)
+        return [f(x)]
+
+    return run
+
+
+@program
+def tensor_attr_on_output(wrap):
+    """forward tags its output tensor with metadata (a Python attribute)."""
+    l = lin()
+
+    def fwd(x):
+        y = l(x)
+        y.meta = {"n": x.shape[0]}
+        return y
+
+    f = wrap(fwd)
+
+    def run(i):
+        y = f(inp(i, n=[2, 3, 2, 3, 2][i]))
+        return [y, getattr(y, "meta", None)]
+
+    return run
+
+
+@program
+def param_attr_tag_read(wrap):
+    """A parameter carries a Python attribute (`p.lr_scale`) read in forward; changed between calls."""
+    l = lin()
+    l.weight.lr_scale = 1.0
+
+    def fwd(x):
+        return l(x) * l.weight.lr_scale
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            l.weight.lr_scale = 0.5
+        return [f(inp(i))]
+
+    return run
+
+
+# ---- grad modes, autocast, hooks, parameters, requires_grad, dtype, train/eval --------------------------------------
+
+
+@program
+def no_grad_branch_in_region(wrap):
+    """A region computes a detached statistic under no_grad and a trainable path; grads compared."""
+
+    class Block(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        @stampout.region
+        def forward(s, x):
+            with torch.no_grad():
+                m = s.l(x).mean()
+            return s.l(x) - m
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.a, s.b = Block(), Block()
+
+        def forward(s, x):
+            return s.b(s.a(x))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        m.zero_grad(set_to_none=True)
+        out = f(inp(i))
+        out.sum().backward()
+        return [out, grads(m)]
+
+    return run
+
+
+@program
+def caller_no_grad_toggle(wrap):
+    """The caller calls under no_grad, then with grad, then inference_mode."""
+    l = lin()
+
+    def fwd(x):
+        return l(x).relu()
+
+    f = wrap(fwd)
+
+    def run(i):
+        l.zero_grad(set_to_none=True)
+        if i in (0, 3):
+            with torch.no_grad():
+                out = f(inp(i))
+            return [out, out.requires_grad]
+        if i == 4:
+            with torch.inference_mode():
+                out = f(inp(i))
+            return [out.clone(), out.requires_grad]
+        out = f(inp(i))
+        out.sum().backward()
+        return [out, out.requires_grad, grads(l)]
+
+    return run
+
+
+@program
+def caller_autocast_toggle(wrap):
+    """The caller wraps some calls in CPU autocast (bfloat16)."""
+    l = lin()
+
+    def fwd(x):
+        return l(x) * 2
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i % 2:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = f(inp(i))
+        else:
+            out = f(inp(i))
+        return [out.float(), str(out.dtype)]
+
+    return run
+
+
+@program
+def forward_pre_hook_added_removed(wrap):
+    """A forward pre hook that rescales the input, added before call 1 and removed before call 3."""
+    l = lin()
+    m = nn.Sequential(l, nn.ReLU())
+    f = wrap(m)
+    handle = []
+    calls = []
+
+    def pre(mod, args):
+        calls.append(1)
+        return (args[0] * 3,)
+
+    def run(i):
+        if i == 1:
+            handle.append(l.register_forward_pre_hook(pre))
+        if i == 3:
+            handle.pop().remove()
+        return [f(inp(i)), len(calls)]
+
+    return run
+
+
+@program
+def forward_hook_counts_calls(wrap):
+    """A forward hook counting calls and storing the output norm, kept across calls."""
+    m = nn.Sequential(lin(), nn.Tanh(), lin(1))
+    log = []
+
+    def hook(mod, args, out):
+        log.append(float(out.detach().norm()))
+
+    m[0].register_forward_hook(hook)
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), len(log)]
+
+    return run
+
+
+@program
+def parameter_reassigned(wrap):
+    """The caller replaces a parameter with a new nn.Parameter between calls."""
+    l = lin()
+    f = wrap(l)
+
+    def run(i):
+        if i == 2:
+            l.weight = nn.Parameter(torch.eye(4))
+        if i == 3:
+            l.bias = None
+        l.zero_grad(set_to_none=True)
+        out = f(inp(i))
+        out.sum().backward()
+        return [out, grads(l)]
+
+    return run
+
+
+@program
+def requires_grad_flip(wrap):
+    """The caller freezes the weight before call 2 and unfreezes it before call 4."""
+    l = lin()
+    m = nn.Sequential(l, nn.Tanh())
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            l.weight.requires_grad_(False)
+        if i == 4:
+            l.weight.requires_grad_(True)
+        m.zero_grad(set_to_none=True)
+        out = f(inp(i))
+        out.sum().backward()
+        return [out, grads(m)]
+
+    return run
+
+
+@program
+def dtype_switch(wrap):
+    """The model is converted to double between calls (inputs follow)."""
+    m = nn.Sequential(lin(), nn.GELU())
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.double()
+        if i == 4:
+            m.float()
+        dt = torch.float64 if i in (2, 3) else torch.float32
+        out = f(inp(i).to(dt))
+        return [out.float(), str(out.dtype)]
+
+    return run
+
+
+@program
+def train_eval_flip_dropout_bn(wrap):
+    """BatchNorm and dropout; train/eval flipped between calls; running stats compared."""
+    m = nn.Sequential(lin(), nn.BatchNorm1d(4), nn.Dropout(0.0))
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.eval()
+        if i == 3:
+            m.train()
+        if i == 4:
+            m[1].eval()
+        out = f(inp(i, n=3))
+        return [out, m[1].running_mean.clone(), int(m[1].num_batches_tracked)]
+
+    return run
+
+
+@program
+def train_flag_read_in_forward(wrap):
+    """forward scales by a factor chosen on self.training; the caller flips only the child."""
+
+    class C(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x) * (0.5 if s.training else 1.0)
+
+    m = nn.Sequential(C(), C())
+    f = wrap(m)
+
+    def run(i):
+        if i == 1:
+            m[1].eval()
+        if i == 3:
+            m.train()
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def eval_in_forward(wrap):
+    """forward switches a child to eval after the first call (a warm-up)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.bn = nn.BatchNorm1d(4)
+            s.calls = 0
+
+        def forward(s, x):
+            y = s.bn(s.l(x))
+            s.calls += 1
+            if s.calls == 2:
+                s.bn.eval()
+            return y
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i, n=3)), m.bn.training, m.bn.running_mean.clone()]
+
+    return run
+
+
+# ---- structure: nested regions, recursion, shared submodules, args/kwargs, NamedTuple/dataclass inputs ----------------
+
+
+@program
+def recursive_tree(wrap):
+    """A recursive module applying a shared child to a depth that is an argument."""
+
+    class Node(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x, depth):
+            if depth == 0:
+                return x
+            return s.forward(torch.tanh(s.l(x)), depth - 1) + x
+
+    f = wrap(Node())
+
+    def run(i):
+        return [f(inp(i), [1, 2, 2, 3, 1][i])]
+
+    return run
+
+
+@program
+def shared_submodule_two_paths(wrap):
+    """One Linear registered under two names, called through both; a hook on it counts."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            shared = lin()
+            s.enc, s.dec = shared, shared
+            s.mid = lin(1)
+
+        def forward(s, x):
+            return s.dec(s.mid(s.enc(x)))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.dec = lin(3)
+        m.zero_grad(set_to_none=True)
+        out = f(inp(i))
+        out.sum().backward()
+        return [out, grads(m)]
+
+    return run
+
+
+@program
+def nested_region_counter(wrap):
+    """Nested regions: the outer counts its calls on the module and the inner reads the count."""
+
+    class Inner(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        @stampout.region
+        def forward(s, x, k):
+            return s.l(x) * k
+
+    class Outer(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.inner = Inner()
+            s.k = 1
+
+        @stampout.region
+        def forward(s, x):
+            s.k += 1
+            return s.inner(x, s.k) + s.inner(x, 1)
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.a, s.b = Outer(), Outer()
+
+        def forward(s, x):
+            return s.b(s.a(x))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m.a.k, m.b.k]
+
+    return run
+
+
+@program
+def kwonly_and_varargs(wrap):
+    """forward(*xs, scale, **opts): the number of tensors, the keyword and the options change."""
+    l = lin()
+
+    def fwd(*xs, scale=1.0, **opts):
+        y = sum(l(x) for x in xs) * scale
+        if opts.get("relu"):
+            y = y.relu()
+        return y
+
+    f = wrap(fwd)
+
+    def run(i):
+        xs = [inp(i + k) for k in range([1, 2, 2, 3, 1][i])]
+        kw = [{}, {"relu": True}, {"relu": False}, {"scale": 2.0}, {"scale": 2, "relu": 1}][i]
+        return [f(*xs, **kw)]
+
+    return run
+
+
+@program
+def kwargs_dict_mutated(wrap):
+    """forward pops an option out of the dict the caller passed with ** (eager pops from a copy)."""
+    l = lin()
+    opts = {"scale": 2.0}
+
+    def fwd(x, **kw):
+        s = kw.pop("scale", 1.0)
+        return l(x) * s
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), **opts), dict(opts)]
+
+    return run
+
+
+class Batch(typing.NamedTuple):
+    x: torch.Tensor
+    mask: torch.Tensor
+    temperature: float
+
+
+@program
+def namedtuple_input(wrap):
+    """A NamedTuple batch with a float temperature that changes."""
+    l = lin()
+
+    def fwd(b):
+        return (l(b.x) / b.temperature).masked_fill(b.mask, 0.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        b = Batch(inp(i), inp(i + 7) > 0, [1.0, 1.0, 2.0, 0.5, 2.0][i])
+        return [f(b)]
+
+    return run
+
+
+@dataclasses.dataclass
+class Req:
+    x: torch.Tensor
+    ids: list
+    scale: float = 1.0
+    out: torch.Tensor | None = None
+
+
+@program
+def dataclass_input_written(wrap):
+    """A dataclass request: forward reads a list field and a float and writes its output onto the request."""
+    l = lin()
+
+    def fwd(r):
+        y = l(r.x)[r.ids] * r.scale
+        r.out = y
+        r.ids.append(len(r.ids))
+        return y.sum()
+
+    f = wrap(fwd)
+
+    def run(i):
+        r = Req(inp(i, n=4), [0, 1] if i < 3 else [1, 2], [1.0, 2.0, 2.0, 1.0, 1.0][i])
+        s = f(r)
+        return [s, r.out, list(r.ids)]
+
+    return run
+
+
+@program
+def returns_state_list(wrap):
+    """forward appends to a history list it returns (the caller gets the module's own list)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.history = []
+
+        def forward(s, x):
+            y = s.l(x)
+            s.history.append(y.detach())
+            return y, s.history
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        y, hist = f(inp(i))
+        same = hist is m.history
+        if i == 2:
+            hist.clear()
+        return [y, same, len(m.history)]
+
+    return run
+
+
+@program
+def returns_state_dict(wrap):
+    """forward returns the module's stats dict after updating it."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.stats = {"calls": 0}
+
+        def forward(s, x):
+            s.stats["calls"] += 1
+            return s.l(x), s.stats
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        y, st = f(inp(i))
+        st["seen"] = i
+        return [y, st is m.stats, dict(m.stats)]
+
+    return run
+
+
+@program
+def returns_input_list(wrap):
+    """forward appends its result to the list it was given and returns that list."""
+    l = lin()
+
+    def fwd(xs):
+        xs.append(l(xs[-1]))
+        return xs
+
+    f = wrap(fwd)
+
+    def run(i):
+        xs = [inp(i)]
+        out = f(xs)
+        return [out is xs, len(xs), xs[-1]]
+
+    return run
+
+
+@program
+def returns_same_tensor_twice(wrap):
+    """forward returns one tensor in two places of a dict and a tuple."""
+    l = lin()
+
+    def fwd(x):
+        y = l(x)
+        return {"a": y, "b": y}, (y, x)
+
+    f = wrap(fwd)
+
+    def run(i):
+        x = inp(i)
+        d, t = f(x)
+        return [d["a"] is d["b"], t[0] is d["a"], t[1] is x, d["a"]]
+
+    return run
+
+
+# ---- whole training steps, optimizers, user modes ---------------------------------------------------------------------
+
+
+@program
+def train_step_sgd_momentum(wrap):
+    """A compiled training step: forward, backward, clip, optimizer step, zero_grad."""
+    m = nn.Sequential(lin(), nn.Tanh(), lin(1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    f = wrap(step)
+
+    def run(i):
+        loss = f(inp(i))
+        return [loss, {k: v.detach().clone() for k, v in m.state_dict().items()}]
+
+    return run
+
+
+@program
+def train_step_with_scheduler(wrap):
+    """A compiled step that also steps an LR scheduler (Python state on the optimizer's param groups)."""
+    m = lin()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+    def step(x):
+        loss = m(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        return loss.detach()
+
+    f = wrap(step)
+
+    def run(i):
+        loss = f(inp(i))
+        return [loss, opt.param_groups[0]["lr"], m.weight.detach().clone()]
+
+    return run
+
+
+class _CountingMode(torch.overrides.TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@program
+def user_torch_function_mode(wrap):
+    """The caller runs the model under its own TorchFunctionMode (counting calls; later, changing results)."""
+    l = lin()
+
+    def fwd(x):
+        return torch.tanh(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i in (1, 3):
+            mode = _CountingMode()
+            with mode:
+                out = f(inp(i))
+            return [out, mode.n > 0]
+        return [f(inp(i))]
+
+    return run
+
+
+class _Doubling(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if func is torch.tanh else out
+
+
+@program
+def user_mode_changes_results(wrap):
+    """A TorchFunctionMode of the caller's that changes tanh's result, active on some calls."""
+    l = lin()
+
+    def fwd(x):
+        return torch.tanh(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i in (1, 2):
+            with _Doubling():
+                return [f(inp(i))]
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def saved_tensors_hooks_caller(wrap):
+    """The caller wraps the call in saved_tensors_hooks that count packs and unpacks."""
+    l = lin()
+    counts = {"pack": 0, "unpack": 0}
+
+    def pack(t):
+        counts["pack"] += 1
+        return t
+
+    def unpack(t):
+        counts["unpack"] += 1
+        return t
+
+    def fwd(x):
+        return torch.tanh(l(x)) * x
+
+    f = wrap(fwd)
+
+    def run(i):
+        l.zero_grad(set_to_none=True)
+        if i in (1, 3):
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                out = f(inp(i, grad=True))
+        else:
+            out = f(inp(i, grad=True))
+        out.sum().backward()
+        return [out, grads(l), counts["pack"] > 0, counts["unpack"] > 0]
+
+    return run
+
+
+@program
+def caller_tensor_hook_on_input(wrap):
+    """The caller registers a hook on its input (and retains grad) before the call."""
+    l = lin()
+    seen = []
+
+    def fwd(x):
+        return l(x).tanh()
+
+    f = wrap(fwd)
+
+    def run(i):
+        x = inp(i, grad=True)
+        h = x * 1.0
+        h.register_hook(lambda g: seen.append(g.clone()) or g * 2)
+        h.retain_grad()
+        out = f(h)
+        out.sum().backward()
+        return [out, x.grad, h.grad, len(seen)]
+
+    return run
+
+
+@program
+def functional_call_params(wrap):
+    """torch.func.functional_call with a dict of parameters passed in (a meta-learning inner step)."""
+    m = lin()
+
+    def fwd(params, x):
+        return torch.func.functional_call(m, params, (x,)).sum()
+
+    f = wrap(fwd)
+
+    def run(i):
+        params = {k: v.detach().clone().requires_grad_() for k, v in m.named_parameters()}
+        if i == 3:
+            params["weight"] = params["weight"] * 0 + 1
+        out = f(params, inp(i))
+        return [out, m.weight.detach().clone()]
+
+    return run
+
+
+@program
+def global_function_swapped(wrap):
+    """A module-level activation chosen by name in a global dict, swapped between calls."""
+    acts = {"act": F.relu}
+    l = lin()
+
+    def fwd(x):
+        return acts["act"](l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            acts["act"] = torch.sigmoid
+        if i == 3:
+            acts["act"] = functools.partial(F.leaky_relu, negative_slope=0.3)
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def instance_forward_replaced(wrap):
+    """The caller replaces a child's forward with a bound method of another function between calls."""
+
+    class C(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x)
+
+    def doubled(s, x):
+        return s.l(x) * 2
+
+    m = nn.Sequential(C(), C())
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m[1].forward = types.MethodType(doubled, m[1])
+        if i == 4:
+            del m[1].forward
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def deque_window_stack(wrap):
+    """A deque(maxlen=3) of detached outputs held on the module, stacked into the output."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.win = collections.deque(maxlen=3)
+
+        def forward(s, x):
+            y = s.l(x)
+            s.win.append(y.detach())
+            return y + torch.stack(list(s.win)).mean(0)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), len(m.win)]
+
+    return run
+
+
+@program
+def counter_update(wrap):
+    """A collections.Counter of batch sizes held on the module, its most common size used."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.sizes = collections.Counter()
+
+        def forward(s, x):
+            s.sizes[x.shape[0]] += 1
+            return s.l(x) * s.sizes.most_common(1)[0][0]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i, n=[2, 3, 3, 2, 2][i])), dict(m.sizes)]
+
+    return run
+
+
+@program
+def string_log_attr(wrap):
+    """forward appends to a string attribute (a trace log)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.log = ""
+
+        def forward(s, x):
+            s.log += f"{x.shape[0]};"
+            return s.l(x)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i, n=[2, 3, 3, 2, 2][i])), m.log]
+
+    return run
+
+
+@program
+def default_dtype_changed(wrap):
+    """forward makes a tensor with the default dtype; the caller changes it between calls."""
+    l = lin()
+
+    def fwd(x):
+        return l(x) + torch.ones(4).to(x.dtype) * torch.tensor(0.5).element_size()
+
+    f = wrap(fwd)
+
+    def run(i):
+        try:
+            if i == 2:
+                torch.set_default_dtype(torch.float64)
+            return [f(inp(i))]
+        finally:
+            torch.set_default_dtype(torch.float32)
+
+    return run
+
+
+@program
+def num_threads_branch(wrap):
+    """forward branches on torch.get_num_threads(); the caller changes it."""
+    l = lin()
+    before = torch.get_num_threads()
+
+    def fwd(x):
+        return l(x) * (1.0 if torch.get_num_threads() > 1 else 3.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        try:
+            torch.set_num_threads(1 if i in (2, 3) else 2)
+            return [f(inp(i))]
+        finally:
+            torch.set_num_threads(before)
+
+    return run
+
+
+@program
+def module_attr_deleted_in_forward(wrap):
+    """forward consumes a one-shot attribute (`del self.pending`)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            y = s.l(x)
+            if hasattr(s, "pending"):
+                y = y + s.pending
+                del s.pending
+            return y
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i in (1, 3):
+            m.pending = float(i)
+        return [f(inp(i)), hasattr(m, "pending")]
+
+    return run
+
+
+@program
+def setattr_dynamic_name(wrap):
+    """forward stores the output under a name made from a counter (`setattr(self, f"out{k}", ...)`)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.k = 0
+
+        def forward(s, x):
+            y = s.l(x)
+            setattr(s, f"out{s.k % 2}", y.detach())
+            s.k += 1
+            return y
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), getattr(m, "out0", None), getattr(m, "out1", None)]
+
+    return run
+
+
+@program
+def spectral_norm_training(wrap):
+    """nn.utils.spectral_norm (its pre-hook runs power iteration, updating buffers in place)."""
+    m = nn.utils.spectral_norm(lin())
+    f = wrap(m)
+
+    def run(i):
+        if i == 3:
+            m.eval()
+        out = f(inp(i))
+        return [out, m.weight_u.clone()]
+
+    return run
+
+
+@program
+def parametrize_weight(wrap):
+    """torch.nn.utils.parametrize: an orthogonal-ish parametrization; the original changes between calls."""
+
+    class Sym(nn.Module):
+        def forward(s, w):
+            return (w + w.T) / 2
+
+    l = lin()
+    torch.nn.utils.parametrize.register_parametrization(l, "weight", Sym())
+    f = wrap(l)
+
+    def run(i):
+        if i == 2:
+            with torch.no_grad():
+                l.parametrizations.weight.original.mul_(2)
+        l.zero_grad(set_to_none=True)
+        out = f(inp(i))
+        out.sum().backward()
+        return [out, grads(l)]
+
+    return run
+
+
+@program
+def vmap_in_forward(wrap):
+    """torch.func.vmap over a per-example function inside forward."""
+    l = lin()
+
+    def per(x):
+        return l(x).norm()
+
+    def fwd(xs):
+        return torch.func.vmap(per)(xs)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i, n=3))]
+
+    return run
+
+
+@program
+def global_tensor_rebound(wrap):
+    """A module-level tensor (a global) rebound and updated in place by the caller."""
+    global _GLOBAL_BIAS
+    _GLOBAL_BIAS = torch.zeros(4)
+    l = lin()
+
+    def fwd(x):
+        return l(x) + _GLOBAL_BIAS
+
+    f = wrap(fwd)
+
+    def run(i):
+        global _GLOBAL_BIAS
+        if i == 2:
+            _GLOBAL_BIAS = torch.ones(4)
+        if i == 3:
+            _GLOBAL_BIAS.add_(1)
+        return [f(inp(i))]
+
+    return run
+
+
+_GLOBAL_BIAS = torch.zeros(4)
+
+
+@program
+def optimizer_step_compiled(wrap):
+    """Backward outside, the optimizer step (Adam) compiled on its own (`compiled_step = compile(step)`)."""
+    m = nn.Sequential(lin(), nn.Tanh(), lin(1))
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+
+    def step():
+        opt.step()
+        opt.zero_grad()
+
+    f = wrap(step)
+
+    def run(i):
+        m(inp(i)).pow(2).mean().backward()
+        f()
+        return [{k: v.detach().clone() for k, v in m.state_dict().items()}, grads(m)]
+
+    return run
+
+
+@program
+def grad_clip_compiled(wrap):
+    """Backward outside; gradient clipping and a manual SGD update compiled (reads p.grad in library code)."""
+    m = lin()
+
+    def step():
+        nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        with torch.no_grad():
+            for p in m.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+
+    f = wrap(step)
+
+    def run(i):
+        m(inp(i)).pow(2).mean().backward()
+        f()
+        return [m.weight.detach().clone(), grads(m)]
+
+    return run
