@@ -1508,9 +1508,12 @@ def returns_state_list(wrap):
     def run(i):
         y, hist = f(inp(i))
         same = hist is m.history
+        seen = [t.clone() for t in hist]
         if i == 2:
             hist.clear()
-        return [y, same, len(m.history)]
+        if i == 3:
+            m.history = [torch.zeros(2, 4)]
+        return [y, same, len(m.history), seen]
 
     return run
 
@@ -1535,6 +1538,8 @@ def returns_state_dict(wrap):
     def run(i):
         y, st = f(inp(i))
         st["seen"] = i
+        if i == 2:
+            m.stats = {"calls": 10}
         return [y, st is m.stats, dict(m.stats)]
 
     return run
@@ -2094,5 +2099,467 @@ def grad_clip_compiled(wrap):
         m(inp(i)).pow(2).mean().backward()
         f()
         return [m.weight.detach().clone(), grads(m)]
+
+    return run
+
+
+# ---- round 4, second batch -----------------------------------------------------------------------------------------
+
+
+@program
+def partial_keywords_mutated(wrap):
+    """An activation kept as a functools.partial; the caller changes its keywords dict in place."""
+    m = nn.Sequential(lin())
+    act = functools.partial(F.leaky_relu, negative_slope=0.1)
+    l = m[0]
+
+    def fwd(x):
+        return act(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            act.keywords["negative_slope"] = 0.5
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def float_list_item_changed(wrap):
+    """A list of per-layer scales held by the module, one item changed in place by the caller."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ls = nn.ModuleList([lin(0), lin(1)])
+            s.scales = [1.0, 1.0]
+
+        def forward(s, x):
+            for l, sc in zip(s.ls, s.scales):
+                x = l(x) * sc
+            return x
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.scales[1] = 0.25
+        if i == 3:
+            m.scales.append(9.0)
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def module_dict_key_added(wrap):
+    """A ModuleDict iterated in forward; the caller adds a head between calls."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.heads = nn.ModuleDict({"a": lin(0)})
+
+        def forward(s, x):
+            return {k: h(x) for k, h in s.heads.items()}
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.heads["b"] = lin(1)
+        if i == 3:
+            del m.heads["a"]
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def callback_argument_per_call(wrap):
+    """A callback passed per call: a new lambda each call closing over a changing value, and a counter."""
+    l = lin()
+    calls = []
+
+    def fwd(x, post):
+        return post(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        k = [1.0, 2.0, 2.0, 3.0, 1.0][i]
+
+        def post(t):
+            calls.append(k)
+            return t * k
+
+        return [f(inp(i), post), list(calls)]
+
+    return run
+
+
+@program
+def function_defaults_changed(wrap):
+    """The compiled function's default argument changed through __defaults__ / __kwdefaults__."""
+    l = lin()
+
+    def fwd(x, scale=1.0, *, shift=0.0):
+        return l(x) * scale + shift
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            fwd.__defaults__ = (3.0,)
+        if i == 3:
+            fwd.__kwdefaults__ = {"shift": 1.0}
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def class_forward_replaced(wrap):
+    """The class's forward replaced between calls (a patch applied to every instance)."""
+
+    class C(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x)
+
+    m = nn.Sequential(C(), nn.ReLU())
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            C.forward = lambda s, x: s.l(x) * -1
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def base_class_attr_changed(wrap):
+    """A default on a base class changed between calls (the subclass does not override it)."""
+
+    class Base(nn.Module):
+        gain = 1.0
+
+    class C(Base):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            return s.l(x) * s.gain
+
+    f = wrap(C())
+
+    def run(i):
+        if i == 2:
+            Base.gain = 5.0
+        if i == 3:
+            C.gain = -1.0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def getattr_functional_by_name(wrap):
+    """getattr(F, self.act) with the name changed between calls."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.act = "relu"
+
+        def forward(s, x):
+            return getattr(F, s.act)(s.l(x))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.act = "silu"
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def dict_update_self_in_forward(wrap):
+    """forward applies an override dict onto itself (`self.__dict__.update(overrides)`) given per call."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.scale = 1.0
+
+        def forward(s, x, overrides):
+            s.__dict__.update(overrides)
+            return s.l(x) * s.scale
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i), [{}, {"scale": 2.0}, {}, {"scale": 0.5}, {}][i]), m.scale]
+
+    return run
+
+
+@program
+def generator_argument(wrap):
+    """A torch.Generator passed per call (seeded by the caller) draws the noise."""
+    l = lin()
+
+    def fwd(x, g):
+        return l(x) + torch.randn(x.shape, generator=g)
+
+    f = wrap(fwd)
+
+    def run(i):
+        g = torch.Generator().manual_seed([1, 2, 1, 3, 3][i])
+        out = f(inp(i), g)
+        return [out, torch.randn(2, generator=g)]
+
+    return run
+
+
+@program
+def channels_last_switch(wrap):
+    """A conv model switched to channels_last between calls (weights' strides change)."""
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.to(memory_format=torch.channels_last)
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(1, 3, 6, 6, generator=g)
+        if i >= 2:
+            x = x.to(memory_format=torch.channels_last)
+        out = f(x)
+        return [out, out.is_contiguous(memory_format=torch.channels_last)]
+
+    return run
+
+
+@program
+def weight_data_swapped(wrap):
+    """The caller swaps a weight's .data for a new tensor (same shape) and, later, another shape."""
+    l = lin()
+    f = wrap(l)
+
+    def run(i):
+        if i == 2:
+            l.weight.data = torch.eye(4)
+        if i == 3:
+            l.weight.data = torch.ones(4, 4) * 0.5
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def unregistered_module_in_list(wrap):
+    """A module held in a plain list (not registered); the caller replaces it."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.extra = [lin(1)]
+
+        def forward(s, x):
+            return s.extra[0](s.l(x))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.extra[0] = lin(2)
+        if i == 3:
+            with torch.no_grad():
+                m.extra[0].bias.add_(1)
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def lazy_heads_in_forward(wrap):
+    """forward creates a head for a new size lazily (a module made during the call, stored in a ModuleDict)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.heads = nn.ModuleDict()
+
+        def forward(s, x):
+            key = str(x.shape[0])
+            if key not in s.heads:
+                s.heads[key] = lin(x.shape[0])
+            return s.heads[key](x)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i, n=[2, 3, 2, 3, 4][i])), sorted(m.heads.keys())]
+
+    return run
+
+
+@program
+def input_requires_grad_branch(wrap):
+    """forward branches on x.requires_grad (an input that sometimes requires grad)."""
+    l = lin()
+
+    def fwd(x):
+        return l(x) * (2.0 if x.requires_grad else 1.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        x = inp(i, grad=i in (1, 3))
+        out = f(x)
+        if x.requires_grad:
+            out.sum().backward()
+            return [out, x.grad]
+        return [out]
+
+    return run
+
+
+@program
+def enum_mode_config(wrap):
+    """An Enum member on the module picks the pooling; changed between calls."""
+    import enum
+
+    class Pool(enum.Enum):
+        MEAN = "mean"
+        MAX = "max"
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.pool = Pool.MEAN
+
+        def forward(s, x):
+            y = s.l(x)
+            return y.mean(0) if s.pool is Pool.MEAN else y.amax(0)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.pool = Pool.MAX
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def sys_module_flag(wrap):
+    """forward reads a flag from a module object found in sys.modules (a plugin registry)."""
+    import sys
+
+    mod = types.ModuleType("rt4_plugin")
+    mod.ENABLED = False
+    sys.modules["rt4_plugin"] = mod
+    l = lin()
+
+    def fwd(x):
+        plugin = sys.modules.get("rt4_plugin")
+        y = l(x)
+        return y * 2 if plugin is not None and plugin.ENABLED else y
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            mod.ENABLED = True
+        if i == 3:
+            del sys.modules["rt4_plugin"]
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def nonlocal_closure_made_in_forward(wrap):
+    """forward defines a nested function that closes over and updates a local (pure per call)."""
+    l = lin()
+
+    def fwd(x):
+        total = 0
+
+        def add(t):
+            nonlocal total
+            total += 1
+            return t + total
+
+        return add(add(l(x)))
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def same_input_twice_then_distinct(wrap):
+    """f(x, x) then f(x, y): forward writes its second argument in place."""
+    l = lin()
+
+    def fwd(a, b):
+        b.mul_(2)
+        return l(a) + b
+
+    f = wrap(fwd)
+
+    def run(i):
+        x = inp(i)
+        y = x if i % 2 == 0 else inp(i + 10)
+        out = f(x, y)
+        return [out, x, y]
+
+    return run
+
+
+@program
+def kwarg_order_swapped(wrap):
+    """Keyword arguments passed in a different order between calls."""
+    l = lin()
+
+    def fwd(*, a, b):
+        return l(a) - b
+
+    f = wrap(fwd)
+
+    def run(i):
+        a, b = inp(i), inp(i + 5)
+        return [f(a=a, b=b) if i % 2 == 0 else f(b=b, a=a)]
 
     return run

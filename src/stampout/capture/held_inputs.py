@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError, message
-from ..guards.guard import is_constant
+from ..guards.guard import Kind, is_constant
 from ..regions.frame import RegionFrame
 from ..regions.objects import program_fields
 from ..sources import Arg, Attr, Input, Item, Place, Source
@@ -201,12 +201,14 @@ def check_no_output_fields(holes: list[Any], tracer: Tracer) -> None:
                 "a program eagerly"))
 
 
-def check_no_hidden_tensors(template: Any) -> None:
+def check_no_hidden_tensors(template: Any, held: Any = ()) -> None:
     """An output value that carries traced tensors where stampout cannot see them (a KV-cache object, a module it
     made, a closure, a partial) would hand fake tensors to the caller on every call: refuse it. Every value the
-    output's constants reach is looked at (structure.fakes_within)."""
+    output's constants reach is looked at (structure.fakes_within). A list or dict of the world's (`held`, see
+    keep_held_outputs) is left alone: what the trace changed in it is undone and replayed with real values."""
     for value in template_constants(template):
-        if type(value) in ATOMIC or not fakes_within(value):
+        if type(value) in ATOMIC or id(value) in held and isinstance(value, (list, dict, set)) \
+                or not fakes_within(value):
             continue
         fields = getattr(value, "__dict__", None)
         names = [k for k, v in fields.items() if fakes_within(v)] if type(fields) is dict else []
@@ -243,6 +245,30 @@ def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple,
 
 
 _SHARED_KINDS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def held_containers(program: RegionFrame) -> dict[int, Source]:
+    """id -> source of the objects the program read from the world (see to_template) and of the lists, dicts and
+    sets it read or was given (they outlive the call: returned, they are the caller's own, not copies)."""
+    return {**program.sources, **{id(c): source for c, source, *_ in program.containers}}
+
+
+def keep_held_outputs(template: Any, program: RegionFrame, held: dict[int, Source]) -> None:
+    """A list, dict or set the program returns that it read from the world (`return y, self.history`) is that very
+    object in every compiled call's output, guarded to stay the object at its source; one the call was given
+    (`xs.append(y); return xs`) is each call's own, which the output cannot name: that program runs eagerly."""
+    for value in template_constants(template):
+        source = held.get(id(value)) if type(value) in (list, dict, set) or isinstance(value, dict) else None
+        if source is None:
+            continue
+        root = source
+        while root.base() is not None:
+            root = root.base()
+        if type(root) is Input or type(root) is Arg and root.index != 0:  # (Arg 0: the program itself)
+            program.mark_ineligible(f"returns the {type(value).__name__} it was given at {source.name()} (eager "
+                                    "returns that object; a compiled call's output cannot name it)")
+            return
+        program.guard(source, Kind.ID, value)
 
 
 def refuse_made_outputs(template: Any, program: RegionFrame) -> None:

@@ -271,9 +271,9 @@ def to_template(value: Any, holes: list[Any], inputs: dict[int, int] | None = No
         return (Form.HOLE, len(holes) - 1)
     if inputs and id(value) in inputs:
         return (Form.INPUT, inputs[id(value)])
-    if id(value) in world and dataclasses.is_dataclass(value) and not isinstance(value, type) \
-            and not fakes_within(value):
-        return (Form.CONST, value)
+    if id(value) in world and (dataclasses.is_dataclass(value) and not isinstance(value, type)
+                               and not fakes_within(value) or type(value) in _HELD):
+        return (Form.CONST, value)  # (a list or dict of the world's: that object, see keep_held_outputs)
     memo = {} if memo is None else memo
     node = memo.get(id(value))
     if node is None:
@@ -281,6 +281,9 @@ def to_template(value: Any, holes: list[Any], inputs: dict[int, int] | None = No
         if node[0] is not _CONST and not isinstance(value, tuple):  # (a tuple is made again as an equal one)
             memo[id(value)] = node
     return node
+
+
+_HELD = frozenset((list, dict, set, collections.OrderedDict, collections.defaultdict))
 
 
 def shared_nodes(template: Template) -> set[int]:
