@@ -28,7 +28,7 @@ _THROUGH_AOT = {
     "inplace_input_aliases_param", "rand_then_caller_draws", "manual_seed_in_forward", "dtype_switch",
 }
 # Known wrong, not fixed yet (strict xfails): see README's Limitations.
-_KNOWN_WRONG = {"sys_module_flag"}
+_KNOWN_WRONG: set[str] = set()
 _CASES = [pytest.param(name, backend, marks=pytest.mark.xfail(strict=True, reason="known wrong"))
           if name in _KNOWN_WRONG else (name, backend)
           for name, backend in [(name, "eager") for name in PROGRAMS]

@@ -68,6 +68,9 @@ class FrameCode:
             if as_source is not None:
                 self.cells_read.append((closure[i], fn, value))
             self.adopt(value, cell, where=f"closure of {code.co_qualname}")
+            if isinstance(value, types.ModuleType):  # (`sys.modules.get(..)`, `cfg.FLAG` through a cell: as a global's)
+                self._adopt_module_chains(value, cell, var, code_facts(code).cell_chains, f"closure of "
+                                          f"{code.co_qualname}")
         if as_source is None:
             self.on_code(code, fn.__globals__, own=True, fn=fn)
 

@@ -38,6 +38,7 @@ class CodeFacts:
     escapes: tuple[str, ...] = ()  # globals it loads as values, not only to read an attribute of them
     imported_stores: tuple[tuple[str, ...], ...] = ()  # `import m` in the function, then `m.a = v`: local name,
     # attributes, stored one (a store into what an import returns: a module, or an object a module holds)
+    cell_chains: tuple[tuple[str, ...], ...] = ()  # `c.a.b` loads from a closure cell: its name, then attributes
 
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
@@ -173,6 +174,7 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     cell: list[str] | None = None  # (`mod.attr = v` with `mod` a closure cell: only its stores are kept)
     imported: set[str] = set()  # locals an import statement bound
     imported_stores: list[tuple[str, ...]] = []
+    cell_chains: list[tuple[str, ...]] = []
     previous = None
     augmented: tuple[list, tuple[str, ...]] | None = None  # (`g.a.n += 1`: COPY of the chain, then its store)
     for ins in dis.get_instructions(code):
@@ -197,6 +199,8 @@ def _analyse(code: types.CodeType) -> CodeFacts:
         else:
             if cell is not None and ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
                 (imported_stores if cell[0] in imported else attribute_stores).append((*cell, ins.argval))
+            elif cell is not None and len(cell) > 1 and cell[0] not in imported:
+                cell_chains.append(tuple(cell))
             cell = None
         if chain is not None and len(chain) == 1 and ins.opname not in _LOADS_ATTR:
             escapes.append(chain[0])  # (`getattr(cfg, name)`, `return cfg`: any attribute may be read)
@@ -222,4 +226,4 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
     return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores),
                      tuple(dict.fromkeys(attribute_stores)), nested, tuple(dict.fromkeys(escapes)),
-                     tuple(dict.fromkeys(imported_stores)))
+                     tuple(dict.fromkeys(imported_stores)), tuple(dict.fromkeys(cell_chains)))
