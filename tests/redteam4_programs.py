@@ -2563,3 +2563,378 @@ def kwarg_order_swapped(wrap):
         return [f(a=a, b=b) if i % 2 == 0 else f(b=b, a=a)]
 
     return run
+
+
+# ---- round 4, third batch: modules reached as values, imports in forward, more state --------------------------------
+
+
+_FLAGS_MOD = types.ModuleType("rt4_flags")
+_FLAGS_MOD.FAST = False
+
+
+@program
+def import_inside_forward(wrap):
+    """forward imports a module and reads a flag off it (`import rt4_flags2 as flags` inside the function)."""
+    import sys
+
+    mod = types.ModuleType("rt4_flags2")
+    mod.SCALE = 1.0
+    sys.modules["rt4_flags2"] = mod
+    l = lin()
+
+    def fwd(x):
+        import rt4_flags2
+
+        return l(x) * rt4_flags2.SCALE
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            mod.SCALE = 4.0
+        if i == 3:
+            sys.modules["rt4_flags2"] = types.ModuleType("rt4_flags2")
+            sys.modules["rt4_flags2"].SCALE = -1.0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def library_module_on_attribute(wrap):
+    """A module object kept as an attribute (`self.flags = flags_module`), a flag read off it."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.flags = _FLAGS_MOD
+
+        def forward(s, x):
+            y = s.l(x)
+            return y.relu() if s.flags.FAST else y.tanh()
+
+    _FLAGS_MOD.FAST = False
+    f = wrap(M())
+
+    def run(i):
+        if i == 2:
+            _FLAGS_MOD.FAST = True
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def torch_backend_flag_on_attribute(wrap):
+    """torch.backends.mkldnn kept on the module; forward branches on its `enabled` flag (a torch setting)."""
+    import torch.backends.mkldnn as mkl
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.backend = mkl
+
+        def forward(s, x):
+            return s.l(x) * (2.0 if s.backend.is_available() and torch._C._get_mkldnn_enabled() else 1.0)
+
+    f = wrap(M())
+
+    def run(i):
+        before = torch._C._get_mkldnn_enabled()
+        try:
+            if i == 2:
+                torch._C._set_mkldnn_enabled(not before)
+            return [f(inp(i))]
+        finally:
+            torch._C._set_mkldnn_enabled(before)
+
+    return run
+
+
+@program
+def closure_module_flag(wrap):
+    """A factory closes over a flags module it was given; a flag changes between calls."""
+    l = lin()
+
+    def make(flags):
+        def fwd(x):
+            return l(x) * (3.0 if flags.FAST else 1.0)
+
+        return fwd
+
+    _FLAGS_MOD.FAST = False
+    f = wrap(make(_FLAGS_MOD))
+
+    def run(i):
+        if i == 2:
+            _FLAGS_MOD.FAST = True
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def functools_reduce_layers(wrap):
+    """functools.reduce over the layers with a lambda reading a per-model gain."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ls = nn.ModuleList([lin(0), lin(1), lin(2)])
+            s.gain = 1.0
+
+        def forward(s, x):
+            return functools.reduce(lambda h, l: l(h) * s.gain, s.ls, x)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.gain = 0.5
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def map_filter_over_modules(wrap):
+    """map/filter over submodules chosen by an attribute flag on each child."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ls = nn.ModuleList([lin(0), lin(1), lin(2)])
+            for k, l in enumerate(s.ls):
+                l.active = k != 1
+
+        def forward(s, x):
+            return sum(map(lambda l: l(x), filter(lambda l: l.active, s.ls)))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.ls[1].active = True
+        if i == 3:
+            m.ls[0].active = False
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def sorted_by_key_attr(wrap):
+    """Children applied in the order of a priority attribute (sorted with a key)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ls = nn.ModuleList([lin(0), lin(1)])
+            s.ls[0].prio, s.ls[1].prio = 0, 1
+
+        def forward(s, x):
+            for l in sorted(s.ls, key=lambda l: l.prio):
+                x = l(x).tanh()
+            return x
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.ls[0].prio = 5
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def cached_property_on_module(wrap):
+    """functools.cached_property computing a mask from a size attribute; the caller invalidates it."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.n = 4
+
+        @functools.cached_property
+        def mask(s):
+            return torch.tril(torch.ones(s.n, s.n))
+
+        def forward(s, x):
+            return s.l(x) @ s.mask
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 3:
+            del m.__dict__["mask"]
+        return [f(inp(i)), "mask" in m.__dict__]
+
+    return run
+
+
+@program
+def object_setattr_bypass_caller(wrap):
+    """The caller changes a scale with object.__setattr__ (bypassing Module.__setattr__) between calls."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.scale = 1.0
+
+        def forward(s, x):
+            return s.l(x) * s.scale
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            object.__setattr__(m, "scale", 3.0)
+        if i == 3:
+            m.__dict__["scale"] = -2.0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def param_in_place_between_calls(wrap):
+    """The caller updates a parameter in place under no_grad between calls (a manual optimizer)."""
+    l = lin()
+    f = wrap(l)
+
+    def run(i):
+        l.zero_grad(set_to_none=True)
+        out = f(inp(i))
+        out.sum().backward()
+        with torch.no_grad():
+            for p in l.parameters():
+                p -= 0.1 * p.grad
+        return [out, l.weight.detach().clone()]
+
+    return run
+
+
+@program
+def buffer_replaced_other_shape(wrap):
+    """A buffer reassigned with another shape between calls (broadcasting still works)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.register_buffer("bias2", torch.zeros(4))
+
+        def forward(s, x):
+            return s.l(x) + s.bias2
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.bias2 = torch.ones(2, 4)
+        if i == 3:
+            m.bias2 = torch.ones(1, 4) * 3
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def exception_from_helper_caught(wrap):
+    """A helper raises a ValueError on a Python condition; forward catches it and falls back."""
+    l = lin()
+
+    class Cfg:
+        mode = "a"
+
+    def pick(mode):
+        if mode not in ("a", "b"):
+            raise ValueError(mode)
+        return 1.0 if mode == "a" else 2.0
+
+    def fwd(x):
+        try:
+            s = pick(Cfg.mode)
+        except ValueError:
+            s = -1.0
+        return l(x) * s
+
+    f = wrap(fwd)
+
+    def run(i):
+        Cfg.mode = ["a", "b", "zzz", "a", "zzz"][i]
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def finally_counter(wrap):
+    """A try/finally in forward that counts calls in the finally block."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.done = 0
+
+        def forward(s, x):
+            try:
+                return s.l(x) * (s.done + 1)
+            finally:
+                s.done += 1
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m.done]
+
+    return run
+
+
+@program
+def with_statement_user_cm(wrap):
+    """A user context manager in forward that toggles an attribute on enter/exit and counts entries."""
+
+    class Toggle:
+        def __init__(self, mod):
+            self.mod = mod
+
+        def __enter__(self):
+            self.mod.inside = True
+            self.mod.entries += 1
+
+        def __exit__(self, *a):
+            self.mod.inside = False
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.inside = False
+            s.entries = 0
+
+        def forward(s, x):
+            with Toggle(s):
+                y = s.l(x) * (2.0 if s.inside else 1.0)
+            return y * (1.0 if s.inside else 3.0)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m.entries, m.inside]
+
+    return run

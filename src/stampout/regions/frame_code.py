@@ -5,6 +5,8 @@ closures it cannot reach (ineligible). Bytecode facts come from trace/code.py.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -197,6 +199,8 @@ class FrameCode:
                         self._note_user_namespace(value)
                 elif own or not self.note_by_identity(g, label, name, value, source):  # (a helper's global)
                     self.adopt(value, source, where=where)
+        for local, name, level, taken in facts.imports:
+            self._adopt_import(local, name, level, taken, g, facts.import_chains, f"import in {code.co_qualname}")
         for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again
             if isinstance(g.get(chain[0]), types.ModuleType):
                 self.mark_ineligible(f"stores {'.'.join(chain)} in a module's namespace (at {code.co_qualname}), "
@@ -227,6 +231,28 @@ class FrameCode:
                 for chain in facts.chains:
                     if chain[0] == name:
                         self._note_chain(value, chain[1:])
+
+    def _adopt_import(self, local: str, name: str, level: int, taken: str | None, g: dict,
+                      chains: tuple[tuple[str, ...], ...], where: str) -> None:
+        """`import m` / `from m import x` in the code: the import reads `sys.modules` (the world), so what it binds
+        is guarded there (by identity) and what the code reads off it as off a global (`m.FLAG`)."""
+        try:
+            full = importlib.util.resolve_name("." * level + name, g.get("__package__")) if level else name
+        except (ImportError, ValueError, TypeError):
+            full = None
+        value = sys.modules.get(full, MISSING) if full else MISSING
+        source: Source = Item(Absolute(sys.modules, "sys.modules"), full)
+        if value is not MISSING and taken is not None:  # (`from m import x`: m's x, or its submodule m.x)
+            value = getattr(value, taken, sys.modules.get(f"{full}.{taken}", MISSING))
+            source = Attr(source, taken)
+        if value is MISSING:
+            self.mark_ineligible(f"imports {full or name} ({where}), not imported before the call (what it binds is "
+                                 "not known)")
+        elif isinstance(value, types.ModuleType):
+            self._adopt_module_chains(value, source, local, chains, where)
+            self._note_user_namespace(value)
+        else:
+            self.adopt(value, source, where=where)
 
     def _note_user_namespace(self, module: types.ModuleType) -> None:
         """A user's module used as a value (`getattr(cfg, name)`, `self.cfg_module.SCALE`): every name in it is
