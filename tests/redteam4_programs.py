@@ -2938,3 +2938,429 @@ def with_statement_user_cm(wrap):
         return [f(inp(i)), m.entries, m.inside]
 
     return run
+
+
+# ---- round 4, fourth batch: outputs that alias state or each other ---------------------------------------------------
+
+
+@program
+def returns_held_opts_caller_edits(wrap):
+    """forward reads and returns its options dict; the caller edits the returned dict (the module's own)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.opts = {"scale": 1.0}
+
+        def forward(s, x):
+            return s.l(x) * s.opts["scale"], s.opts
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        y, opts = f(inp(i))
+        if i == 1:
+            opts["scale"] = 5.0
+        return [y, dict(m.opts)]
+
+    return run
+
+
+@program
+def returns_held_list_twice_in_dict(wrap):
+    """forward returns a per-call dict holding the module's history list twice and a fresh list."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.history = []
+
+        def forward(s, x):
+            y = s.l(x)
+            s.history.append(float(x.shape[0]))
+            fresh = [y]
+            return {"a": s.history, "b": s.history, "y": fresh, "y2": fresh}
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        out = f(inp(i, n=[2, 3, 2, 2, 3][i]))
+        return [out["a"] is m.history, out["a"] is out["b"], out["y"] is out["y2"], out["y"][0], list(m.history)]
+
+    return run
+
+
+@program
+def region_returns_held_list(wrap):
+    """A region returning its output and the module's log list; two layers."""
+
+    class L(nn.Module):
+        def __init__(s, k):
+            super().__init__()
+            s.l = lin(k)
+            s.log = []
+
+        @stampout.region
+        def forward(s, x):
+            y = s.l(x).tanh()
+            s.log.append(1)
+            return y, s.log
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.a, s.b = L(0), L(1)
+
+        def forward(s, x):
+            y, la = s.a(x)
+            y, lb = s.b(y)
+            return y, la is s.a.log, lb is s.b.log, len(la), len(lb)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def defaultdict_output(wrap):
+    """forward groups outputs in a defaultdict(list) made per call; the caller appends to it."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        def forward(s, x):
+            out = collections.defaultdict(list)
+            out["h"].append(s.l(x))
+            out["h"].append(s.l(x) * 2)
+            return out
+
+    f = wrap(M())
+
+    def run(i):
+        out = f(inp(i))
+        out["new"].append(i)
+        return [type(out).__name__, out["h"], sorted(out)]
+
+    return run
+
+
+@program
+def output_set_of_shapes(wrap):
+    """forward returns a set of the sizes it saw (made per call)."""
+    l = lin()
+
+    def fwd(x):
+        y = l(x)
+        return y, {tuple(x.shape), tuple(y.shape), "done"}
+
+    f = wrap(fwd)
+
+    def run(i):
+        y, seen = f(inp(i, n=[2, 3, 2, 3, 2][i]))
+        keep = sorted(map(str, seen))
+        seen.add("mine")
+        return [y, keep]
+
+    return run
+
+
+@program
+def nested_list_shared_inner(wrap):
+    """forward returns [[y], inner, inner] where inner is one list; the caller changes it."""
+    l = lin()
+
+    def fwd(x):
+        y = l(x)
+        inner = [y * 2]
+        return [[y], inner, inner]
+
+    f = wrap(fwd)
+
+    def run(i):
+        out = f(inp(i))
+        same = out[1] is out[2]
+        out[1].append(0)
+        return [same, len(out[2]), out[0][0]]
+
+    return run
+
+
+@dataclasses.dataclass
+class _Cache:
+    keys: list = dataclasses.field(default_factory=list)
+
+    def add(self, t):
+        self.keys.append(t)
+        return self
+
+
+@program
+def dataclass_cache_returned(wrap):
+    """A dataclass cache passed in, filled and returned (the caller's own object)."""
+    l = lin()
+
+    def fwd(x, cache):
+        y = l(x)
+        cache.add(y.detach())
+        return y, cache
+
+    f = wrap(fwd)
+
+    def run(i):
+        c = _Cache()
+        y, back = f(inp(i), c)
+        return [y, back is c, len(c.keys), c.keys[0]]
+
+    return run
+
+
+@program
+def rg_per_layer_log(wrap):
+    """Auto regions: each layer appends its index to a shared log list and scales by a per-layer attribute."""
+    log = []
+
+    class Layer(nn.Module):
+        def __init__(s, k):
+            super().__init__()
+            s.l = lin(k)
+            s.k = k
+            s.scale = 1.0
+
+        def forward(s, x):
+            log.append(s.k)
+            return s.l(x).tanh() * s.scale
+
+    class Stack(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.layers = nn.ModuleList(Layer(k) for k in range(3))
+
+        def forward(s, x):
+            for layer in s.layers:
+                x = layer(x)
+            return x
+
+    m = Stack()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.layers[1].scale = 0.5
+        return [f(inp(i)), list(log)]
+
+    return run
+
+
+# ---- round 4, fifth batch: counts of calls into the user's dunder methods -------------------------------------------
+
+
+class _CountingKey:
+    """A dict key counting its __hash__ and __eq__ calls."""
+
+    hashes = 0
+    eqs = 0
+
+    def __init__(self, name):
+        self.name = name
+
+    def __hash__(self):
+        type(self).hashes += 1
+        return hash(self.name)
+
+    def __eq__(self, other):
+        type(self).eqs += 1
+        return isinstance(other, _CountingKey) and other.name == self.name
+
+
+@program
+def dunder_hash_counts(wrap):
+    """forward looks a scale up in a dict keyed by user objects whose __hash__/__eq__ count calls."""
+    _CountingKey.hashes = _CountingKey.eqs = 0
+    k = _CountingKey("a")
+    table = {k: 2.0}
+    l = lin()
+
+    def fwd(x, key):
+        return l(x) * table.get(key, 1.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        key = k if i % 2 == 0 else _CountingKey("a")
+        return [f(inp(i), key), _CountingKey.hashes]
+
+    return run
+
+
+class _CountingList:
+    """A sequence whose __len__ and __iter__ count calls (a user dataset-like container)."""
+
+    def __init__(self, items):
+        self.items = items
+        self.lens = 0
+        self.iters = 0
+
+    def __len__(self):
+        self.lens += 1
+        return len(self.items)
+
+    def __iter__(self):
+        self.iters += 1
+        return iter(self.items)
+
+
+@program
+def dunder_len_iter_counts(wrap):
+    """forward iterates a user container of scales held by the module; its __len__/__iter__ count calls."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.scales = _CountingList([1.0, 2.0])
+
+        def forward(s, x):
+            y = s.l(x)
+            for sc in s.scales:
+                y = y * sc
+            return y / len(s.scales)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.scales.items.append(3.0)
+        return [f(inp(i)), m.scales.lens, m.scales.iters]
+
+    return run
+
+
+@program
+def property_counting_reads(wrap):
+    """A config object passed per call whose property counts its reads."""
+
+    class Cfg:
+        def __init__(self, s):
+            self._s = s
+            self.reads = 0
+
+        @property
+        def scale(self):
+            self.reads += 1
+            return self._s
+
+    l = lin()
+
+    def fwd(x, cfg):
+        return l(x) * cfg.scale + cfg.scale
+
+    f = wrap(fwd)
+    shared = Cfg(2.0)
+
+    def run(i):
+        cfg = shared if i != 3 else Cfg(3.0)
+        return [f(inp(i), cfg), cfg.reads]
+
+    return run
+
+
+@program
+def dunder_bool_counts(wrap):
+    """A flag object with a counting __bool__ decides a branch."""
+
+    class Flag:
+        def __init__(self):
+            self.on = False
+            self.asked = 0
+
+        def __bool__(self):
+            self.asked += 1
+            return self.on
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.flag = Flag()
+
+        def forward(s, x):
+            return s.l(x).relu() if s.flag else s.l(x)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.flag.on = True
+        return [f(inp(i)), m.flag.asked]
+
+    return run
+
+
+@program
+def dunder_call_counts(wrap):
+    """A callable object with a call counter used as the activation."""
+
+    class Act:
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, t):
+            self.calls += 1
+            return t.tanh()
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.act = Act()
+
+        def forward(s, x):
+            return s.act(s.act(s.l(x)))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m.act.calls]
+
+    return run
+
+
+@program
+def getattr_counting_module(wrap):
+    """A module whose __getattr__ counts fallbacks (a lookup of an alias name)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.misses = 0
+
+        def __getattr__(s, name):
+            if name == "proj":
+                s.__dict__["misses"] = s.__dict__.get("misses", 0) + 1
+                return super().__getattr__("l")
+            return super().__getattr__(name)
+
+        def forward(s, x):
+            return s.proj(x)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m.misses]
+
+    return run
