@@ -3364,3 +3364,242 @@ def getattr_counting_module(wrap):
         return [f(inp(i)), m.misses]
 
     return run
+
+
+# ---- round 4, sixth batch: parameters and registries changed around the call ------------------------------------------
+
+
+@program
+def post_accumulate_grad_hook(wrap):
+    """The caller registers post-accumulate-grad hooks on the parameters (an optimizer in backward) after call 1."""
+    l = lin()
+    seen = []
+    f = wrap(l)
+
+    def run(i):
+        if i == 1:
+            for p in l.parameters():
+                p.register_post_accumulate_grad_hook(lambda p: seen.append(tuple(p.grad.shape)))
+        l.zero_grad(set_to_none=True)
+        out = f(inp(i))
+        out.sum().backward()
+        return [out, grads(l), len(seen)]
+
+    return run
+
+
+@program
+def weights_tied_after_call(wrap):
+    """An output projection tied to the input projection's weight after the first call."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.inp, s.out = lin(0), lin(1)
+
+        def forward(s, x):
+            return s.out(s.inp(x).tanh())
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 1:
+            m.out.weight = m.inp.weight
+        m.zero_grad(set_to_none=True)
+        y = f(inp(i))
+        y.sum().backward()
+        return [y, grads(m)]
+
+    return run
+
+
+@program
+def parameters_dict_edited(wrap):
+    """The caller edits `_parameters` directly and registers the bias as None."""
+    l = lin()
+    f = wrap(l)
+
+    def run(i):
+        if i == 2:
+            l._parameters["weight"] = nn.Parameter(torch.eye(4) * 2)
+        if i == 3:
+            del l.bias
+            l.register_parameter("bias", None)
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def apply_flag_in_forward(wrap):
+    """forward sets a flag on every child with Module.apply (a debug switch driven by the call count)."""
+
+    class C(nn.Module):
+        def __init__(s, k):
+            super().__init__()
+            s.l = lin(k)
+            s.debug = False
+
+        def forward(s, x):
+            return s.l(x) * (0.0 if s.debug else 1.0) + x
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.a, s.b = C(0), C(1)
+            s.calls = 0
+
+        def forward(s, x):
+            s.calls += 1
+            flag = s.calls % 2 == 0
+
+            def set_flag(m):
+                if isinstance(m, C):
+                    m.debug = flag
+
+            s.apply(set_flag)
+            return s.b(s.a(x))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m.a.debug]
+
+    return run
+
+
+@program
+def requires_grad_flip_in_forward(wrap):
+    """forward freezes a child after two calls (`self.a.requires_grad_(False)`)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.a, s.b = lin(0), lin(1)
+            s.calls = 0
+
+        def forward(s, x):
+            s.calls += 1
+            if s.calls == 3:
+                s.a.requires_grad_(False)
+            return s.b(s.a(x).tanh())
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        m.zero_grad(set_to_none=True)
+        y = f(inp(i))
+        y.sum().backward()
+        return [y, grads(m)]
+
+    return run
+
+
+@program
+def no_grad_decorated_forward(wrap):
+    """A helper decorated with @torch.no_grad() computes a statistic used in a trainable output."""
+    l = lin()
+
+    @torch.no_grad()
+    def stat(t):
+        return t.abs().mean()
+
+    def fwd(x):
+        y = l(x)
+        return y / (stat(y) + 1)
+
+    f = wrap(fwd)
+
+    def run(i):
+        l.zero_grad(set_to_none=True)
+        y = f(inp(i))
+        y.sum().backward()
+        return [y, grads(l)]
+
+    return run
+
+
+@program
+def load_state_dict_assign(wrap):
+    """load_state_dict(assign=True) swaps in new parameter objects between calls."""
+    l = lin()
+    f = wrap(l)
+
+    def run(i):
+        if i == 2:
+            l.load_state_dict({"weight": torch.ones(4, 4), "bias": torch.zeros(4)}, assign=True)
+        l.zero_grad(set_to_none=True)
+        y = f(inp(i))
+        y.sum().backward()
+        return [y, grads(l)]
+
+    return run
+
+
+@program
+def prune_then_remove(wrap):
+    """torch.nn.utils.prune: a mask applied after call 1 (a pre-hook recomputes weight), removed after call 3."""
+    import torch.nn.utils.prune as prune
+
+    l = lin()
+    f = wrap(l)
+
+    def run(i):
+        if i == 1:
+            prune.l1_unstructured(l, "weight", amount=0.5)
+        if i == 3:
+            prune.remove(l, "weight")
+        l.zero_grad(set_to_none=True)
+        y = f(inp(i))
+        y.sum().backward()
+        return [y, grads(l)]
+
+    return run
+
+
+@program
+def weight_norm_parametrized(wrap):
+    """torch.nn.utils.parametrizations.weight_norm; the magnitude changed in place between calls."""
+    l = torch.nn.utils.parametrizations.weight_norm(lin())
+    f = wrap(l)
+
+    def run(i):
+        if i == 2:
+            with torch.no_grad():
+                l.parametrizations.weight.original0.mul_(3)
+        l.zero_grad(set_to_none=True)
+        y = f(inp(i))
+        y.sum().backward()
+        return [y, grads(l)]
+
+    return run
+
+
+@program
+def helper_generator_consumed(wrap):
+    """forward consumes a generator helper that yields scaled copies, counting in a module attribute."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.made = 0
+
+        def pieces(s, y):
+            for k in range(3):
+                s.made += 1
+                yield y * k
+
+        def forward(s, x):
+            return sum(s.pieces(s.l(x)))
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), m.made]
+
+    return run

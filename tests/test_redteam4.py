@@ -26,6 +26,10 @@ _THROUGH_AOT = {
     "nested_region_counter", "train_step_sgd_momentum", "optimizer_step_compiled", "saved_tensors_hooks_caller",
     "caller_tensor_hook_on_input", "parametrize_weight", "spectral_norm_training", "inplace_input_view",
     "inplace_input_aliases_param", "rand_then_caller_draws", "manual_seed_in_forward", "dtype_switch",
+    "returns_held_opts_caller_edits", "returns_held_list_twice_in_dict", "region_returns_held_list",
+    "nested_list_shared_inner", "rg_per_layer_log", "post_accumulate_grad_hook", "weights_tied_after_call",
+    "parameters_dict_edited", "requires_grad_flip_in_forward", "no_grad_decorated_forward", "load_state_dict_assign",
+    "prune_then_remove", "weight_norm_parametrized", "returns_state_list", "returns_state_dict",
 }
 # Known wrong, not fixed yet (strict xfails): see README's Limitations.
 _KNOWN_WRONG: set[str] = set()
