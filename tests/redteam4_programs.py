@@ -3603,3 +3603,276 @@ def helper_generator_consumed(wrap):
         return [f(inp(i)), m.made]
 
     return run
+
+
+# ---- round 4, seventh batch: Python scalars at the edges of equality ------------------------------------------------
+
+
+@program
+def signed_zero_argument(wrap):
+    """A float argument 0.0 then -0.0 (equal, but copysign tells them apart)."""
+    import math
+
+    l = lin()
+
+    def fwd(x, s):
+        return l(x) * math.copysign(1.0, s)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), [0.0, -0.0, 0.0, -0.0, -0.0][i])]
+
+    return run
+
+
+@program
+def signed_zero_attribute(wrap):
+    """A module attribute flipped from 0.0 to -0.0 (1/x gives inf of the other sign: clamped)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.offset = 0.0
+
+        def forward(s, x):
+            return s.l(x) * (1.0 if str(s.offset).startswith("-") else 2.0)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.offset = -0.0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def nan_flag_argument(wrap):
+    """A float argument that is NaN on some calls (a 'not set' marker)."""
+    import math
+
+    l = lin()
+
+    def fwd(x, s):
+        return l(x) * (1.0 if math.isnan(s) else s)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), [float("nan"), float("nan"), 2.0, float("nan"), 2.0][i])]
+
+    return run
+
+
+@program
+def numpy_scalar_argument(wrap):
+    """A numpy float64 scale then a Python float (equal values, other types; str shows the type)."""
+    l = lin()
+
+    def fwd(x, s):
+        return l(x) * s, type(s).__name__
+
+    f = wrap(fwd)
+
+    def run(i):
+        s = [np.float64(2.0), 2.0, np.float32(2.0), 2.0, np.float64(2.0)][i]
+        y, name = f(inp(i), s)
+        return [y, name]
+
+    return run
+
+
+@program
+def bool_vs_int_argument(wrap):
+    """True then 1 as a flag argument (the program formats it)."""
+    l = lin()
+
+    def fwd(x, flag):
+        return l(x) * (2.0 if repr(flag) == "True" else 3.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), [True, 1, True, 1, 1][i])]
+
+    return run
+
+
+@program
+def tuple_vs_list_argument(wrap):
+    """Dims as a tuple then an equal list (the program checks the type)."""
+    l = lin()
+
+    def fwd(x, dims):
+        return l(x).sum(dim=dims[0]) * (1.0 if isinstance(dims, tuple) else 2.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), [(0,), [0], (0,), [0], [0]][i])]
+
+    return run
+
+
+@program
+def int_subclass_enum_argument(wrap):
+    """An IntEnum member then the equal int (the program uses its name)."""
+    import enum
+
+    class Mode(enum.IntEnum):
+        A = 1
+
+    l = lin()
+
+    def fwd(x, mode):
+        return l(x) * (5.0 if getattr(mode, "name", None) == "A" else 1.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), [Mode.A, 1, Mode.A, 1, Mode.A][i])]
+
+    return run
+
+
+# ---- round 4, eighth batch: automatic regions with per-layer indices and state ---------------------------------------
+
+_GAINS = [1.0, 1.0, 1.0]
+
+
+class _IdxLayer(nn.Module):
+    def __init__(s, k):
+        super().__init__()
+        s.l = lin(k)
+        s.idx = k
+
+    def forward(s, x):
+        return s.l(x).tanh() * _GAINS[s.idx]
+
+
+def _idx_stack():
+    class Stack(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.layers = nn.ModuleList(_IdxLayer(k) for k in range(3))
+
+        def forward(s, x):
+            for layer in s.layers:
+                x = layer(x)
+            return x
+
+    return Stack()
+
+
+@program
+def rg_global_gain_by_index(wrap):
+    """Auto regions: each layer scales by a global list item at its index; the caller changes one item."""
+    _GAINS[:] = [1.0, 1.0, 1.0]
+    m = _idx_stack()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            _GAINS[1] = 3.0
+        if i == 3:
+            _GAINS[2] = -1.0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def rg_layers_reordered(wrap):
+    """Auto regions: the caller swaps two layers of the ModuleList (their indices travel with them)."""
+    _GAINS[:] = [1.0, 2.0, 3.0]
+    m = _idx_stack()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            m.layers[0], m.layers[1] = m.layers[1], m.layers[0]
+        if i == 3:
+            m.layers[2].idx = 0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def rg_kv_list_by_index(wrap):
+    """Auto regions: a per-call list of past states indexed by layer index, written by each layer (a cache)."""
+
+    class L(nn.Module):
+        def __init__(s, k):
+            super().__init__()
+            s.l = lin(k)
+            s.idx = k
+
+        def forward(s, x, past):
+            y = s.l(x).tanh()
+            if past[s.idx] is not None:
+                y = y + past[s.idx]
+            past[s.idx] = y.detach()
+            return y
+
+    class Stack(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.layers = nn.ModuleList(L(k) for k in range(3))
+
+        def forward(s, x, past):
+            for layer in s.layers:
+                x = layer(x, past)
+            return x
+
+    m = Stack()
+    f = wrap(m)
+    past = [None, None, None]
+
+    def run(i):
+        out = f(inp(i), past)
+        return [out, [p.clone() for p in past]]
+
+    return run
+
+
+@program
+def rg_layer_counter_and_shared_buffer(wrap):
+    """Auto regions: each layer counts its calls and adds a buffer the caller updates in place."""
+
+    class L(nn.Module):
+        def __init__(s, k, shared):
+            super().__init__()
+            s.l = lin(k)
+            s.calls = 0
+            s.shared = shared
+
+        def forward(s, x):
+            s.calls += 1
+            return s.l(x) + s.shared
+
+    shared = torch.zeros(4)
+
+    class Stack(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.layers = nn.ModuleList(L(k, shared) for k in range(3))
+
+        def forward(s, x):
+            for layer in s.layers:
+                x = layer(x)
+            return x
+
+    m = Stack()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            shared.add_(1)
+        return [f(inp(i)), [layer.calls for layer in m.layers]]
+
+    return run

@@ -30,6 +30,7 @@ _THROUGH_AOT = {
     "nested_list_shared_inner", "rg_per_layer_log", "post_accumulate_grad_hook", "weights_tied_after_call",
     "parameters_dict_edited", "requires_grad_flip_in_forward", "no_grad_decorated_forward", "load_state_dict_assign",
     "prune_then_remove", "weight_norm_parametrized", "returns_state_list", "returns_state_dict",
+    "rg_global_gain_by_index", "rg_layers_reordered", "rg_kv_list_by_index", "rg_layer_counter_and_shared_buffer",
 }
 # Known wrong, not fixed yet (strict xfails): see README's Limitations.
 _KNOWN_WRONG: set[str] = set()
