@@ -3876,3 +3876,287 @@ def rg_layer_counter_and_shared_buffer(wrap):
         return [f(inp(i)), [layer.calls for layer in m.layers]]
 
     return run
+
+
+# ---- round 4, ninth batch: arguments of many kinds ----------------------------------------------------------------
+
+
+@program
+def dict_input_key_order(wrap):
+    """A dict of tensors whose key order changes between calls; forward concatenates its values in order."""
+    l = lin()
+
+    def fwd(d):
+        return l(torch.cat(list(d.values())))
+
+    f = wrap(fwd)
+
+    def run(i):
+        a, b = inp(i), inp(i + 9, n=1)
+        d = {"a": a, "b": b} if i % 2 == 0 else {"b": b, "a": a}
+        return [f(d)]
+
+    return run
+
+
+@program
+def int_keyed_dict_input(wrap):
+    """A dict keyed by ints (layer -> tensor) with keys changing between calls."""
+    l = lin()
+
+    def fwd(d):
+        return sum(l(v) * k for k, v in sorted(d.items()))
+
+    f = wrap(fwd)
+
+    def run(i):
+        keys = [(0, 1), (0, 1), (1, 2), (0, 2), (1, 2)][i]
+        return [f({k: inp(i + k) for k in keys})]
+
+    return run
+
+
+@program
+def range_and_slice_arguments(wrap):
+    """A range of layer indices and a slice of rows change between calls."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ls = nn.ModuleList(lin(k) for k in range(4))
+
+        def forward(s, x, which, rows):
+            for k in which:
+                x = s.ls[k](x).tanh()
+            return x[rows]
+
+    f = wrap(M())
+
+    def run(i):
+        which = [range(2), range(3), range(1, 3), range(2), range(0, 4, 2)][i]
+        rows = [slice(0, 2), slice(0, 1), slice(1, 3), slice(None), slice(0, 2)][i]
+        return [f(inp(i, n=3), which, rows)]
+
+    return run
+
+
+@program
+def dtype_device_arguments(wrap):
+    """A dtype argument (the output's) changes between calls."""
+    l = lin()
+
+    def fwd(x, dtype):
+        return l(x).to(dtype) * 3
+
+    f = wrap(fwd)
+
+    def run(i):
+        dt = [torch.float64, torch.float32, torch.float64, torch.bfloat16, torch.float32][i]
+        y = f(inp(i), dt)
+        return [y.float(), str(y.dtype)]
+
+    return run
+
+
+@program
+def class_argument(wrap):
+    """An activation class passed as an argument and instantiated in forward."""
+    l = lin()
+
+    def fwd(x, act_cls):
+        return act_cls()(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), [nn.ReLU, nn.Tanh, nn.ReLU, nn.GELU, nn.Tanh][i])]
+
+    return run
+
+
+@program
+def module_argument(wrap):
+    """A head module passed as an argument: two heads of one class with other weights, alternating."""
+    body = lin()
+    heads = [lin(1), lin(2)]
+
+    def fwd(x, head):
+        return head(body(x).tanh())
+
+    f = wrap(fwd)
+
+    def run(i):
+        body.zero_grad(set_to_none=True)
+        y = f(inp(i), heads[[0, 1, 0, 1, 1][i]])
+        y.sum().backward()
+        return [y, grads(body)]
+
+    return run
+
+
+@program
+def bound_method_argument(wrap):
+    """A bound method of another module passed as the post-processing callable."""
+
+    class Post(nn.Module):
+        def __init__(s, scale):
+            super().__init__()
+            s.scale = scale
+
+        def apply_scale(s, t):
+            return t * s.scale
+
+    l = lin()
+    posts = [Post(1.0), Post(4.0)]
+
+    def fwd(x, post):
+        return post(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 3:
+            posts[0].scale = -1.0
+        return [f(inp(i), posts[[0, 1, 0, 0, 1][i]].apply_scale)]
+
+    return run
+
+
+@program
+def lambda_default_argument(wrap):
+    """A lambda made per call with a default capturing the call's scale."""
+    l = lin()
+
+    def fwd(x, post):
+        return post(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        k = [1.0, 2.0, 2.0, 5.0, 1.0][i]
+        return [f(inp(i), lambda t, k=k: t * k)]
+
+    return run
+
+
+@program
+def frozenset_argument(wrap):
+    """A frozenset of enabled features, changing between calls."""
+    l = lin()
+
+    def fwd(x, feats):
+        y = l(x)
+        if "relu" in feats:
+            y = y.relu()
+        if "double" in feats:
+            y = y * 2
+        return y
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), [frozenset(), frozenset({"relu"}), frozenset({"relu", "double"}),
+                           frozenset({"double"}), frozenset({"relu"})][i])]
+
+    return run
+
+
+@program
+def returns_held_cache_dict_with_tensor(wrap):
+    """forward stores its output in the module's cache dict and returns that dict."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.cache = {}
+
+        def forward(s, x):
+            y = s.l(x)
+            s.cache["y"] = y
+            s.cache["n"] = s.cache.get("n", 0) + 1
+            return s.cache
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        out = f(inp(i))
+        return [out is m.cache, out["y"], out["n"], sorted(m.cache)]
+
+    return run
+
+
+@program
+def returns_rebound_history(wrap):
+    """forward rebinds its history to a new list (`self.hist = self.hist + [y]`) and returns it."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.hist = []
+
+        def forward(s, x):
+            y = s.l(x)
+            s.hist = s.hist + [y.detach()]
+            return y, s.hist
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        y, h = f(inp(i))
+        return [y, h is m.hist, len(h), h[-1]]
+
+    return run
+
+
+@program
+def returns_list_stored_in_held_dict(wrap):
+    """forward stores a new list in its cache dict and returns it read back from the dict."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.cache = {}
+
+        def forward(s, x):
+            y = s.l(x)
+            s.cache["last"] = [y.detach(), x.shape[0]]
+            return y, s.cache["last"]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        y, last = f(inp(i))
+        return [y, last is m.cache["last"], last[0]]
+
+    return run
+
+
+@program
+def returns_list_appended_to_held(wrap):
+    """forward appends a new pair list to its log and returns the pair (read back as log[-1])."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.log = []
+
+        def forward(s, x):
+            y = s.l(x)
+            s.log.append([y.detach()])
+            return y, s.log[-1]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        y, last = f(inp(i))
+        return [y, last is m.log[-1], len(m.log)]
+
+    return run

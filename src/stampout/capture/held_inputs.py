@@ -5,6 +5,7 @@ leaves."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import types
 from collections.abc import Callable
@@ -250,7 +251,10 @@ _SHARED_KINDS = (type, types.ModuleType, types.FunctionType, types.BuiltinFuncti
 def held_containers(program: RegionFrame) -> dict[int, Source]:
     """id -> source of the objects the program read from the world (see to_template) and of the lists, dicts and
     sets it read or was given (they outlive the call: returned, they are the caller's own, not copies)."""
-    return {**program.sources, **{id(c): source for c, source, *_ in program.containers}}
+    held = {**program.sources, **{id(c): source for c, source, *_ in program.containers}}
+    for made in program.made:  # (what the trace itself made and stored: `self.hist = self.hist + [y]`)
+        held.pop(made, None)
+    return held
 
 
 def keep_held_outputs(template: Any, program: RegionFrame, held: dict[int, Source]) -> None:
@@ -269,6 +273,43 @@ def keep_held_outputs(template: Any, program: RegionFrame, held: dict[int, Sourc
                                     "returns that object; a compiled call's output cannot name it)")
             return
         program.guard(source, Kind.ID, value)
+
+
+def refuse_stored_outputs(out: Any, program: RegionFrame, held: dict[int, Source]) -> None:
+    """A list, dict or set the call made that it both stores where it outlives the call and returns (`self.hist =
+    self.hist + [y]; return y, self.hist`): eager returns the stored object, a compiled call would return a copy beside
+    the one its replayed store makes. Such a program runs eagerly."""
+    returned = _made_containers(out, held)
+    if not returned:
+        return
+    stored = [value for _, _, value, *_ in program.stores]
+    stored += [dict.values(c) if isinstance(c, dict) else c for c, *_ in program.containers]
+    if _made_containers(stored, held).keys() & returned.keys():
+        program.mark_ineligible("stores a list, dict or set it made where it outlives the call and returns it too "
+                                "(eager returns that object; a compiled call would return a copy)")
+
+
+def _made_containers(value: Any, held: Any, found: dict[int, Any] | None = None, depth: int = 0) -> dict[int, Any]:
+    """id -> object of the lists, dicts and sets `value` reaches (through lists, tuples, dicts, sets, dataclasses) that
+    are not in `held`."""
+    found = {} if found is None else found
+    if depth > 8 or isinstance(value, (torch.Tensor, str, bytes)):
+        return found
+    if isinstance(value, (list, dict, set)) and id(value) not in held:
+        if id(value) in found:
+            return found
+        found[id(value)] = value
+    if isinstance(value, dict) or type(value) is type({}.values()):
+        items = dict.values(value) if isinstance(value, dict) else value
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = getattr(value, "__dict__", {}).values()
+    else:
+        return found
+    for item in list(items):
+        _made_containers(item, held, found, depth + 1)
+    return found
 
 
 def refuse_made_outputs(template: Any, program: RegionFrame) -> None:

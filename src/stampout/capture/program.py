@@ -59,6 +59,7 @@ from .held_inputs import (
     object_fields,
     rebuild_inputs,
     refuse_made_outputs,
+    refuse_stored_outputs,
 )
 from .leftovers import (
     carried_state,
@@ -380,6 +381,7 @@ class ProgramCapture:
             check_no_hidden_tensors(self.template, held)
             if program is not None:
                 keep_held_outputs(self.template, program, held)
+                refuse_stored_outputs(out, program, held)
                 refuse_made_outputs(self.template, program)
             check_no_output_fields(self.holes, self.tracer)
             with DisableTorchFunction(), listeners(None, None):
