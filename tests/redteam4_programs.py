@@ -4160,3 +4160,243 @@ def returns_list_appended_to_held(wrap):
         return [y, last is m.log[-1], len(m.log)]
 
     return run
+
+
+# ---- round 4, tenth batch: library namespaces patched between calls -------------------------------------------------
+
+
+@program
+def functional_patched_under_module(wrap):
+    """F.gelu replaced between calls (an experiment), used through nn.GELU (library code calls it)."""
+    m = nn.Sequential(lin(), nn.GELU())
+    f = wrap(m)
+    original = F.gelu
+
+    def run(i):
+        try:
+            if i in (2, 3):
+                F.gelu = lambda t, approximate="none": t * 0.5
+            return [f(inp(i))]
+        finally:
+            F.gelu = original
+
+    return run
+
+
+@program
+def global_forward_hook_between_calls(wrap):
+    """A global module forward hook (register_module_forward_hook) registered for calls 1-2, counting calls."""
+    m = nn.Sequential(lin(), nn.Tanh())
+    f = wrap(m)
+    seen = []
+
+    def run(i):
+        handle = None
+        if i in (1, 2):
+            handle = torch.nn.modules.module.register_module_forward_hook(
+                lambda mod, args, out: seen.append(type(mod).__name__))
+        try:
+            return [f(inp(i)), list(seen)]
+        finally:
+            if handle is not None:
+                handle.remove()
+
+    return run
+
+
+@program
+def tensor_method_patched(wrap):
+    """A helper method added to torch.Tensor by the user, redefined between calls."""
+    l = lin()
+    torch.Tensor.rt4_scale = lambda t: t * 2
+
+    def fwd(x):
+        return l(x).rt4_scale()
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            torch.Tensor.rt4_scale = lambda t: t * 3
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def hasattr_on_raising_property(wrap):
+    """hasattr(self, "extra") on a property that raises AttributeError until a table entry exists."""
+    table = {}
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+
+        @property
+        def extra(s):
+            if "extra" not in table:
+                raise AttributeError("extra")
+            return table["extra"]
+
+        def forward(s, x):
+            y = s.l(x)
+            return y + s.extra if hasattr(s, "extra") else y
+
+    f = wrap(M())
+
+    def run(i):
+        if i == 2:
+            table["extra"] = 2.0
+        if i == 3:
+            table["extra"] = -1.0
+        if i == 4:
+            table.clear()
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def getattr_default_on_object(wrap):
+    """getattr(cfg, "scale", 1.0) on a plain config object that gains and loses the attribute."""
+
+    class Cfg:
+        pass
+
+    cfg = Cfg()
+    l = lin()
+
+    def fwd(x):
+        return l(x) * getattr(cfg, "scale", 1.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 1:
+            cfg.scale = 3.0
+        if i == 2:
+            Cfg.scale = 5.0
+        if i == 3:
+            del cfg.scale
+        if i == 4:
+            del Cfg.scale
+        return [f(inp(i))]
+
+    return run
+
+
+# ---- round 4, eleventh batch: explicit regions touching the world ---------------------------------------------------
+
+
+@program
+def region_closure_counter(wrap):
+    """A region function closing over a nonlocal counter, called three times per forward (stamped calls)."""
+    l = lin()
+
+    def make():
+        n = 0
+
+        @stampout.region
+        def block(x):
+            nonlocal n
+            n += 1
+            return l(x).tanh() * n
+
+        return block, lambda: n
+
+    block, count = make()
+
+    def fwd(x):
+        return block(block(block(x)))
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i)), count()]
+
+    return run
+
+
+@program
+def region_global_dict_by_arg(wrap):
+    """A region reads a global table by a string argument; the table changes between calls."""
+    table = {"a": 1.0, "b": 2.0}
+    l = lin()
+
+    @stampout.region
+    def block(x, key):
+        return l(x).tanh() * table[key]
+
+    def fwd(x):
+        return block(block(x, "a"), "b") + block(x, "a")
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            table["a"] = -3.0
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def region_appends_to_arg_list(wrap):
+    """A region appends its output to a list argument (collecting hidden states)."""
+    blocks = nn.ModuleList([lin(0), lin(1), lin(2)])
+
+    @stampout.region
+    def block(layer, x, states):
+        y = layer(x).tanh()
+        states.append(y)
+        return y
+
+    def fwd(x):
+        states = []
+        for layer in blocks:
+            x = block(layer, x, states)
+        return x, states
+
+    f = wrap(fwd)
+
+    def run(i):
+        y, states = f(inp(i))
+        return [y, len(states), states[0]]
+
+    return run
+
+
+@program
+def region_attr_store_per_layer(wrap):
+    """A region method stores a per-layer statistic on self (replayed by stamped calls)."""
+
+    class L(nn.Module):
+        def __init__(s, k):
+            super().__init__()
+            s.l = lin(k)
+            s.last_norm = None
+
+        @stampout.region
+        def forward(s, x):
+            y = s.l(x).tanh()
+            s.last_norm = y.detach().norm()
+            return y
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.layers = nn.ModuleList(L(k) for k in range(3))
+
+        def forward(s, x):
+            for layer in s.layers:
+                x = layer(x)
+            return x
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        return [f(inp(i)), [layer.last_norm.clone() for layer in m.layers]]
+
+    return run
