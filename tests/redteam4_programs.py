@@ -4400,3 +4400,25 @@ def region_attr_store_per_layer(wrap):
         return [f(inp(i)), [layer.last_norm.clone() for layer in m.layers]]
 
     return run
+
+
+@program
+def builtin_patched_between_calls(wrap):
+    """A name the program loads from builtins (a gain an instrumentation script installs there) changed between
+    calls."""
+    import builtins
+
+    builtins.RT4_GAIN = 1.0
+    l = lin()
+
+    def fwd(x):
+        return l(x) * RT4_GAIN  # noqa: F821 - found in builtins
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            builtins.RT4_GAIN = 3.0
+        return [f(inp(i))]
+
+    return run

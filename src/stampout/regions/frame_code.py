@@ -5,6 +5,7 @@ closures it cannot reach (ineligible). Bytecode facts come from trace/code.py.
 
 from __future__ import annotations
 
+import builtins
 import importlib.util
 import sys
 import types
@@ -189,6 +190,7 @@ class FrameCode:
         label = f"{g.get('__name__', '?')}.globals"
         own = own or (g is getattr(self.fn, "__globals__", None))
         where = where or f"global of {code.co_qualname}"
+        builtin = _builtins_of(g)
         for name in facts.names:
             if name in g:
                 value = g[name]
@@ -199,6 +201,8 @@ class FrameCode:
                         self._note_user_namespace(value)
                 elif own or not self.note_by_identity(g, label, name, value, source):  # (a helper's global)
                     self.adopt(value, source, where=where)
+            elif name in builtin:  # (a builtin as found: `builtins.GAIN = 3` changes what the code loads)
+                self.namespaces.note(builtin, "builtins", name, builtin[name])
         for local, name, level, taken in facts.imports:
             self._adopt_import(local, name, level, taken, g, facts.import_chains, f"import in {code.co_qualname}")
         for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again
@@ -298,6 +302,12 @@ class FrameCode:
                     self.adopt(found, src, where=where)
                     break
                 value = found
+
+
+def _builtins_of(g: dict) -> dict:
+    """The builtins a function with globals `g` loads names from (`__builtins__`: a dict, or the module in __main__)."""
+    found = g.get("__builtins__", builtins.__dict__)
+    return found.__dict__ if isinstance(found, types.ModuleType) else found if isinstance(found, dict) else {}
 
 
 def _same_cells(fn: types.FunctionType, local: dict) -> bool:
