@@ -4422,3 +4422,131 @@ def builtin_patched_between_calls(wrap):
         return [f(inp(i))]
 
     return run
+
+
+class _Reprs:
+    """A config whose __repr__/__str__ and __eq__ count their calls (stampout must not call them)."""
+
+    def __init__(self):
+        self.scale = 2.0
+        self.reprs = 0
+        self.eqs = 0
+
+    def __repr__(self):
+        self.reprs += 1
+        return f"_Reprs({self.scale})"
+
+    def __eq__(self, other):
+        self.eqs += 1
+        return other is self
+
+    __hash__ = object.__hash__
+
+
+@program
+def dunder_repr_eq_counts(wrap):
+    """A config object with counting __repr__/__eq__, read by forward and passed as an argument."""
+    cfg = _Reprs()
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.cfg = cfg
+
+        def forward(s, x, other):
+            return s.l(x) * s.cfg.scale * other.scale
+
+    f = wrap(M())
+    other = _Reprs()
+
+    def run(i):
+        if i == 2:
+            cfg.scale = 3.0
+        return [f(inp(i), other), cfg.reprs, cfg.eqs, other.reprs, other.eqs]
+
+    return run
+
+
+class _SeqOfScales(list):
+    """A list subclass counting __len__/__iter__/__getitem__ calls."""
+
+    calls = 0
+
+    def __len__(self):
+        type(self).calls += 1
+        return super().__len__()
+
+    def __iter__(self):
+        type(self).calls += 1
+        return super().__iter__()
+
+    def __getitem__(self, k):
+        type(self).calls += 1
+        return super().__getitem__(k)
+
+
+@program
+def list_subclass_dunder_counts(wrap):
+    """A list subclass of scales held by the module, its dunders counting calls."""
+    _SeqOfScales.calls = 0
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.scales = _SeqOfScales([1.0, 2.0])
+
+        def forward(s, x):
+            return s.l(x) * s.scales[0] * s.scales[1]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            list.__setitem__(m.scales, 1, 4.0)
+        return [f(inp(i)), _SeqOfScales.calls]
+
+    return run
+
+
+@program
+def dunder_hash_input_dict(wrap):
+    """A dict keyed by counting-hash objects passed as an argument, looked up by forward."""
+    _CountingKey.hashes = _CountingKey.eqs = 0
+    k = _CountingKey("a")
+    l = lin()
+
+    def fwd(x, table):
+        return l(x) * table[k]
+
+    f = wrap(fwd)
+
+    def run(i):
+        return [f(inp(i), {k: float(i + 1)}), _CountingKey.hashes]
+
+    return run
+
+
+@program
+def dunder_hash_set_membership(wrap):
+    """`key in self.allowed`, a set of counting-hash objects held by the module."""
+    _CountingKey.hashes = _CountingKey.eqs = 0
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.allowed = {_CountingKey("a")}
+
+        def forward(s, x, key):
+            return s.l(x) * (2.0 if key in s.allowed else 1.0)
+
+    f = wrap(M())
+    keys = [_CountingKey("a"), _CountingKey("b")]
+
+    def run(i):
+        return [f(inp(i), keys[i % 2]), _CountingKey.hashes]
+
+    return run

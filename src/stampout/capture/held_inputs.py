@@ -21,7 +21,7 @@ from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES
-from ..trace.structure import ATOMIC, fakes_within, positional_names, template_constants
+from ..trace.structure import ATOMIC, fakes_within, opened_dict, positional_names, template_constants
 from ..trace.tracer import Tracer
 from .effects import Plan, Value, ValueKind, put_back
 
@@ -233,9 +233,10 @@ def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple,
             return t(walk(v) for v in value)
         if isinstance(value, tuple) and hasattr(t, "_fields"):
             return t(*(walk(v) for v in value))
-        if t is dict:
+        if t is dict and opened_dict(value):
             return {k: walk(v) for k, v in value.items()}
-        if isinstance(value, dict):  # a dict subclass (OrderedDict, ModelOutput): a copy with the new items
+        if isinstance(value, dict) and opened_dict(value):  # a dict subclass (OrderedDict, ModelOutput): a copy with
+            # the new items
             new = copy.copy(value)
             for k, v in value.items():
                 new[k] = walk(v)

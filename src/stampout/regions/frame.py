@@ -20,7 +20,7 @@ from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tenso
 from ..guards.namespaces import ABSENT_NAME, class_dict, patched_tensor_methods
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
-from ..trace.code import is_user_file
+from ..trace.code import user_hashed
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES, size_key
 from ..watch.classpatch import PATCHED_NAMES
@@ -67,14 +67,6 @@ _METHODS = (types.FunctionType, classmethod, staticmethod, property, functools.p
 def _by_identity(key: Any) -> bool:
     """A dict key equal only to itself (a module, an object of a class without `__eq__`, a weak reference)."""
     return type(key) is weakref.ref or (type(key).__hash__ is object.__hash__ and not isinstance(key, type))
-
-
-def _user_hashed(key: Any) -> bool:
-    """A dict key whose `__hash__` or `__eq__` is the user's Python: guarding the dict would call it (to copy the
-    dict, look its items up, hash its sources), calls eager never makes (a counting `__hash__` counted them)."""
-    cls = type(key)
-    return any(isinstance(f, types.FunctionType) and is_user_file(f.__code__.co_filename)
-               for f in (getattr(cls, "__hash__", None), getattr(cls, "__eq__", None)))
 
 
 class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
@@ -302,7 +294,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
             return
         if isinstance(value, dict):
-            user = next(filter(_user_hashed, dict.keys(value)), None)
+            user = next(filter(user_hashed, dict.keys(value)), None)
             if user is not None:
                 self.guard(source, Kind.ID, value, where)
                 self.mark_ineligible(f"reads {source.name()}, a dict keyed by {type(user).__qualname__} objects (their "

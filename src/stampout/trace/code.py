@@ -9,8 +9,8 @@ import re
 import sys
 import sysconfig
 import types
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -250,3 +250,11 @@ def _analyse(code: types.CodeType) -> CodeFacts:
                      tuple(dict.fromkeys(attribute_stores)), nested, tuple(dict.fromkeys(escapes)),
                      tuple(dict.fromkeys(imported_stores)), tuple(dict.fromkeys(cell_chains)), tuple(imports),
                      tuple(dict.fromkeys(import_chains)))
+
+
+def user_hashed(key: Any) -> bool:
+    """A dict key whose `__hash__` or `__eq__` is the user's Python: stampout's own lookups, copies and fingerprints
+    of the dict would call it, calls eager never makes (a counting `__hash__` counts them)."""
+    cls = type(key)
+    return any(isinstance(f, types.FunctionType) and is_user_file(f.__code__.co_filename)
+               for f in (getattr(cls, "__hash__", None), getattr(cls, "__eq__", None)))

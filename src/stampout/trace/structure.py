@@ -24,6 +24,7 @@ from .. import caches, config
 from ..sources import mro_attr
 from ..torch_internals import FakeTensor
 from .memory import memory_span, storages_apart
+from .code import user_hashed
 from .shapes import SIZES, concrete
 
 
@@ -49,6 +50,12 @@ def argument_names(fn: Any) -> tuple[str, ...]:
 _PLAIN_LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, str, type(None)})
 
 
+def opened_dict(value: dict) -> bool:
+    """Whether an input dict is opened into its items (flatten_inputs, rebuild_inputs): not one keyed by objects whose
+    `__hash__`/`__eq__` is the user's Python (its keys in the spec would be hashed on every call), which is a leaf."""
+    return all(type(k) is str for k in value) or not any(map(user_hashed, value))
+
+
 def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tuple[list[Any], tuple, list[str]]:
     """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels.
 
@@ -65,7 +72,8 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
             return None
         if t is tuple or t is list or _is_namedtuple(value):
             return (t, tuple([walk(v, f"{label}[{i}]") for i, v in enumerate(value)]))
-        if isinstance(value, dict):  # OrderedDict and Hugging Face ModelOutput too: their items are inputs
+        if isinstance(value, dict) and opened_dict(value):  # OrderedDict and Hugging Face ModelOutput too: their
+            # items are inputs
             return (t, tuple([(k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()]))
         leaves.append(value)
         labels.append(label)
