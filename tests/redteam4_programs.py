@@ -4550,3 +4550,59 @@ def dunder_hash_set_membership(wrap):
         return [f(inp(i), keys[i % 2]), _CountingKey.hashes]
 
     return run
+
+
+@program
+def import_module_by_name(wrap):
+    """importlib.import_module of a plugin name held on the module; the plugin's flag and the name change."""
+    import importlib
+    import sys
+
+    for name, scale in (("rt4_plug_a", 1.0), ("rt4_plug_b", -2.0)):
+        mod = types.ModuleType(name)
+        mod.SCALE = scale
+        sys.modules[name] = mod
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.plugin = "rt4_plug_a"
+
+        def forward(s, x):
+            return s.l(x) * importlib.import_module(s.plugin).SCALE
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            sys.modules["rt4_plug_a"].SCALE = 3.0
+        if i == 3:
+            m.plugin = "rt4_plug_b"
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def dunder_import_call(wrap):
+    """__import__(name) of a module whose flag changes between calls."""
+    import sys
+
+    mod = types.ModuleType("rt4_dunder_imp")
+    mod.ON = False
+    sys.modules["rt4_dunder_imp"] = mod
+    l = lin()
+
+    def fwd(x):
+        return l(x) * (2.0 if __import__("rt4_dunder_imp").ON else 1.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            mod.ON = True
+        return [f(inp(i))]
+
+    return run
