@@ -404,6 +404,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
         input whose shape, strides or requires_grad changed in place (a stamped call would not change them)."""
         self._close_slots()
+        self.close_imports()
         self._close_tensor_fields()
         for i, meta in self._input_meta:
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)

@@ -44,6 +44,7 @@ class FrameCode:
         self._methods: dict[types.CodeType, list[tuple[Callable, Source]]] = {}  # functions guarded by identity
         # alone so far (where each was found): their code, defaults and cells are guarded once that code runs
         self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
+        self._imports_pending: list[tuple] = []  # imports of modules not imported yet: guarded at the trace's end
         self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
 
     def adopt_function(self, fn: Callable, as_source: Source | None) -> None:
@@ -237,26 +238,38 @@ class FrameCode:
                         self._note_chain(value, chain[1:])
 
     def _adopt_import(self, local: str, name: str, level: int, taken: str | None, g: dict,
-                      chains: tuple[tuple[str, ...], ...], where: str) -> None:
+                      chains: tuple[tuple[str, ...], ...], where: str, last: bool = False) -> None:
         """`import m` / `from m import x` in the code: the import reads `sys.modules` (the world), so what it binds
-        is guarded there (by identity) and what the code reads off it as off a global (`m.FLAG`)."""
+        is guarded there (by identity) and what the code reads off it as off a global (`m.FLAG`). A module not
+        imported yet is guarded at the trace's end (`last`: close_imports), once the code imported it."""
         try:
             full = importlib.util.resolve_name("." * level + name, g.get("__package__")) if level else name
         except (ImportError, ValueError, TypeError):
             full = None
         value = sys.modules.get(full, MISSING) if full else MISSING
         source: Source = Item(Absolute(sys.modules, "sys.modules"), full)
+        if value is MISSING and full and not last:
+            self._imports_pending.append((local, name, level, taken, g, chains, where))
+            return
+        if value is MISSING and full:  # (an import the trace did not run: absent still)
+            self.guard(source, Kind.ABSENT, MISSING, where)
+            return
         if value is not MISSING and taken is not None:  # (`from m import x`: m's x, or its submodule m.x)
             value = getattr(value, taken, sys.modules.get(f"{full}.{taken}", MISSING))
             source = Attr(source, taken)
         if value is MISSING:
-            self.mark_ineligible(f"imports {full or name} ({where}), not imported before the call (what it binds is "
-                                 "not known)")
+            self.mark_ineligible(f"imports {full or name} ({where}): what it binds is not known")
         elif isinstance(value, types.ModuleType):
             self._adopt_module_chains(value, source, local, chains, where)
             self._note_user_namespace(value)
         else:
             self.adopt(value, source, where=where)
+
+    def close_imports(self) -> None:
+        """At the trace's end: the imports of modules that were not imported when their code started."""
+        pending, self._imports_pending = self._imports_pending, []
+        for args in pending:
+            self._adopt_import(*args, last=True)
 
     def _note_user_namespace(self, module: types.ModuleType) -> None:
         """A user's module used as a value (`getattr(cfg, name)`, `self.cfg_module.SCALE`): every name in it is
