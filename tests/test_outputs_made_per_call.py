@@ -2,9 +2,9 @@
 eager makes a new one each call, so a caller's change to one is never seen by the next call's; and two places
 holding one object in eager's output hold one object in the compiled output too. A user object the call made
 (no source in the program) makes the program run eagerly (it was the template's constant, shared by every later
-call). Known wrong (strict xfail): a set of constants made by the call (a constant by is_constant), a list
-reached twice is rebuilt as two lists, a dataclass rebuilt from its state (Form.STATE) loses
-`self.alias = self.items`."""
+call). A set of constants made by the call is made anew per call (it was one shared constant), and a list reached
+twice (`return held, held`, a dataclass's `self.alias = self.items`) is one list in each call's output (the template
+reaches one node twice, see structure.shared_nodes)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,6 @@ def test_made_object_output_like_eager():
     assert _shape("fresh", stampout.compile(model, backend="eager")) == _shape("fresh", model)
 
 
-@pytest.mark.xfail(strict=True, reason="output objects made during the call: shared constant set / aliasing lost")
 @pytest.mark.parametrize("kind", ["fresh-set", "alias", "state-alias"])
 def test_made_outputs_like_eager(kind):
     model = Make(kind)

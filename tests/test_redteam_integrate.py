@@ -198,9 +198,9 @@ def test_a_class_reached_through_a_module_global_has_its_attributes_guarded(tmp_
     _thing_changed_is_seen(_ReadsHelpersThing(), module)
 
 
-@pytest.mark.xfail(strict=True, reason="a module held in a closure cell (reached as a value: its namespace noted "
-                   "whole by identity) does not have the classes in it adopted: `helpers.Thing.val = 2.0` is not seen")
 def test_a_class_reached_through_a_module_in_a_closure_has_its_attributes_guarded(tmp_path, monkeypatch):
+    """`module.Thing().val` with the module held in a closure cell: the attribute chains loaded from the cell are
+    walked as a global's (code_facts' cell_chains), so the class is adopted and `module.Thing.val = 2.0` is seen."""
     module = _helpers_module(tmp_path, monkeypatch, "redteam_helpers_cell")
 
     class Reads(nn.Module):

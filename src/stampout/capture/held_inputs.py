@@ -5,6 +5,7 @@ leaves."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import types
 from collections.abc import Callable
@@ -13,14 +14,14 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError, message
-from ..guards.guard import is_constant
+from ..guards.guard import Kind, is_constant
 from ..regions.frame import RegionFrame
 from ..regions.objects import program_fields
 from ..sources import Arg, Attr, Input, Item, Place, Source
 from ..torch_internals import FakeTensor
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES
-from ..trace.structure import ATOMIC, fakes_within, positional_names, template_constants
+from ..trace.structure import ATOMIC, fakes_within, opened_dict, positional_names, template_constants
 from ..trace.tracer import Tracer
 from .effects import Plan, Value, ValueKind, put_back
 
@@ -201,12 +202,14 @@ def check_no_output_fields(holes: list[Any], tracer: Tracer) -> None:
                 "a program eagerly"))
 
 
-def check_no_hidden_tensors(template: Any) -> None:
+def check_no_hidden_tensors(template: Any, held: Any = ()) -> None:
     """An output value that carries traced tensors where stampout cannot see them (a KV-cache object, a module it
     made, a closure, a partial) would hand fake tensors to the caller on every call: refuse it. Every value the
-    output's constants reach is looked at (structure.fakes_within)."""
+    output's constants reach is looked at (structure.fakes_within). A list or dict of the world's (`held`, see
+    keep_held_outputs) is left alone: what the trace changed in it is undone and replayed with real values."""
     for value in template_constants(template):
-        if type(value) in ATOMIC or not fakes_within(value):
+        if type(value) in ATOMIC or id(value) in held and isinstance(value, (list, dict, set)) \
+                or not fakes_within(value):
             continue
         fields = getattr(value, "__dict__", None)
         names = [k for k, v in fields.items() if fakes_within(v)] if type(fields) is dict else []
@@ -230,9 +233,10 @@ def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple,
             return t(walk(v) for v in value)
         if isinstance(value, tuple) and hasattr(t, "_fields"):
             return t(*(walk(v) for v in value))
-        if t is dict:
+        if t is dict and opened_dict(value):
             return {k: walk(v) for k, v in value.items()}
-        if isinstance(value, dict):  # a dict subclass (OrderedDict, ModelOutput): a copy with the new items
+        if isinstance(value, dict) and opened_dict(value):  # a dict subclass (OrderedDict, ModelOutput): a copy with
+            # the new items
             new = copy.copy(value)
             for k, v in value.items():
                 new[k] = walk(v)
@@ -243,6 +247,70 @@ def rebuild_inputs(args: tuple, kwargs: dict, leaves: list[Any]) -> tuple[tuple,
 
 
 _SHARED_KINDS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def held_containers(program: RegionFrame) -> dict[int, Source]:
+    """id -> source of the objects the program read from the world (see to_template) and of the lists, dicts and
+    sets it read or was given (they outlive the call: returned, they are the caller's own, not copies)."""
+    held = {**program.sources, **{id(c): source for c, source, *_ in program.containers}}
+    for made in program.made:  # (what the trace itself made and stored: `self.hist = self.hist + [y]`)
+        held.pop(made, None)
+    return held
+
+
+def keep_held_outputs(template: Any, program: RegionFrame, held: dict[int, Source]) -> None:
+    """A list, dict or set the program returns that it read from the world (`return y, self.history`) is that very
+    object in every compiled call's output, guarded to stay the object at its source; one the call was given
+    (`xs.append(y); return xs`) is each call's own, which the output cannot name: that program runs eagerly."""
+    for value in template_constants(template):
+        source = held.get(id(value)) if type(value) in (list, dict, set) or isinstance(value, dict) else None
+        if source is None:
+            continue
+        root = source
+        while root.base() is not None:
+            root = root.base()
+        if type(root) is Input or type(root) is Arg and root.index != 0:  # (Arg 0: the program itself)
+            program.mark_ineligible(f"returns the {type(value).__name__} it was given at {source.name()} (eager "
+                                    "returns that object; a compiled call's output cannot name it)")
+            return
+        program.guard(source, Kind.ID, value)
+
+
+def refuse_stored_outputs(out: Any, program: RegionFrame, held: dict[int, Source]) -> None:
+    """A list, dict or set the call made that it both stores where it outlives the call and returns (`self.hist =
+    self.hist + [y]; return y, self.hist`): eager returns the stored object, a compiled call would return a copy beside
+    the one its replayed store makes. Such a program runs eagerly."""
+    returned = _made_containers(out, held)
+    if not returned:
+        return
+    stored = [value for _, _, value, *_ in program.stores]
+    stored += [dict.values(c) if isinstance(c, dict) else c for c, *_ in program.containers]
+    if _made_containers(stored, held).keys() & returned.keys():
+        program.mark_ineligible("stores a list, dict or set it made where it outlives the call and returns it too "
+                                "(eager returns that object; a compiled call would return a copy)")
+
+
+def _made_containers(value: Any, held: Any, found: dict[int, Any] | None = None, depth: int = 0) -> dict[int, Any]:
+    """id -> object of the lists, dicts and sets `value` reaches (through lists, tuples, dicts, sets, dataclasses) that
+    are not in `held`."""
+    found = {} if found is None else found
+    if depth > 8 or isinstance(value, (torch.Tensor, str, bytes)):
+        return found
+    if isinstance(value, (list, dict, set)) and id(value) not in held:
+        if id(value) in found:
+            return found
+        found[id(value)] = value
+    if isinstance(value, dict) or type(value) is type({}.values()):
+        items = dict.values(value) if isinstance(value, dict) else value
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = getattr(value, "__dict__", {}).values()
+    else:
+        return found
+    for item in list(items):
+        _made_containers(item, held, found, depth + 1)
+    return found
 
 
 def refuse_made_outputs(template: Any, program: RegionFrame) -> None:

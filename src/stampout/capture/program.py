@@ -48,15 +48,18 @@ from .held_inputs import (
     check_no_hidden_tensors,
     check_no_output_fields,
     copy_back_given_containers,
+    held_containers,
     held_map,
     hold_input_containers,
     in_input_container,
     input_objects,
     input_stores,
+    keep_held_outputs,
     note_input_containers,
     object_fields,
     rebuild_inputs,
     refuse_made_outputs,
+    refuse_stored_outputs,
 )
 from .leftovers import (
     carried_state,
@@ -373,10 +376,12 @@ class ProgramCapture:
             if program is not None:
                 program.abandon = False
             self.holes: list[torch.Tensor] = []
-            self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True,
-                                        world=program.sources if program is not None else ())
-            check_no_hidden_tensors(self.template)
+            held = held_containers(program) if program is not None else ()
+            self.template = to_template(out, self.holes, input_objects(self.leaves), sizes=True, world=held)
+            check_no_hidden_tensors(self.template, held)
             if program is not None:
+                keep_held_outputs(self.template, program, held)
+                refuse_stored_outputs(out, program, held)
                 refuse_made_outputs(self.template, program)
             check_no_output_fields(self.holes, self.tracer)
             with DisableTorchFunction(), listeners(None, None):

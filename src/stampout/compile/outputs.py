@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..sources import MISSING
-from ..trace.structure import Form, Template, build, from_state, model_output_base, state_of
+from ..trace.structure import Form, Template, build, from_state, model_output_base, shared_nodes, state_of
 
 _OD_NEW = collections.OrderedDict.__new__
 _OD_SETITEM = collections.OrderedDict.__setitem__
@@ -77,6 +77,8 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
         namespace[name] = value
         return name
 
+    shared, named = shared_nodes(template), {}
+
     def code(node: Template, made: Any) -> str:
         form = node[0]
         if form is Form.HOLE:
@@ -85,7 +87,15 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
             return f"leaves[{int(node[1])}]"
         if form is Form.CONST:
             return constant(node[1])
-        t, children = node[1], node[2]
+        if id(node) in shared:  # (one object reached twice: made at its first place, named there)
+            if id(node) in named:
+                return named[id(node)]
+            named[id(node)] = name = f"s{len(named)}"
+            return f"({name} := {container(node, made)})"
+        return container(node, made)
+
+    def container(node: Template, made: Any) -> str:
+        form, t, children = node
         if form is Form.SEQ:
             parts = [code(c, m) for c, m in zip(children, made)]
             if len(parts) != len(children):
@@ -120,7 +130,8 @@ def _generate(template: Template, built: Any, values: list[Any], leaves: list[An
     try:
         body = code(template, built)
     finally:  # (`code` calls itself: its cell would keep this call's outputs and their autograd graphs, which hold
-        code = None  # the parameters, alive until a collection; torch.utils.swap_tensors refuses such a parameter)
+        code = container = None  # the parameters, alive until a collection; torch.utils.swap_tensors refuses such a
+        # parameter)
     source = f"def rebuild(values, leaves):\n    return {body}\n"
     exec(compile(source, "<stampout outputs>", "exec"), namespace)
     rebuild = namespace["rebuild"]

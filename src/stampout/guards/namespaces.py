@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import types
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +29,27 @@ ABSENT_NAME = _MISSING  # noted as a name's value: the name must stay absent (a 
 
 def class_dict(cls: type) -> dict:
     """The dict behind a class's `__dict__` mappingproxy (writes to the class go through it)."""
-    return gc.get_referents(cls.__dict__)[0]
+    d = gc.get_referents(cls.__dict__)[0]
+    _OWNERS[id(d)] = weakref.ref(cls)
+    return d
+
+
+_OWNERS: dict[int, weakref.ref] = {}  # id of a class dict class_dict returned -> its class (see _modified)
+
+
+def _modified(namespace: dict) -> None:
+    """A class dict written directly: CPython's type attribute cache still answers `Cls.name` with the old value
+    until the class is modified through `type.__setattr__` (a metaclass's `Counting.made` read 1 after the capture
+    put back 0). A set and delete of a private name invalidates it for the class and its subclasses."""
+    ref = _OWNERS.get(id(namespace))
+    cls = ref() if ref is not None else None
+    if cls is None or gc.get_referents(cls.__dict__)[0] is not namespace:
+        return
+    try:
+        type.__setattr__(cls, "_stampout_modified", None)
+        type.__delattr__(cls, "_stampout_modified")
+    except TypeError:  # (a static builtin type: never written by a program either)
+        pass
 
 
 def same_mros(mros: list[tuple[type, tuple]]) -> bool:
@@ -106,15 +127,23 @@ class NamespaceReads:
     def put_back(self) -> None:
         """Every name noted as the trace found it (after a failed capture whose program stored into a namespace)."""
         for namespace, names in self._reads.values():
+            written = False
             for name, value in names.items():
                 if value is _MISSING:
-                    namespace.pop(name, None)
+                    written |= namespace.pop(name, _MISSING) is not _MISSING
                 elif namespace.get(name, _MISSING) is not value:
                     namespace[name] = value
+                    written = True
+            if written:
+                _modified(namespace)
         for namespace, before in self._whole.values():
-            for name in [k for k in namespace if k not in before]:
+            gone = [k for k in namespace if k not in before]
+            for name in gone:
                 del namespace[name]
-            namespace.update((k, v) for k, v in before.items() if namespace.get(k, _MISSING) is not v)
+            changed = {k: v for k, v in before.items() if namespace.get(k, _MISSING) is not v}
+            namespace.update(changed)
+            if gone or changed:
+                _modified(namespace)
 
     def describe(self) -> str:
         change = self.first_change()

@@ -20,6 +20,7 @@ from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tenso
 from ..guards.namespaces import ABSENT_NAME, class_dict, patched_tensor_methods
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
 from ..torch_internals import FakeTensor
+from ..trace.code import user_hashed
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES, size_key
 from ..watch.classpatch import PATCHED_NAMES
@@ -293,6 +294,12 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
             return
         if isinstance(value, dict):
+            user = next(filter(user_hashed, dict.keys(value)), None)
+            if user is not None:
+                self.guard(source, Kind.ID, value, where)
+                self.mark_ineligible(f"reads {source.name()}, a dict keyed by {type(user).__qualname__} objects (their "
+                                     "__hash__/__eq__ is Python a guard would run)")
+                return
             self.guard(source, Kind.KEYS, tuple(value), where)
             self._objects.extend((key, Absolute(key, f"a key of {source.name()}")) for key in value if _by_identity(key))
         for key, item in (dict.items(value) if isinstance(value, dict) else enumerate(value)):  # (as stored: a
@@ -397,6 +404,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         """At the end of the trace: a container it read and changed is a side effect too, and so is an
         input whose shape, strides or requires_grad changed in place (a stamped call would not change them)."""
         self._close_slots()
+        self.close_imports()
         self._close_tensor_fields()
         for i, meta in self._input_meta:
             # (compared as keys made now: a symbolic size may have been specialized meanwhile)

@@ -5,6 +5,9 @@ closures it cannot reach (ineligible). Bytecode facts come from trace/code.py.
 
 from __future__ import annotations
 
+import builtins
+import importlib.util
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +44,7 @@ class FrameCode:
         self._methods: dict[types.CodeType, list[tuple[Callable, Source]]] = {}  # functions guarded by identity
         # alone so far (where each was found): their code, defaults and cells are guarded once that code runs
         self.namespaces = NamespaceReads()  # module attributes and Tensor methods, by identity
+        self._imports_pending: list[tuple] = []  # imports of modules not imported yet: guarded at the trace's end
         self.namespaces.note_whole(TENSOR_DICT, "torch.Tensor")
 
     def adopt_function(self, fn: Callable, as_source: Source | None) -> None:
@@ -68,6 +72,9 @@ class FrameCode:
             if as_source is not None:
                 self.cells_read.append((closure[i], fn, value))
             self.adopt(value, cell, where=f"closure of {code.co_qualname}")
+            if isinstance(value, types.ModuleType):  # (`sys.modules.get(..)`, `cfg.FLAG` through a cell: as a global's)
+                self._adopt_module_chains(value, cell, var, code_facts(code).cell_chains, f"closure of "
+                                          f"{code.co_qualname}")
         if as_source is None:
             self.on_code(code, fn.__globals__, own=True, fn=fn)
 
@@ -184,6 +191,7 @@ class FrameCode:
         label = f"{g.get('__name__', '?')}.globals"
         own = own or (g is getattr(self.fn, "__globals__", None))
         where = where or f"global of {code.co_qualname}"
+        builtin = _builtins_of(g)
         for name in facts.names:
             if name in g:
                 value = g[name]
@@ -194,6 +202,10 @@ class FrameCode:
                         self._note_user_namespace(value)
                 elif own or not self.note_by_identity(g, label, name, value, source):  # (a helper's global)
                     self.adopt(value, source, where=where)
+            elif name in builtin:  # (a builtin as found: `builtins.GAIN = 3` changes what the code loads)
+                self.namespaces.note(builtin, "builtins", name, builtin[name])
+        for local, name, level, taken in facts.imports:
+            self._adopt_import(local, name, level, taken, g, facts.import_chains, f"import in {code.co_qualname}")
         for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again
             if isinstance(g.get(chain[0]), types.ModuleType):
                 self.mark_ineligible(f"stores {'.'.join(chain)} in a module's namespace (at {code.co_qualname}), "
@@ -224,6 +236,40 @@ class FrameCode:
                 for chain in facts.chains:
                     if chain[0] == name:
                         self._note_chain(value, chain[1:])
+
+    def _adopt_import(self, local: str, name: str, level: int, taken: str | None, g: dict,
+                      chains: tuple[tuple[str, ...], ...], where: str, last: bool = False) -> None:
+        """`import m` / `from m import x` in the code: the import reads `sys.modules` (the world), so what it binds
+        is guarded there (by identity) and what the code reads off it as off a global (`m.FLAG`). A module not
+        imported yet is guarded at the trace's end (`last`: close_imports), once the code imported it."""
+        try:
+            full = importlib.util.resolve_name("." * level + name, g.get("__package__")) if level else name
+        except (ImportError, ValueError, TypeError):
+            full = None
+        value = sys.modules.get(full, MISSING) if full else MISSING
+        source: Source = Item(Absolute(sys.modules, "sys.modules"), full)
+        if value is MISSING and full and not last:
+            self._imports_pending.append((local, name, level, taken, g, chains, where))
+            return
+        if value is MISSING and full:  # (an import the trace did not run: absent still)
+            self.guard(source, Kind.ABSENT, MISSING, where)
+            return
+        if value is not MISSING and taken is not None:  # (`from m import x`: m's x, or its submodule m.x)
+            value = getattr(value, taken, sys.modules.get(f"{full}.{taken}", MISSING))
+            source = Attr(source, taken)
+        if value is MISSING:
+            self.mark_ineligible(f"imports {full or name} ({where}): what it binds is not known")
+        elif isinstance(value, types.ModuleType):
+            self._adopt_module_chains(value, source, local, chains, where)
+            self._note_user_namespace(value)
+        else:
+            self.adopt(value, source, where=where)
+
+    def close_imports(self) -> None:
+        """At the trace's end: the imports of modules that were not imported when their code started."""
+        pending, self._imports_pending = self._imports_pending, []
+        for args in pending:
+            self._adopt_import(*args, last=True)
 
     def _note_user_namespace(self, module: types.ModuleType) -> None:
         """A user's module used as a value (`getattr(cfg, name)`, `self.cfg_module.SCALE`): every name in it is
@@ -269,6 +315,12 @@ class FrameCode:
                     self.adopt(found, src, where=where)
                     break
                 value = found
+
+
+def _builtins_of(g: dict) -> dict:
+    """The builtins a function with globals `g` loads names from (`__builtins__`: a dict, or the module in __main__)."""
+    found = g.get("__builtins__", builtins.__dict__)
+    return found.__dict__ if isinstance(found, types.ModuleType) else found if isinstance(found, dict) else {}
 
 
 def _same_cells(fn: types.FunctionType, local: dict) -> bool:

@@ -20,7 +20,15 @@ from ..trace.frames import caller_outside_torch, set_profile, user_location
 from . import slot_index
 from .events import Ineligible
 from .frame import RegionFrame
-from .purity import impure_call, location, python_setter, torch_state_call, user_caller, watched_file
+from .purity import (
+    IMPORTS_BY_NAME,
+    impure_call,
+    location,
+    python_setter,
+    torch_state_call,
+    user_caller,
+    watched_file,
+)
 
 _NN_MODULES = os.path.dirname(torch.nn.modules.__file__) + os.sep  # nn.GELU.forward reads F.gelu: guarded too
 
@@ -143,6 +151,11 @@ class CallHooks:
             with DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:
                     f.on_library_code(code, g)
+        elif (event == "call" and self.frames and code in IMPORTS_BY_NAME
+              and watched_file(frame.f_back.f_code.co_filename)):
+            for f in self.frames:
+                f.mark_ineligible(f"imports a module by name (at {location(frame.f_back)}): what it returns is read "
+                                  "from sys.modules, which no guard sees")
         elif event == "call" and self.frames and code in ENVIRON_READS:  # (os.getenv, os.environ.get)
             with DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import functools
+import importlib
 import os
 import re
 import sysconfig
@@ -47,7 +48,8 @@ _PURE_MODULES = frozenset({
     "_sha1", "_sha256", "_sha512", "_sha3", "_blake2", "_contextvars", "_typing", "copyreg", "_pickle", "gc",
 })
 # Builtins with effects a compiled call would not repeat (I/O) or that read the outside world.
-_IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint", "id"})  # (id: an address, not a value)
+_IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint", "id",  # (id: an address, not a value)
+                              "__import__"})  # (what it returns is read from sys.modules: see IMPORTS_BY_NAME)
 _PURE_POSIX = frozenset({"fspath", "getpid", "fsencode", "fsdecode"})
 _PURE_TYPES = frozenset({
     object, type, int, bool, float, complex, str, bytes, bytearray, memoryview, tuple, list, dict, set, frozenset,
@@ -118,6 +120,12 @@ def _pure_type(owner: type) -> bool:
     if module.split(".")[0] == "torch":
         return not issubclass(owner, _torch_generator)
     return module.split(".")[0] == "numpy" and not module.startswith(_RNG_MODULES)
+
+
+# Python that imports a module by a name it is given (`importlib.import_module(self.plugin)`, `importlib.__import__`):
+# what it returns is read from `sys.modules`, behind every guard (an `import` statement's binding is guarded where
+# the statement is, see FrameCode._adopt_import).
+IMPORTS_BY_NAME = frozenset({importlib.import_module.__code__, importlib._bootstrap._gcd_import.__code__})
 
 
 def impure_call(fn: Any) -> str | None:

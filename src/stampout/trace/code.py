@@ -10,6 +10,7 @@ import sys
 import sysconfig
 import types
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -38,6 +39,11 @@ class CodeFacts:
     escapes: tuple[str, ...] = ()  # globals it loads as values, not only to read an attribute of them
     imported_stores: tuple[tuple[str, ...], ...] = ()  # `import m` in the function, then `m.a = v`: local name,
     # attributes, stored one (a store into what an import returns: a module, or an object a module holds)
+    cell_chains: tuple[tuple[str, ...], ...] = ()  # `c.a.b` loads from a closure cell: its name, then attributes
+    imports: tuple[tuple[str, str, int, str | None], ...] = ()  # a local an import binds: (local, module as
+    # imported, level, the name taken from it or None): `import a.b` binds sys.modules["a"], `import a.b as c` and
+    # `from a import b` (a module or a value) what resolve_import says
+    import_chains: tuple[tuple[str, ...], ...] = ()  # `m.a.b` loads from a local an import bound
 
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
@@ -173,11 +179,29 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     cell: list[str] | None = None  # (`mod.attr = v` with `mod` a closure cell: only its stores are kept)
     imported: set[str] = set()  # locals an import statement bound
     imported_stores: list[tuple[str, ...]] = []
+    cell_chains: list[tuple[str, ...]] = []
+    imports: list[tuple[str, str, int, str | None]] = []
+    import_chains: list[tuple[str, ...]] = []
+    consts: list[Any] = [None, None]
+    importing: tuple[str, int, Any] | None = None  # the IMPORT_NAME being bound: (name, level, fromlist)
+    taken: str | None = None  # the name its last IMPORT_FROM took
     previous = None
     augmented: tuple[list, tuple[str, ...]] | None = None  # (`g.a.n += 1`: COPY of the chain, then its store)
     for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_CONST":
+            consts = [consts[-1], ins.argval]
+        elif ins.opname == "IMPORT_NAME":
+            importing, taken = (ins.argval, consts[0] if type(consts[0]) is int else 0, consts[1]), None
+        elif ins.opname == "IMPORT_FROM":
+            taken = ins.argval
         if ins.opname == "STORE_FAST" and previous in ("IMPORT_NAME", "IMPORT_FROM"):
             imported.add(ins.argval)
+            if importing is not None:
+                name, level, fromlist = importing
+                if previous == "IMPORT_NAME":  # (`import a.b`: the top package; `from a import *` stores nothing)
+                    imports.append((ins.argval, name if level or fromlist else name.partition(".")[0], level, None))
+                else:  # (`import a.b as c`: the module a.b; `from a import b`: a's b)
+                    imports.append((ins.argval, name, level, taken if fromlist is not None else None))
         previous = ins.opname
         if ins.starts_line is not None:
             augmented = None
@@ -197,6 +221,8 @@ def _analyse(code: types.CodeType) -> CodeFacts:
         else:
             if cell is not None and ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
                 (imported_stores if cell[0] in imported else attribute_stores).append((*cell, ins.argval))
+            elif cell is not None and len(cell) > 1:
+                (import_chains if cell[0] in imported else cell_chains).append(tuple(cell))
             cell = None
         if chain is not None and len(chain) == 1 and ins.opname not in _LOADS_ATTR:
             escapes.append(chain[0])  # (`getattr(cfg, name)`, `return cfg`: any attribute may be read)
@@ -222,4 +248,13 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     nested = tuple(c for c in code.co_consts if isinstance(c, types.CodeType))
     return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores),
                      tuple(dict.fromkeys(attribute_stores)), nested, tuple(dict.fromkeys(escapes)),
-                     tuple(dict.fromkeys(imported_stores)))
+                     tuple(dict.fromkeys(imported_stores)), tuple(dict.fromkeys(cell_chains)), tuple(imports),
+                     tuple(dict.fromkeys(import_chains)))
+
+
+def user_hashed(key: Any) -> bool:
+    """A dict key whose `__hash__` or `__eq__` is the user's Python: stampout's own lookups, copies and fingerprints
+    of the dict would call it, calls eager never makes (a counting `__hash__` counts them)."""
+    cls = type(key)
+    return any(isinstance(f, types.FunctionType) and is_user_file(f.__code__.co_filename)
+               for f in (getattr(cls, "__hash__", None), getattr(cls, "__eq__", None)))

@@ -24,6 +24,7 @@ from .. import caches, config
 from ..sources import mro_attr
 from ..torch_internals import FakeTensor
 from .memory import memory_span, storages_apart
+from .code import user_hashed
 from .shapes import SIZES, concrete
 
 
@@ -49,6 +50,12 @@ def argument_names(fn: Any) -> tuple[str, ...]:
 _PLAIN_LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, str, type(None)})
 
 
+def opened_dict(value: dict) -> bool:
+    """Whether an input dict is opened into its items (flatten_inputs, rebuild_inputs): not one keyed by objects whose
+    `__hash__`/`__eq__` is the user's Python (its keys in the spec would be hashed on every call), which is a leaf."""
+    return all(type(k) is str for k in value) or not any(map(user_hashed, value))
+
+
 def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tuple[list[Any], tuple, list[str]]:
     """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels.
 
@@ -65,7 +72,8 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
             return None
         if t is tuple or t is list or _is_namedtuple(value):
             return (t, tuple([walk(v, f"{label}[{i}]") for i, v in enumerate(value)]))
-        if isinstance(value, dict):  # OrderedDict and Hugging Face ModelOutput too: their items are inputs
+        if isinstance(value, dict) and opened_dict(value):  # OrderedDict and Hugging Face ModelOutput too: their
+            # items are inputs
             return (t, tuple([(k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()]))
         leaves.append(value)
         labels.append(label)
@@ -259,25 +267,55 @@ Template = tuple
 
 
 def to_template(value: Any, holes: list[Any], inputs: dict[int, int] | None = None, sizes: bool = False,
-                world: Any = ()) -> Template:
+                world: Any = (), memo: dict[int, Template] | None = None) -> Template:
     """The template of `value`, appending each tensor it holds (and with `sizes`, each symbolic size: the
     graph computes it) to `holes`; `inputs` maps the id of each input object (not a tensor or constant) to
     its leaf index. A dataclass instance whose id is in `world` (read by the program from its model, globals or
-    closures: `return y, self.config`) and that holds no fake is that very object (a constant), not one rebuilt."""
+    closures: `return y, self.config`) and that holds no fake is that very object (a constant), not one rebuilt.
+    A mutable container reached twice (`return held, held`, a dataclass's `self.alias = self.items`) is one node
+    reached twice (`memo`: id -> node), which `build` makes one object (see shared_nodes)."""
     if isinstance(value, torch.Tensor) or sizes and isinstance(value, SIZES):
         holes.append(value)
         return (Form.HOLE, len(holes) - 1)
     if inputs and id(value) in inputs:
         return (Form.INPUT, inputs[id(value)])
-    if id(value) in world and dataclasses.is_dataclass(value) and not isinstance(value, type) \
-            and not fakes_within(value):
-        return (Form.CONST, value)
-    return _to_template(value, holes, lambda v: to_template(v, holes, inputs, sizes, world))
+    if id(value) in world and (dataclasses.is_dataclass(value) and not isinstance(value, type)
+                               and not fakes_within(value) or type(value) in _HELD):
+        return (Form.CONST, value)  # (a list or dict of the world's: that object, see keep_held_outputs)
+    memo = {} if memo is None else memo
+    node = memo.get(id(value))
+    if node is None:
+        node = _to_template(value, holes, lambda v: to_template(v, holes, inputs, sizes, world, memo))
+        if node[0] is not _CONST and not isinstance(value, tuple):  # (a tuple is made again as an equal one)
+            memo[id(value)] = node
+    return node
+
+
+_HELD = frozenset((list, dict, set, collections.OrderedDict, collections.defaultdict))
+
+
+def shared_nodes(template: Template) -> set[int]:
+    """The ids of the container nodes `template` reaches more than once (one object in the output it describes)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+
+    def walk(node: Template) -> None:
+        if node[0] is _HOLE or node[0] is _INPUT or node[0] is _CONST:
+            return
+        if id(node) in seen:
+            shared.add(id(node))
+            return
+        seen.add(id(node))
+        for child in node[2]:
+            walk(child[1] if node[0] in _KEYED else child)
+
+    walk(template)
+    return shared
 
 
 def _to_template(value: Any, holes: list[Any], to_template: Any) -> Template:
     t = type(value)
-    if t is tuple or t is list or t is torch.Size:
+    if t is tuple or t is list or t is torch.Size or t is set:  # (a set made by the call: a new one per call)
         return (Form.SEQ, t, tuple(to_template(v) for v in value))
     if _is_namedtuple(value):
         return (Form.NAMEDTUPLE, t, tuple(to_template(v) for v in value))
@@ -396,9 +434,9 @@ def slot_fields(klass: type) -> list[str]:
     return [s for s in ((slots,) if isinstance(slots, str) else slots) if s not in ("__dict__", "__weakref__")]
 
 
-def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
+def build(template: Template, values: list[Any], leaves: list[Any] = (), made: dict[int, Any] | None = None) -> Any:
     """Rebuild the structure of `template` with `values[i]` in hole i and the call's input leaf `leaves[i]`
-    where the template returns input i."""
+    where the template returns input i; a node reached twice is one object (`made`: id of node -> object)."""
     form = template[0]
     if form is _HOLE:
         return values[template[1]]
@@ -406,18 +444,28 @@ def build(template: Template, values: list[Any], leaves: list[Any] = ()) -> Any:
         return template[1]
     if form is _INPUT:
         return leaves[template[1]]
-    t, children = template[1], template[2]
+    made = {} if made is None else made
+    out = made.get(id(template), _NOTHING)
+    if out is _NOTHING:
+        out = made[id(template)] = _build(form, template[1], template[2], values, leaves, made)
+    return out
+
+
+_NOTHING = object()
+
+
+def _build(form: Form, t: type, children: tuple, values: list[Any], leaves: list[Any], made: dict[int, Any]) -> Any:
     if form is _SEQ:
-        return t(build(c, values, leaves) for c in children)
+        return t(build(c, values, leaves, made) for c in children)
     if form is _NAMEDTUPLE:
-        return t(*(build(c, values, leaves) for c in children))
+        return t(*(build(c, values, leaves, made) for c in children))
     if form is _STRUCTSEQ:
-        return t(tuple(build(c, values, leaves) for c in children))
+        return t(tuple(build(c, values, leaves, made) for c in children))
     if form is _STATE:
-        return from_state(t, [(k, build(c, values, leaves)) for k, c in children])
+        return from_state(t, [(k, build(c, values, leaves, made)) for k, c in children])
     if form is not _DICT:  # a ModelOutput or dataclass
-        return t(**{k: build(c, values, leaves) for k, c in children})
-    return t((k, build(c, values, leaves)) for k, c in children)
+        return t(**{k: build(c, values, leaves, made) for k, c in children})
+    return t((k, build(c, values, leaves, made)) for k, c in children)
 
 
 def template_constants(template: Template) -> list[Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,8 @@ from .shapes import Symbols, any_symbolic
 log = logging.getLogger(__name__)
 
 _T = torch.Tensor
+_DIFFERENTIATES = types.MappingProxyType({torch.autograd.grad: "torch.autograd.grad", _T.backward: "backward()",
+                                          torch.autograd.backward: "torch.autograd.backward"})
 # Reading these makes a trace depend on which inputs require grad. (Tensor facts no guard sees: UNGUARDED_READS.)
 _AUTOGRAD_GETTERS = {_T.requires_grad.__get__, _T.requires_grad_}
 _HANDLE_TORCH_FUNCTION = torch.overrides.handle_torch_function.__code__
@@ -203,10 +206,11 @@ class Tracer(FakeRuns, Recording):
                 "the program sets torch.autograd.graph.saved_tensors_hooks (or save_on_cpu) around torch calls",
                 user_location(), "move the hooks outside the captured call, or use stampout.compile, which runs "
                 "such a module eagerly"))
-        if func is torch.autograd.grad:  # (on fakes it cannot run: the program's own backward is not traced)
+        if func in _DIFFERENTIATES:  # (on fakes it cannot run: the program's own backward is not traced, and
+            # `.backward()` fills the leaves' .grad that the program's Python then reads, an optimizer's step)
             raise AutogradCallError(message(
-                "the program calls torch.autograd.grad (a gradient inside the forward)", user_location(),
-                "stampout.compile runs such a module eagerly; call torch.autograd.grad outside the captured code",
+                f"the program calls {_DIFFERENTIATES[func]} (a gradient inside the forward)", user_location(),
+                f"stampout.compile runs such a module eagerly; call {_DIFFERENTIATES[func]} outside the captured code",
             ))
         if (func is _T.retain_grad or _makes_leaf(func, args, kwargs)) and _from_user_code():  # (eager autograd fills
             # that tensor's .grad, a compiled backward does not; a leaf made in forward is often differentiated
