@@ -18,10 +18,10 @@ once the background compile of a new cache length is done (``ready_s`` in the ra
 generate that was; until then its calls run the captured graph eagerly, backends/background.py). Tokens
 must equal eager's (checked). Ratios are stampout / peer from the same run (targets, issue 21: first generate <= 0.2x,
 per token <= 1.0x torch.compile's). The table also lists each timed generate's ms / token in order: stampout's first
-timed generates after a compile are slower than its later ones (each entry's per-call check builds an instance-facts
-memo that a new cache object per generate strikes out, guards/instance_facts.py, until after a few generates it
-stops making them; the first call of each entry after a later capture moved EPOCH checks in full; each program
-built in the background makes its first call through Inductor's wrappers in the first timed generate), so the median
+timed generate after a compile is slower than its later ones (the first call of each entry after a later capture
+moved EPOCH checks in full; each program built in the background makes its first call through Inductor's wrappers
+in the first timed generate; an entry makes no instance-facts memo on a generate's new cache after one that did not
+pay, guards/instance_facts.py, so memos no longer make the later ones faster one after another), so the median
 alone would hide a warm-up that torch.compile's flat rows do not have. On a loaded machine the wall clock is mostly
 waiting for a core (a 3 ms decode step taking 7-11 ms): compare per token with `--clock thread` there. Raw numbers:
 bench/out/generate.json.

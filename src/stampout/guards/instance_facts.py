@@ -35,12 +35,24 @@ A memo that fails within a few calls of being made costs more than it saves. A d
 into its layers on every step: after three such memos the entry checks instance dicts entry by entry instead
 (each vouched attribute's dict entry by identity, in C++; no absence settled), leaving out their tensors,
 which the remaining check reads from the vouched layers on every call; after three more, no memo at all.
+
+# Note: when a memo is made
+Making a memo costs about as much as _PAYS full checks (~3 ms at 8 layers). A memo answers only calls on the
+objects it was made on, so a memo made on a call whose inputs are new objects (a generate's new cache: the prefill
+entry and the first decode step's, called once per generate) pays only if that run of calls on those objects lasts.
+The entry keeps the run: the call's non-tensor inputs and the anchors' objects, by identity (`_fingerprint`; tensor
+inputs are new each call and the memo does not fix them). A memo is made at once on an entry's first full check,
+after a memo on the same inputs failed (a dict written in place: the strikes above), and on new inputs when the
+last memo paid; on new inputs after one that did not, only once the run has lasted _PAYS full checks, as the
+full checks it replaces would then have cost a memo (a generate of 10 tokens checks its decode step in full,
+one of 100 makes a memo at its 16th step).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import operator
 import types
 import weakref
 from collections.abc import Callable
@@ -465,7 +477,8 @@ class InstanceFacts:
     """The memo of one entry's per-call check (see the note above): `run(check, leaves, fn, anchors)` answers
     what `check(leaves, fn, anchors)` would."""
 
-    __slots__ = ("guards", "values", "deferred", "_memo", "_strikes", "_mode", "hits", "__weakref__")
+    __slots__ = ("guards", "values", "deferred", "_memo", "_strikes", "_mode", "hits", "made", "_run", "_length",
+                 "_paid", "_made_in_run", "__weakref__")
 
     def __init__(self, guards: list[Guard], results: list[Source], deferred: list[Guard]) -> None:
         self.guards = guards
@@ -475,6 +488,11 @@ class InstanceFacts:
         self._strikes = 0
         self._mode = 0  # 0: instance dicts by version; 1: entry by entry; 2: no memo
         self.hits = 0  # (calls the memo answered: tests read it)
+        self.made = 0  # (memos made: tests read it)
+        self._run: tuple | None = None  # the inputs of the calls since they last changed (`_fingerprint`)
+        self._length = 0  # full checks in that run
+        self._made_in_run = False  # whether a memo was made in that run
+        self._paid = True  # whether the last memo paid (none made yet: as if it had)
 
     def run(self, check: Callable, leaves: list[Any], fn: Any, anchors: tuple) -> Any:
         memo = self._memo
@@ -487,18 +505,33 @@ class InstanceFacts:
                 return memo.values if out is True else out
             self._drop(memo)
         values = check(leaves, fn, anchors)
-        if values is not False and self._mode < 2:
+        if values is not False and self._mode < 2 and self._due(leaves, anchors):
             try:
                 self._memo = self._make(leaves, fn, anchors, values)
+                self.made += 1
+                self._made_in_run = True
             except Exception as e:  # (a memo is an optimization: without one the full check runs, as it just did)
                 log.debug("no instance-facts memo for this entry: %s: %s", type(e).__name__, e)
                 self._memo, self._mode = None, 2
         return values
 
+    def _due(self, leaves: list[Any], anchors: tuple) -> bool:
+        """Whether to make a memo after this full check (the note on when a memo is made)."""
+        run = self._run
+        if run is not None and len(run[0]) == len(anchors) and all(map(operator.is_, run[0], anchors)) \
+                and len(run[1]) == len(leaves) and all(
+                (r() is v if type(r) is weakref.ref else r == id(v)) for r, v in zip(run[1], leaves)
+                if not isinstance(v, torch.Tensor)):
+            self._length += 1
+        else:
+            self._run, self._length, self._made_in_run = _fingerprint(leaves, anchors), 1, False
+        return self._made_in_run or self._paid or self._length >= _PAYS
+
     def _drop(self, memo: _Memo) -> None:
         if self._memo is not memo:
             return
         self._memo = None
+        self._paid = memo.hits >= _PAYS
         if memo.hits < _PAYS:
             self._strikes += 1
             if self._strikes == _STRIKES:
@@ -568,6 +601,14 @@ class InstanceFacts:
         died = functools.partial(_died, weakref.ref(self), weakref.ref(memo))
         memo.leaves = [weakref.ref(v, died) for v in leaves.values()]
         return memo
+
+
+def _fingerprint(leaves: list[Any], anchors: tuple) -> tuple:
+    """The run a call belongs to: the objects of the anchors tuple (re-made, the same objects, after a write to a
+    watched module), and each non-tensor input, held weakly where it can be (another object may take a dead one's
+    id), else by its id (None, small ints, strings: `_due` compares them so)."""
+    return anchors, [None if isinstance(v, torch.Tensor) else weakref.ref(v) if type(v).__weakrefoffset__ else id(v)
+                     for v in leaves]
 
 
 def _died(held: weakref.ref, made: weakref.ref, _: Any) -> None:
