@@ -11,6 +11,7 @@
   check (the autouse fixture runs once per test, not per example; call ``stampout.reset()`` in the
   test body when examples must not share caches). The fuzzers' example counts scale with
   ``STAMPOUT_FUZZ_SCALE`` (tests/fuzzing.py; default 1) for a longer run.
+* Several xdist workers: each (and each process a test starts) computes on one thread unless OMP_NUM_THREADS is set.
 * Files run longest first (``HEAVY_FIRST``): with ``make test`` (``--dist loadfile --no-loadscope-reorder``) each
   xdist worker takes the next file in collection order, so the long files start at once and the short ones fill
   in at the end, instead of a one-test Inductor file starting last and running alone (xdist's default order is
