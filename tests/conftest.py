@@ -11,6 +11,7 @@
   check (the autouse fixture runs once per test, not per example; call ``stampout.reset()`` in the
   test body when examples must not share caches). The fuzzers' example counts scale with
   ``STAMPOUT_FUZZ_SCALE`` (tests/fuzzing.py; default 1) for a longer run.
+* Several xdist workers: each (and each process a test starts) computes on one thread unless OMP_NUM_THREADS is set.
 * Files run longest first (``HEAVY_FIRST``): with ``make test`` (``--dist loadfile --no-loadscope-reorder``) each
   xdist worker takes the next file in collection order, so the long files start at once and the short ones fill
   in at the end, instead of a one-test Inductor file starting last and running alone (xdist's default order is
@@ -28,6 +29,13 @@ from torch._guards import detect_fake_mode
 
 # A fake tensor or symbolic size left in user state after a capture fails the test that made it (world.py).
 os.environ.setdefault("STAMPOUT_CHECK_WORLD", "1")
+
+# Several xdist workers (`make test`: one per core): each computes on one thread, and so do the processes its tests
+# start, unless OMP_NUM_THREADS says otherwise. Each worker's own pool of one thread per core oversubscribed the
+# cores: a parallel op waited for the thread the other worker held, spinning meanwhile.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_TESTS)

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("transformers")
 pytest.importorskip("diffusers")
-from zoo_checks import FILES, check_capture_and_compile, models  # noqa: E402
+from zoo_checks import FILES, SYMBOLIC_AS, check_capture_and_compile, models  # noqa: E402
 from zoo_models import ZOO, Family  # noqa: E402
 
 pytestmark = pytest.mark.zoo
@@ -22,3 +22,8 @@ def test_every_zoo_family_is_checked_by_one_file():
     grouped = [family for families in FILES.values() for family in families]
     assert sorted(grouped, key=str) == sorted(set(grouped), key=str)
     assert set(grouped) == set(Family) and {z.family for z in ZOO} <= set(grouped)
+
+
+def test_every_model_compiled_at_one_size_names_one_compiled_at_two():
+    names = {z.name for z in ZOO}
+    assert set(SYMBOLIC_AS) <= names and set(SYMBOLIC_AS.values()) <= names - set(SYMBOLIC_AS)
