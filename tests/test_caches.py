@@ -29,6 +29,10 @@ NOT_CACHES = {
     "stampout.watch.tracking.WRITE_IDS": "(classpatch.WRITE_IDS)",
     "stampout.torch_internals.registry.PERMANENT_PATCHES": "the permanent patches this process installed, each once",
     "stampout.torch_internals.PERMANENT_PATCHES": "(registry.PERMANENT_PATCHES)",
+    "stampout.torch_internals.native_tensors._LOADED": "the native extension, loaded (or found missing) once",
+    "stampout.guards.namespaces._OWNERS": "each live class whose dict a guard read, to refresh CPython's type "
+                                          "attribute cache when a capture puts that dict back (entries leave with "
+                                          "their class)",
 }
 
 
@@ -132,3 +136,16 @@ def test_memo_registers_a_cleared_function_cache():
 def test_register_refuses_what_cannot_be_cleared():
     with pytest.raises(TypeError, match=r"caches.register\('t'\): a tuple has neither clear\(\) nor cache_clear\(\)"):
         caches.register((), "t")
+
+
+def test_a_class_dict_owner_leaves_with_its_class():
+    import gc
+
+    from stampout.guards import namespaces
+
+    cls = type("Passing", (), {})
+    key = id(namespaces.class_dict(cls))
+    assert namespaces._OWNERS[key]() is cls
+    del cls
+    gc.collect()
+    assert key not in namespaces._OWNERS

@@ -30,11 +30,14 @@ ABSENT_NAME = _MISSING  # noted as a name's value: the name must stay absent (a 
 def class_dict(cls: type) -> dict:
     """The dict behind a class's `__dict__` mappingproxy (writes to the class go through it)."""
     d = gc.get_referents(cls.__dict__)[0]
-    _OWNERS[id(d)] = weakref.ref(cls)
+    key = id(d)
+    if key not in _OWNERS:
+        _OWNERS[key] = weakref.ref(cls, lambda _, key=key: _OWNERS.pop(key, None))
     return d
 
 
-_OWNERS: dict[int, weakref.ref] = {}  # id of a class dict class_dict returned -> its class (see _modified)
+# id of a class dict class_dict returned -> its class (see _modified); an entry leaves with its class
+_OWNERS: dict[int, weakref.ref] = {}
 
 
 def _modified(namespace: dict) -> None:
