@@ -4606,3 +4606,63 @@ def dunder_import_call(wrap):
         return [f(inp(i))]
 
     return run
+
+
+# ---- round 4, review batch: dict subclasses as inputs ---------------------------------------------------------------
+
+
+@program
+def dict_subclass_input_with_a_field(wrap):
+    """A dict subclass whose own __iter__ reads a field of the instance (`d.only`), set between calls: the input's
+    items are its spec, its fields are not (the trace read a copy's)."""
+
+    class Weights(dict):
+        only = None
+
+        def __iter__(self):
+            return iter([k for k in dict.__iter__(self) if self.only is None or k == self.only])
+
+    l = lin()
+
+    def fwd(x, d):
+        for k in d:
+            x = l(x) * d[k]
+        return x
+
+    f = wrap(fwd)
+    d = Weights(a=1.0, b=2.0)
+
+    def run(i):
+        if i == 2:
+            d.only = "a"
+        if i == 3:
+            d.only = "b"
+        return [f(inp(i), d)]
+
+    return run
+
+
+@program
+def dict_subclass_input_iterating_in_its_own_order(wrap):
+    """A dict subclass iterating its keys sorted (not in insertion order), read only: the caller's dict must come back
+    as it was (its values were swapped between keys: a replayed whole-dict store zipped the class's key order with
+    dict's value order)."""
+
+    class Sorted(dict):
+        def __iter__(self):
+            return iter(sorted(dict.keys(self), reverse=True))
+
+    def fwd(x, d):
+        for k in d:
+            x = x * 10 + d[k]
+        return x
+
+    f = wrap(fwd)
+    d = Sorted(b=2.0, c=0.5, a=3.0)
+
+    def run(i):
+        if i == 3:
+            dict.__setitem__(d, "d", 1.0)
+        return [f(inp(i), d), dict(dict.items(d)), list(dict.keys(d))]
+
+    return run
