@@ -4666,3 +4666,38 @@ def dict_subclass_input_iterating_in_its_own_order(wrap):
         return [f(inp(i), d), dict(dict.items(d)), list(dict.keys(d))]
 
     return run
+
+
+@program
+def import_bound_in_a_cell(wrap):
+    """`import m` in a function whose nested function reads m too (the import binds a cell, not a local): m's flag
+    changes between calls, then sys.modules gets another m."""
+    import sys
+
+    def plugin(scale):
+        mod = types.ModuleType("rt4_cell_import")
+        mod.SCALE = scale
+        sys.modules["rt4_cell_import"] = mod
+        return mod
+
+    mod = plugin(2.0)
+    l = lin()
+
+    def fwd(x):
+        import rt4_cell_import
+
+        def scaled(y):
+            return y * rt4_cell_import.SCALE
+
+        return scaled(l(x)) + rt4_cell_import.SCALE
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            mod.SCALE = 3.0
+        if i == 4:
+            plugin(7.0)
+        return [f(inp(i))]
+
+    return run
