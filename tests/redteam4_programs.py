@@ -4701,3 +4701,33 @@ def import_bound_in_a_cell(wrap):
         return [f(inp(i))]
 
     return run
+
+
+@program
+def module_list_subclass_gains_iter(wrap):
+    """A ModuleList subclass of the user's, iterated in forward; between calls its class gains an `__iter__` that
+    walks the layers in reverse."""
+
+    class Layers(nn.ModuleList):
+        pass
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = Layers(lin(i) for i in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x) * 0.5
+            return x
+
+    m = Model()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            Layers.__iter__ = lambda self: iter(list(self._modules.values())[::-1])
+        with torch.no_grad():
+            return [f(inp(i))]
+
+    return run

@@ -18,7 +18,7 @@ import torch
 from .. import config
 from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
 from ..guards.namespaces import ABSENT_NAME, class_dict, patched_tensor_methods
-from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
+from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf, mro_attr
 from ..torch_internals import FakeTensor
 from ..trace.code import user_hashed
 from ..trace.frames import user_location
@@ -68,6 +68,9 @@ def _by_identity(key: Any) -> bool:
     """A dict key equal only to itself (a module, an object of a class without `__eq__`, a weak reference)."""
     return type(key) is weakref.ref or (type(key).__hash__ is object.__hash__ and not isinstance(key, type))
 
+
+# (how a container module's class reads its registries: what their guards in _adopt_children stand for)
+_CONTAINER_PROTOCOL = ("__iter__", "__len__", "__getitem__", "__contains__")
 
 class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     """Reads recorded while one region call is traced, and why its trace may not be reusable.
@@ -331,6 +334,10 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
 
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)
+        if original_class(container) not in CONTAINERS:  # (a subclass: iterated, counted and indexed as its class
+            # says, which may change between calls: `L.__iter__ = ...` on a class that had none of its own)
+            for name in _CONTAINER_PROTOCOL:
+                self.guard(ClassAttr(TypeOf(source), name), Kind.ID, mro_attr(type(container), name), where)
         for registry in ("_modules", "_parameters", "_keys"):  # (their order is the order `items()` walks)
             names = container.__dict__.get(registry)
             if type(names) is dict and names:
