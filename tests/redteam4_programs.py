@@ -4731,3 +4731,36 @@ def module_list_subclass_gains_iter(wrap):
             return [f(inp(i))]
 
     return run
+
+
+@program
+def dict_subclass_attribute_gains_getitem(wrap):
+    """A dict subclass of the user's held by the model and read item by item in forward; between calls its class gains
+    a `__getitem__`, then an item is written past the class's methods."""
+
+    class Table(dict):
+        pass
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = lin()
+            self.table = Table(a=1.0, b=2.0)
+
+        def forward(self, x):
+            for k in self.table:
+                x = self.l(x) * self.table[k]
+            return x
+
+    m = Model()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            Table.__getitem__ = lambda self, k: 0.5
+        if i == 3:
+            dict.__setitem__(m.table, "c", 3.0)
+        with torch.no_grad():
+            return [f(inp(i))]
+
+    return run
