@@ -4606,3 +4606,161 @@ def dunder_import_call(wrap):
         return [f(inp(i))]
 
     return run
+
+
+# ---- round 4, review batch: dict subclasses as inputs ---------------------------------------------------------------
+
+
+@program
+def dict_subclass_input_with_a_field(wrap):
+    """A dict subclass whose own __iter__ reads a field of the instance (`d.only`), set between calls: the input's
+    items are its spec, its fields are not (the trace read a copy's)."""
+
+    class Weights(dict):
+        only = None
+
+        def __iter__(self):
+            return iter([k for k in dict.__iter__(self) if self.only is None or k == self.only])
+
+    l = lin()
+
+    def fwd(x, d):
+        for k in d:
+            x = l(x) * d[k]
+        return x
+
+    f = wrap(fwd)
+    d = Weights(a=1.0, b=2.0)
+
+    def run(i):
+        if i == 2:
+            d.only = "a"
+        if i == 3:
+            d.only = "b"
+        return [f(inp(i), d)]
+
+    return run
+
+
+@program
+def dict_subclass_input_iterating_in_its_own_order(wrap):
+    """A dict subclass iterating its keys sorted (not in insertion order), read only: the caller's dict must come back
+    as it was (its values were swapped between keys: a replayed whole-dict store zipped the class's key order with
+    dict's value order)."""
+
+    class Sorted(dict):
+        def __iter__(self):
+            return iter(sorted(dict.keys(self), reverse=True))
+
+    def fwd(x, d):
+        for k in d:
+            x = x * 10 + d[k]
+        return x
+
+    f = wrap(fwd)
+    d = Sorted(b=2.0, c=0.5, a=3.0)
+
+    def run(i):
+        if i == 3:
+            dict.__setitem__(d, "d", 1.0)
+        return [f(inp(i), d), dict(dict.items(d)), list(dict.keys(d))]
+
+    return run
+
+
+@program
+def import_bound_in_a_cell(wrap):
+    """`import m` in a function whose nested function reads m too (the import binds a cell, not a local): m's flag
+    changes between calls, then sys.modules gets another m."""
+    import sys
+
+    def plugin(scale):
+        mod = types.ModuleType("rt4_cell_import")
+        mod.SCALE = scale
+        sys.modules["rt4_cell_import"] = mod
+        return mod
+
+    mod = plugin(2.0)
+    l = lin()
+
+    def fwd(x):
+        import rt4_cell_import
+
+        def scaled(y):
+            return y * rt4_cell_import.SCALE
+
+        return scaled(l(x)) + rt4_cell_import.SCALE
+
+    f = wrap(fwd)
+
+    def run(i):
+        if i == 2:
+            mod.SCALE = 3.0
+        if i == 4:
+            plugin(7.0)
+        return [f(inp(i))]
+
+    return run
+
+
+@program
+def module_list_subclass_gains_iter(wrap):
+    """A ModuleList subclass of the user's, iterated in forward; between calls its class gains an `__iter__` that
+    walks the layers in reverse."""
+
+    class Layers(nn.ModuleList):
+        pass
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = Layers(lin(i) for i in range(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x) * 0.5
+            return x
+
+    m = Model()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            Layers.__iter__ = lambda self: iter(list(self._modules.values())[::-1])
+        with torch.no_grad():
+            return [f(inp(i))]
+
+    return run
+
+
+@program
+def dict_subclass_attribute_gains_getitem(wrap):
+    """A dict subclass of the user's held by the model and read item by item in forward; between calls its class gains
+    a `__getitem__`, then an item is written past the class's methods."""
+
+    class Table(dict):
+        pass
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = lin()
+            self.table = Table(a=1.0, b=2.0)
+
+        def forward(self, x):
+            for k in self.table:
+                x = self.l(x) * self.table[k]
+            return x
+
+    m = Model()
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            Table.__getitem__ = lambda self, k: 0.5
+        if i == 3:
+            dict.__setitem__(m.table, "c", 3.0)
+        with torch.no_grad():
+            return [f(inp(i))]
+
+    return run

@@ -175,7 +175,7 @@ class Plan:
     def _traced_keys(self, d: dict, before: Any, where: str) -> bool:
         """Whether a key `d` gained holds a traced tensor (`memo[t] = ...`): no replayed store can make that key
         again per call (each call's tensor is a new key in eager), so the program is refused."""
-        if any(holds_fake(k, whole=True) for k in list(d) if k not in before):
+        if any(holds_fake(k, whole=True) for k in list(dict.keys(d)) if k not in before):
             self._refuse(f"keys a dict by a traced tensor (at {where})")
             return True
         return False
@@ -225,13 +225,15 @@ class Plan:
         if isinstance(container, dict):
             if self._traced_keys(container, before, where):
                 return
-            keys = list(container)
+            # (its items as dict keeps them, in one order: a subclass's own __iter__ may list its keys in another,
+            # and keys zipped with values of the other order would swap the caller's values)
+            keys = list(dict.keys(container))
             if keys[:len(before)] != list(before):  # items removed (`del d[k]`, `pop`) or reordered
-                values = [self._value(v, where) for v in container.values()]
+                values = [self._value(v, where) for v in dict.values(container)]
                 if all(v is not None for v in values):
                     self.effects.append(Effect(EffectOp.REPLACE, source, tuple(keys), tuple(values), where))
                 return
-            for k, v in container.items():
+            for k, v in dict.items(container):
                 if k not in before or before[k] is not v:
                     value = self._value(v, where)
                     if value is not None:

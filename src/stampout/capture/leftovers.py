@@ -74,12 +74,14 @@ def input_held_by(modules: list[Any], leaves: list[Any], labels: list[str]) -> s
     inputs = {id(t): label for t, label in zip(leaves, labels) if isinstance(t, torch.Tensor)}
     ids = inputs.keys()  # (the inputs are alive, held by `leaves`: an object of one of their ids is that tensor)
     for m in modules if inputs else ():
-        fields = getattr(m, "__dict__", _NO_FIELDS).values()
-        if ids.isdisjoint(map(id, fields)) and all(  # (a pass in C over each module's values and the items of its
-                ids.isdisjoint(map(id, dict.values(v) if type(v) is dict else v))  # lists, tuples and dicts: the
-                for v in fields if type(v) in _OPENED):  # loop below names the holder, where there is one)
+        fields = getattr(m, "__dict__", _NO_FIELDS)
+        # (a pass in C over the module's values and the items of its lists, tuples and dicts; the loop below names
+        # the holder, where there is one)
+        if ids.isdisjoint(map(id, fields.values())) and all(
+                ids.isdisjoint(map(id, dict.values(v) if type(v) is dict else v))
+                for v in fields.values() if type(v) in _OPENED):
             continue
-        for name, value in list(getattr(m, "__dict__", {}).items()):
+        for name, value in list(fields.items()):
             items = value.values() if type(value) is dict else value if type(value) in (list, tuple) else (value,)
             for item in items:
                 if isinstance(item, torch.Tensor) and id(item) in inputs:

@@ -18,7 +18,7 @@ import torch
 from .. import config
 from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tensor_meta
 from ..guards.namespaces import ABSENT_NAME, class_dict, patched_tensor_methods
-from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf
+from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf, mro_attr
 from ..torch_internals import FakeTensor
 from ..trace.code import user_hashed
 from ..trace.frames import user_location
@@ -68,6 +68,9 @@ def _by_identity(key: Any) -> bool:
     """A dict key equal only to itself (a module, an object of a class without `__eq__`, a weak reference)."""
     return type(key) is weakref.ref or (type(key).__hash__ is object.__hash__ and not isinstance(key, type))
 
+
+# (how a container's class reads its items: see _guard_protocol)
+_CONTAINER_PROTOCOL = ("__iter__", "__len__", "__getitem__", "__contains__")
 
 class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     """Reads recorded while one region call is traced, and why its trace may not be reusable.
@@ -289,6 +292,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self.guard(source, Kind.LEN, len(value), where)
         if not self._name(value, source, where):
             return
+        if type(value) not in (list, tuple, dict):
+            self._guard_protocol(value, source, where)
         if len(value) > config.guard_max_items:
             self.guard(source, Kind.ID, value, where)
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
@@ -329,8 +334,18 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         if is_user_class_object(cls):
             self._adopt_class(cls, where)
 
+    def _guard_protocol(self, value: Any, source: Source, where: str) -> None:
+        """A container of a subclass (of list, dict, nn.ModuleList, ...) is iterated, counted, indexed and tested for
+        membership through type slots, with no attribute read to guard, as its class says: which may change between
+        calls (`Layers.__iter__ = ...` on a class that had none of its own). Those methods are guarded by identity
+        through the MRO; the guards on its items and length stand for them."""
+        for name in _CONTAINER_PROTOCOL:
+            self.guard(ClassAttr(TypeOf(source), name), Kind.ID, mro_attr(type(value), name), where)
+
     def _adopt_children(self, container: torch.nn.Module, source: Source, where: str) -> None:
         self.guard(source, Kind.LEN, len(container), where)
+        if original_class(container) not in CONTAINERS:
+            self._guard_protocol(container, source, where)
         for registry in ("_modules", "_parameters", "_keys"):  # (their order is the order `items()` walks)
             names = container.__dict__.get(registry)
             if type(names) is dict and names:

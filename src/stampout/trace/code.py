@@ -42,7 +42,7 @@ class CodeFacts:
     cell_chains: tuple[tuple[str, ...], ...] = ()  # `c.a.b` loads from a closure cell: its name, then attributes
     imports: tuple[tuple[str, str, int, str | None], ...] = ()  # a local an import binds: (local, module as
     # imported, level, the name taken from it or None): `import a.b` binds sys.modules["a"], `import a.b as c` and
-    # `from a import b` (a module or a value) what resolve_import says
+    # `from a import b` (a module or a value) what FrameCode._adopt_import resolves
     import_chains: tuple[tuple[str, ...], ...] = ()  # `m.a.b` loads from a local an import bound
 
 
@@ -194,7 +194,8 @@ def _analyse(code: types.CodeType) -> CodeFacts:
             importing, taken = (ins.argval, consts[0] if type(consts[0]) is int else 0, consts[1]), None
         elif ins.opname == "IMPORT_FROM":
             taken = ins.argval
-        if ins.opname == "STORE_FAST" and previous in ("IMPORT_NAME", "IMPORT_FROM"):
+        if ins.opname in ("STORE_FAST", "STORE_DEREF") and previous in ("IMPORT_NAME", "IMPORT_FROM"):  # (a cell:
+            # `import m` in a function whose nested function reads m)
             imported.add(ins.argval)
             if importing is not None:
                 name, level, fromlist = importing
@@ -212,7 +213,7 @@ def _analyse(code: types.CodeType) -> CodeFacts:
         elif augmented is not None and ins.opname in ("STORE_ATTR", "DELETE_ATTR"):
             augmented[0].append((*augmented[1], ins.argval))
             augmented = None
-        if ins.opname == "LOAD_FAST" and ins.argval in imported:
+        if ins.opname in ("LOAD_FAST", "LOAD_DEREF") and ins.argval in imported:
             cell = [ins.argval]
         elif ins.opname == "LOAD_DEREF" and ins.argval in code.co_freevars:
             cell = [ins.argval]

@@ -52,8 +52,21 @@ _PLAIN_LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, s
 
 def opened_dict(value: dict) -> bool:
     """Whether an input dict is opened into its items (flatten_inputs, rebuild_inputs): not one keyed by objects whose
-    `__hash__`/`__eq__` is the user's Python (its keys in the spec would be hashed on every call), which is a leaf."""
-    return all(type(k) is str for k in value) or not any(map(user_hashed, value))
+    `__hash__`/`__eq__` is the user's Python (its keys in the spec would be hashed on every call), nor an instance of a
+    dict subclass that holds more than its items (`_fields_beyond_items`): each is a leaf."""
+    return (all(type(k) is str for k in value) or not any(map(user_hashed, value))) \
+        and (type(value) is dict or not _fields_beyond_items(value))
+
+
+def _fields_beyond_items(value: dict) -> bool:
+    """Whether a dict subclass instance has an attribute that is not None and not its item of that name: the spec
+    holds the items only, and the trace reads a copy (rebuild_inputs), so such a field (`d.only = "a"`, read by the
+    class's own `__iter__`) would be baked. A ModelOutput's fields mirror its items (None ones are not items)."""
+    fields = getattr(value, "__dict__", None)
+    return bool(fields) and any(v is not None and dict.get(value, k, _ABSENT) is not v for k, v in fields.items())
+
+
+_ABSENT = object()
 
 
 def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tuple[list[Any], tuple, list[str]]:
