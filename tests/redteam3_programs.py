@@ -28,34 +28,12 @@ import weakref
 import numpy as np
 import torch
 import torch.nn.functional as F
+from redteam_battery import grads, inp, lin, registry
 from torch import nn
 
 import stampout
 
-PROGRAMS = {}
-
-
-def program(fn):
-    PROGRAMS[fn.__name__] = fn
-    return fn
-
-
-def lin(seed=0, d=4):
-    g = torch.Generator().manual_seed(seed)
-    m = nn.Linear(d, d)
-    with torch.no_grad():
-        m.weight.copy_(torch.randn(d, d, generator=g))
-        m.bias.copy_(torch.randn(d, generator=g))
-    return m
-
-
-def inp(i, n=2, d=4, grad=False):
-    g = torch.Generator().manual_seed(100 + i)
-    return torch.randn(n, d, generator=g, requires_grad=grad)
-
-
-def grads(m):
-    return {k: (None if p.grad is None else p.grad.clone()) for k, p in m.named_parameters()}
+PROGRAMS, program = registry()
 
 
 # 1 lru_cache mask

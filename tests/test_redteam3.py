@@ -6,12 +6,11 @@ identity that made its program ineligible."""
 from __future__ import annotations
 
 import functools
-import random
 
-import numpy as np
 import pytest
 import torch
 from redteam3_programs import PROGRAMS
+from redteam_battery import calls
 from torch import nn
 
 import stampout
@@ -208,33 +207,14 @@ def test_a_buffer_accumulating_a_grad_requiring_value(backend):
         _same(model.acc, reference.acc)
 
 
-def _calls(name: str, backend: str | None, n: int = 5) -> list:
-    """The observables of `n` calls of program `name`, eagerly (backend None) or compiled, from a fresh world and
-    seeds (errors as their text: a program that raises in eager raises the same when compiled)."""
-    stampout.reset()
-    torch.manual_seed(0)
-    random.seed(0)
-    np.random.seed(0)
-    regions = "auto" if name.startswith("rg_") else None
-    run = PROGRAMS[name]((lambda f: f) if backend is None
-                         else (lambda f: stampout.compile(f, backend=backend, regions=regions)))
-    out = []
-    for i in range(n):
-        try:
-            out.append(run(i))
-        except Exception as error:  # noqa: BLE001 - compared with eager's
-            out.append(f"{type(error).__name__}: {str(error).splitlines()[0]}")
-    return out
-
-
 @pytest.mark.parametrize(("name", "backend"), _CASES)
 def test_an_ordinary_program_matches_eager(name, backend):
     """Outputs, gradients and the caller's objects after each of five calls, with the changes a user makes between
     them, as eager gives them: what the traced code touches outside the watched objects is guarded, replayed, undone,
     or runs eagerly."""
     with stampout.config.patch(check_world=False):
-        expected = _calls(name, None)
-        got = _calls(name, backend)
+        expected = calls(PROGRAMS, name, None)
+        got = calls(PROGRAMS, name, backend)
     for i, (g, e) in enumerate(zip(got, expected)):
         _same(g, e, f"call {i}")
 
@@ -246,7 +226,7 @@ def test_hidden_state_of_the_standard_library_is_not_baked(name):
     disk from Python 3.11's frozen `genericpath` (its C calls were not checked: the first answer was baked). Both make
     the program run eagerly."""
     with stampout.config.patch(check_world=False):
-        _same(_calls(name, "eager"), _calls(name, None))
+        _same(calls(PROGRAMS, name, "eager"), calls(PROGRAMS, name, None))
 
 
 _TABLE_CFG = {"scale": 1.0}

@@ -5,12 +5,10 @@ touches outside the watched objects is guarded, replayed, undone, or makes the p
 
 from __future__ import annotations
 
-import random
-
-import numpy as np
 import pytest
 import torch
 from redteam4_programs import PROGRAMS
+from redteam_battery import calls
 from test_redteam3 import _same
 
 import stampout
@@ -42,32 +40,13 @@ _CASES = [pytest.param(name, backend, marks=pytest.mark.xfail(strict=True, reaso
           + [(name, "aot_eager") for name in PROGRAMS if name in _THROUGH_AOT]]
 
 
-def _calls(name: str, backend: str | None, n: int = 5) -> list:
-    """The observables of `n` calls of program `name`, eagerly (backend None) or compiled, from a fresh world and
-    seeds (errors as their text: a program that raises in eager raises the same when compiled)."""
-    stampout.reset()
-    torch.manual_seed(0)
-    random.seed(0)
-    np.random.seed(0)
-    regions = "auto" if name.startswith("rg_") else None
-    run = PROGRAMS[name]((lambda f: f) if backend is None
-                         else (lambda f: stampout.compile(f, backend=backend, regions=regions)))
-    out = []
-    for i in range(n):
-        try:
-            out.append(run(i))
-        except Exception as error:  # noqa: BLE001 - compared with eager's
-            out.append(f"{type(error).__name__}: {str(error).splitlines()[0]}")
-    return out
-
-
 @pytest.mark.parametrize(("name", "backend"), _CASES)
 def test_an_ordinary_program_matches_eager(name, backend):
     """Outputs, gradients and the caller's objects after each of five calls, with the changes a user makes between
     them, as eager gives them."""
     with stampout.config.patch(check_world=False):
-        expected = _calls(name, None)
-        got = _calls(name, backend)
+        expected = calls(PROGRAMS, name, None)
+        got = calls(PROGRAMS, name, backend)
     for i, (g, e) in enumerate(zip(got, expected)):
         _same(g, e, f"call {i}")
 
