@@ -61,7 +61,7 @@ except ImportError:  # pragma: no cover
 HEAVY_FIRST = (
     "test_fuzz_soundness.py", "test_hf_zoo_decoders.py", "test_hf_zoo_diffusers.py", "test_hf_zoo_encoders.py",
     "test_export.py", "test_bench_cli.py", "test_inductor_restart_caches.py", "test_inductor_compile_threads.py",
-    "test_dynamic_compile_modes.py", "test_strides.py", "test_generation.py", "test_fuzz_world.py",
+    "test_dynamic_compile_modes.py", "test_strides.py", "test_redteam4.py", "test_generation.py", "test_fuzz_world.py",
     "test_hf_zoo_training.py", "test_inductor_kernel_batch.py", "test_inductor_headers.py",
     "test_higher_order_backends.py", "test_fsdp_mesh.py", "test_fsdp.py", "test_higher_order.py", "test_backends.py",
 )
