@@ -222,6 +222,32 @@ def test_the_module_tree_listing_is_nn_modules_own(tree) -> None:
     assert all(a is b for a, b in zip(listed, root.modules()))
 
 
+class ValuesOwnDict(dict):
+    """A `_modules` whose `values()` are not its items (the walk would list other modules than nn.Module's)."""
+
+    def values(self):
+        return []
+
+
+def test_a_watched_model_is_listed_by_the_walk_and_an_odd_modules_dict_by_modules(monkeypatch) -> None:
+    """A compiled model's `_modules` are watched dicts (watch/tracking._BumpingDict: dict's items and values): the
+    walk lists them itself, as for plain dicts (before, every capture after the first called `modules()`); a dict
+    subclass with its own `values` is listed by `modules()`."""
+    from stampout.trace.names import module_tree
+
+    model = Stack(3)
+    stampout.compile(model, backend="eager")(torch.randn(2, 8))
+    assert type(model._modules) is not dict
+    expected = list(model.modules())
+    listings = []
+    monkeypatch.setattr(nn.Module, "modules", lambda self: listings.append(self) or iter(expected))
+    listed = module_tree(model)
+    assert not listings and len(listed) == len(expected) and all(a is b for a, b in zip(listed, expected))
+    model.__dict__["_modules"] = ValuesOwnDict(model._modules)
+    module_tree(model)
+    assert listings == [model]
+
+
 class CountingConfig:
     """A config answering attribute reads in Python (as transformers' PretrainedConfig does): each `__class__` read,
     which isinstance makes of a value whose class is not the one asked about, is counted."""

@@ -67,6 +67,13 @@ def _plain_tree(cls: type) -> bool:
     return plain
 
 
+def _read_as_dict(children: Any) -> bool:
+    """A dict subclass whose items and values are dict's (a watched module's `_modules`, `watch/tracking._BumpingDict`,
+    which only adds to writes): `named_modules` reads it as the walk does."""
+    cls = type(children)
+    return isinstance(children, dict) and cls.items is dict.items and cls.values is dict.values
+
+
 def module_tree(root: torch.nn.Module) -> list[torch.nn.Module]:
     """`list(root.modules())`, without its generator per module (each module passing up through every level above
     it) and its names: the same modules in the same order (depth first, each once), by a walk of the `_modules`
@@ -81,7 +88,7 @@ def module_tree(root: torch.nn.Module) -> list[torch.nn.Module]:
             continue
         d = getattr(m, "__dict__", None)
         children = d.get("_modules") if type(d) is dict else None
-        if (type(children) is not dict or not (plain.get(type(m)) or _plain_tree(type(m)))
+        if (not (type(children) is dict or _read_as_dict(children)) or not (plain.get(type(m)) or _plain_tree(type(m)))
                 or "named_modules" in d or "modules" in d):  # (an instance's own: they would shadow the methods)
             return list(root.modules())
         seen.add(id(m))
