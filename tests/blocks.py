@@ -1,7 +1,8 @@
 """Small models and inputs shared by the behaviour files (test_per_layer_state.py, test_state_between_calls.py, ...):
 `Block` is a residual block whose forward is the region, `stack_of(Block, n)` a seeded stack of them, `sample()`
 a seeded input of width `D`; `Layer` (its region twin `Marked`) a layer reading a
-config object `Cfg` it holds (`OtherCfg` another class of config)."""
+config object `Cfg` it holds (`OtherCfg` another class of config); `RegionStack` runs given layers in turn, each
+one's forward marked a region per instance (as transformers' layers are)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ class Block(nn.Module):
     @stampout.region
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + torch.tanh(self.mlp(x))
+
+
+class RegionStack(nn.Module):
+    """`layers` in a ModuleList, each one's forward marked a region on the instance, run one after the other."""
+
+    def __init__(self, layers: Any) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        for layer in self.layers:
+            layer.forward = stampout.region(layer.forward)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
 
 
 def stack_of(cls: type[nn.Module], n: int, *a: Any) -> nn.Sequential:

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from blocks import D, sample, stack_of
+from blocks import D, RegionStack, sample, stack_of
 from helpers import TOL, check_capture, tree_assert_close
 from torch import nn
 
@@ -250,17 +250,9 @@ class SwapsLayers(nn.Module):
         return y
 
 
-class SwapsInARegion(nn.Module):
+class SwapsInARegion(RegionStack):
     def __init__(self) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(SwapsLayers() for _ in range(2))
-        for layer in self.layers:
-            layer.forward = stampout.region(layer.forward)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__(SwapsLayers() for _ in range(2))
 
 
 @pytest.mark.parametrize("make", [SwapsLayers, SwapsInARegion], ids=["plain", "region"])

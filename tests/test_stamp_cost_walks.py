@@ -10,6 +10,7 @@ import importlib
 
 import pytest
 import torch
+from blocks import RegionStack
 from torch import nn
 
 import stampout
@@ -35,18 +36,10 @@ class Layer(nn.Module):
         return self.norm(self.lin(x)) + self.cfg.eps
 
 
-class Stack(nn.Module):
+class Stack(RegionStack):
     def __init__(self, n: int) -> None:
-        super().__init__()
         cfg = Config()
-        self.layers = nn.ModuleList(Layer(cfg) for _ in range(n))
-        for layer in self.layers:  # (bound per instance, as transformers' layers are marked: each holds its layer)
-            layer.forward = stampout.region(layer.forward)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__(Layer(cfg) for _ in range(n))
 
 
 def count_opened(monkeypatch, key) -> collections.Counter:
@@ -273,19 +266,11 @@ class ConfigLayer(nn.Module):
         return self.lin(x) * 2
 
 
-class ConfigStack(nn.Module):
+class ConfigStack(RegionStack):
     def __init__(self, n: int) -> None:
-        super().__init__()
         cfg = CountingConfig()
+        super().__init__(ConfigLayer(cfg) for _ in range(n))
         self.config = cfg
-        self.layers = nn.ModuleList(ConfigLayer(cfg) for _ in range(n))
-        for layer in self.layers:
-            layer.forward = stampout.region(layer.forward)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def test_a_config_every_layer_holds_is_not_asked_its_class_per_layer() -> None:

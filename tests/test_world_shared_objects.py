@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from blocks import RegionStack
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -49,17 +50,9 @@ class Layer(nn.Module):
         return h
 
 
-class Stack(nn.Module):
+class Stack(RegionStack):
     def __init__(self, configs: list[Config], where: list[str | None]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(Layer(c, w) for c, w in zip(configs, where))
-        for layer in self.layers:
-            layer.forward = stampout.region(layer.forward)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__(Layer(c, w) for c, w in zip(configs, where))
 
 
 def _fakes_in(obj: object) -> list[str]:
