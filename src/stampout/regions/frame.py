@@ -20,7 +20,7 @@ from ..guards.guard import Guard, Kind, const_key, hooks_key, is_constant, tenso
 from ..guards.namespaces import ABSENT_NAME, class_dict, patched_tensor_methods
 from ..sources import MISSING, Absolute, Arg, Attr, ClassAttr, Input, Item, Source, TypeOf, mro_attr
 from ..torch_internals import FakeTensor
-from ..trace.code import user_hashed
+from ..trace.code import user_hashed_key
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES, size_key
 from ..watch.classpatch import PATCHED_NAMES
@@ -299,7 +299,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
             return
         if isinstance(value, dict):
-            user = next(filter(user_hashed, dict.keys(value)), None)
+            user = user_hashed_key(value)
             if user is not None:
                 self.guard(source, Kind.ID, value, where)
                 self.mark_ineligible(f"reads {source.name()}, a dict keyed by {type(user).__qualname__} objects (their "

@@ -17,7 +17,7 @@ from ..guards.guard import Kind, is_constant
 from ..guards.hook_keys import HOOK_DICTS, hooks_key
 from ..sources import MISSING, Arg, Attr, Item, Source
 from ..torch_internals import FakeTensor
-from ..trace.code import user_hashed
+from ..trace.code import user_hashed_key
 from ..trace.frames import user_location
 from ..watch.classpatch import peek
 from ..watch.tracking import Watch
@@ -110,7 +110,7 @@ class FrameWrites:
         """Lists and dicts among the call's arguments (opened into leaves), and sets (leaves the program gets
         as they are), at `source`: what the program changes in them is a side effect (undone after the capture,
         replayed by compiled calls into each call's own containers)."""
-        if isinstance(value, dict) and any(map(user_hashed, dict.keys(value))):  # (copying it would call them)
+        if isinstance(value, dict) and user_hashed_key(value) is not None:  # (copying it would call them)
             self.mark_ineligible(f"takes {source.name()}, a dict keyed by objects whose __hash__/__eq__ is Python")
         elif type(value) in (list, dict, set) or isinstance(value, dict):  # (an OrderedDict, a defaultdict too)
             self._note_container(value, source, "")

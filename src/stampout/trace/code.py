@@ -259,3 +259,8 @@ def user_hashed(key: Any) -> bool:
     cls = type(key)
     return any(isinstance(f, types.FunctionType) and is_user_file(f.__code__.co_filename)
                for f in (getattr(cls, "__hash__", None), getattr(cls, "__eq__", None)))
+
+
+def user_hashed_key(d: dict) -> Any:
+    """The first key of dict `d` (as dict stores them) whose `__hash__` or `__eq__` is the user's Python, or None."""
+    return next((k for k in dict.keys(d) if type(k) is not str and user_hashed(k)), None)

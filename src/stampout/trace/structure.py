@@ -24,7 +24,7 @@ from .. import caches, config
 from ..sources import mro_attr
 from ..torch_internals import FakeTensor
 from .memory import memory_span, storages_apart
-from .code import user_hashed
+from .code import user_hashed_key
 from .shapes import SIZES, concrete
 
 
@@ -54,8 +54,7 @@ def opened_dict(value: dict) -> bool:
     """Whether an input dict is opened into its items (flatten_inputs, rebuild_inputs): not one keyed by objects whose
     `__hash__`/`__eq__` is the user's Python (its keys in the spec would be hashed on every call), nor an instance of a
     dict subclass that holds more than its items (`_fields_beyond_items`): each is a leaf."""
-    return (all(type(k) is str for k in value) or not any(map(user_hashed, value))) \
-        and (type(value) is dict or not _fields_beyond_items(value))
+    return user_hashed_key(value) is None and (type(value) is dict or not _fields_beyond_items(value))
 
 
 def _fields_beyond_items(value: dict) -> bool:
