@@ -10,7 +10,7 @@ from stampout.guards.guard import Guard, compile_guards
 from stampout.guards.instance_facts import InstanceFacts
 from stampout.guards.rules import Kind
 from stampout.report import annotated
-from stampout.sources import Arg, Attr, Item
+from stampout.sources import Absolute, Arg, Attr, Item
 
 
 class Layer:
@@ -155,6 +155,53 @@ def test_keys_of_a_dict_subclass_with_its_own_iter_are_read_per_call():
     guards, leaves = _keys_of_registry(cache)
     held = _memoized(guards, leaves)
     assert "dict keys" in annotated(held._memo.rest)
+
+
+def _tensor_attribute(cache: Cache) -> tuple[list[Guard], list]:
+    """`cache.buf.persistent` read through the tensor's own `__dict__` (the guards a Hugging Face rotary buffer's
+    attribute leaves: the dict's keys and the item)."""
+    attrs = Attr(Attr(Arg(2, "cache"), "buf"), "__dict__")
+    return [Guard(attrs, Kind.KEYS, tuple(vars(cache.buf))), Guard(Item(attrs, "persistent"), Kind.CONST,
+                                                                 (bool, False))], [None, torch.ones(2), cache]
+
+
+def test_a_tensor_attribute_is_settled_and_a_write_to_it_is_seen():
+    cache = Cache(2)
+    cache.buf = torch.zeros(3)
+    cache.buf.persistent = False
+    guards, leaves = _tensor_attribute(cache)
+    held = _memoized(guards, leaves)
+    assert "persistent" not in annotated(held._memo.rest)  # (the tensor's dict version fixes it: not read per call)
+    cache.buf.persistent = True
+    assert held.run(_check(guards), leaves, None, ()) is False
+    cache.buf.persistent = False
+    held = _memoized(guards, leaves)
+    cache.buf.__dict__["persistent"] = True
+    assert held.run(_check(guards), leaves, None, ()) is False
+    cache.buf.__dict__["persistent"] = False
+    held = _memoized(guards, leaves)
+    cache.buf.__dict__ = {"persistent": True}  # (another dict: the tensor's `__dict__` is read in C, by identity)
+    assert held.run(_check(guards), leaves, None, ()) is False
+    cache.buf.__dict__ = {"persistent": False}
+    held = _memoized(guards, leaves)
+    cache.buf = torch.zeros(3)  # (another tensor, no attribute: another dict)
+    assert held.run(_check(guards), leaves, None, ()) is False
+
+
+class _Base:
+    pass
+
+
+def test_a_class_mro_is_settled_and_a_bases_assignment_is_seen():
+    class Mixed(_Base):
+        pass
+
+    mro = Attr(Absolute(Mixed, "Mixed"), "__mro__")
+    guards, leaves = [Guard(mro, Kind.ID, Mixed.__mro__)], [None, torch.ones(2), Cache(2)]
+    held = _memoized(guards, leaves)
+    assert "__mro__" not in annotated(held._memo.rest)  # (read in C by the facts, compared by identity)
+    Mixed.__bases__ = (type("Other", (_Base,), {}),)
+    assert held.run(_check(guards), leaves, None, ()) is False
 
 
 class _Reads(torch.nn.Module):

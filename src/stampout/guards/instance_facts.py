@@ -73,11 +73,15 @@ log = logging.getLogger("stampout.guards")
 _TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
 _TYPE_DICT = type.__dict__["__dict__"]
 # Attributes of builtin objects read in C by their class's getset (no Python code runs, the classes cannot be
-# patched or subclassed): a function's code, defaults and closure cells, a cell's contents. Unlike instance dict
-# entries they change with no dict write (`f.__code__ = g.__code__`, `nonlocal x; x = 1`): the C++ facts read
-# them on every call and compare identities.
+# patched or subclassed): a function's code, defaults and closure cells, a cell's contents, a class's `__mro__`
+# (its metaclass exactly `type`: a `__bases__` assignment makes another tuple), an exact tensor's `__dict__` (the
+# getset torch.Tensor's class gives it; `t.persistent = False` writes that dict, whose version the facts then
+# check). Unlike instance dict entries they change with no dict write (`f.__code__ = g.__code__`, `nonlocal x;
+# x = 1`, `C.__bases__ = ...`): the C++ facts read them on every call and compare identities.
 _READ_IN_C = types.MappingProxyType({types.FunctionType: frozenset({"__code__", "__defaults__", "__closure__"}),
-                                     types.CellType: frozenset({"cell_contents"})})
+                                     types.CellType: frozenset({"cell_contents"}), type: frozenset({"__mro__"}),
+                                     torch.Tensor: frozenset({"__dict__"}),
+                                     torch.nn.Parameter: frozenset({"__dict__"})})
 _PAYS = 16  # calls a memo must hold for to have paid for itself
 _STRIKES = 3  # memos that did not pay, after which an entry makes no more
 
@@ -134,6 +138,7 @@ class _Builder:
         self._roots = [None, None, None]
         self._class_root: Any = None
         self._class_nodes: dict[int, Any] = {}  # id(class) -> the node of its dict (version checked)
+        self._class_nodes_mro: set[int] = set()  # id(class) whose `__mro__` the C++ facts check (_class_facts)
         self._globals_node: Any = None
         self._function_node: Any = None
         self._cells_node: Any = None
@@ -310,9 +315,16 @@ class _Builder:
         return self._dict_nodes[source]
 
     def _class_facts(self, cls: type) -> None:
-        """The dicts along `cls`'s MRO unwritten (in C++), and the MRO itself (in Python)."""
-        if id(cls) not in self.mros:
-            self.mros[id(cls)] = (cls, cls.__mro__)
+        """The dicts along `cls`'s MRO unwritten (in C++), and the MRO itself (in C++ where its metaclass is exactly
+        `type`, whose `__mro__` is read in C; else in Python: `same_mros`)."""
+        if id(cls) not in self.mros and id(cls) not in self._class_nodes_mro:
+            if type(cls) is type:  # (the tuple held too, as `same_mros` holds it: no other object takes its id)
+                self.absolutes += (cls.__mro__, cls)
+                node = self.facts.node(self._root(2, None), "tuple", len(self.absolutes) - 1, cls)
+                self.facts.same_object(self.facts.node(node, "attr", "__mro__", cls.__mro__), cls.__mro__)
+                self._class_nodes_mro.add(id(cls))
+            else:
+                self.mros[id(cls)] = (cls, cls.__mro__)
             if self._class_root is None:
                 self._class_root = self.facts.node(None, "tuple", 3, None)
             for klass in cls.__mro__:
