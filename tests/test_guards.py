@@ -107,3 +107,20 @@ def test_predicate_on_closure_cells_agrees_with_each_guard_empty_and_missing_cel
             ctx = CallContext([fn], fn)
             assert bool(check(ctx.leaves, ctx.fn)) is admitted, (source, fn)
             assert (first_failure(guards, ctx) is None) is admitted, (source, fn)
+
+
+def test_arguments_that_are_all_leaves_flatten_as_the_walk_does(monkeypatch):
+    """flatten_inputs takes arguments none of which is a tuple, list or dict without its walk: the same leaves, spec
+    and labels as the walk gives (forced here by making every value look openable)."""
+    from stampout.trace import structure
+
+    class Box:
+        pass
+
+    x = torch.ones(2)
+    calls = [((), {"input_ids": x, "past_key_values": Box(), "cache_position": x, "use_cache": True}),
+             ((x, 3, "s", None, 1.5), {}), ((x, Box()), {"flag": False, "size": torch.Size([2])})]
+    fast = [flatten_inputs(args, kwargs, names) for args, kwargs in calls for names in ((), ("self", "h"))]
+    monkeypatch.setattr(structure, "_OPENED", object)
+    walked = [flatten_inputs(args, kwargs, names) for args, kwargs in calls for names in ((), ("self", "h"))]
+    assert fast == walked

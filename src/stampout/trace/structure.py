@@ -48,6 +48,7 @@ def argument_names(fn: Any) -> tuple[str, ...]:
 
 
 _PLAIN_LEAVES = frozenset({torch.Tensor, torch.nn.Parameter, int, float, bool, str, type(None)})
+_OPENED = (tuple, list, dict)  # (what flatten_inputs may open: anything else is a leaf)
 
 
 def opened_dict(value: dict) -> bool:
@@ -72,7 +73,15 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
     """Leaves of `(args, kwargs)` (containers opened: tuple, list, dict, namedtuple), a spec and labels.
 
     Labels name positional arguments after `names` where given (`self`, `hidden_states[0]`), else `args[i]`.
-    (Run on every compiled call: plain leaves, the common case, are taken by the first test.)"""
+    (Run on every compiled call: where no argument is a tuple, list or dict, each is a leaf, the walk's answer, taken
+    without it; else plain leaves, the common case, are taken by the walk's first test.)"""
+    for value in (*args, *kwargs.values()):
+        if type(value) not in _PLAIN_LEAVES and isinstance(value, _OPENED):
+            break
+    else:
+        labels = [names[i] if i < len(names) else f"args[{i}]" for i in range(len(args))] if args else []
+        labels += kwargs
+        return [*args, *kwargs.values()], ((None,) * len(args), tuple([(k, None) for k in kwargs])), labels
     leaves: list[Any] = []
     labels: list[str] = []
 
