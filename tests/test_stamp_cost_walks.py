@@ -332,3 +332,21 @@ def test_the_walk_for_fakes_opens_a_logger_the_program_reads_but_not_the_logging
         torch.testing.assert_close(_LOGGER.last, out)
     finally:
         _LOGGER.__dict__.pop("last", None)
+
+
+def test_a_capture_compares_only_the_submodule_registries_after_the_run(monkeypatch) -> None:
+    """What a capture asks of the registries after the run is which modules the program made (registered in a
+    `_modules`): the parameter and buffer dicts, two of a module's three, are not compared (compile's plan, which
+    replays their changes, compares them all)."""
+    effects = importlib.import_module("stampout.capture.effects")
+    model = Stack(4)
+    kinds = {id(m.__dict__[name]): name for m in model.modules() for name in ("_parameters", "_buffers", "_modules")}
+    compared: collections.Counter = collections.Counter()
+    same = effects._same_registry
+    monkeypatch.setattr(effects, "_same_registry", lambda d, old: compared.update([kinds.get(id(d))]) or same(d, old))
+    x = torch.randn(2, 8)
+    cap = stampout.capture(model, x)
+    monkeypatch.undo()
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 3)
+    torch.testing.assert_close(cap(x), model(x))
+    assert compared["_modules"] == len(list(model.modules())) and set(compared) == {"_modules"}, compared
