@@ -350,3 +350,23 @@ def test_a_capture_compares_only_the_submodule_registries_after_the_run(monkeypa
     assert (cap.stats.traces, cap.stats.reuses) == (1, 3)
     torch.testing.assert_close(cap(x), model(x))
     assert compared["_modules"] == len(list(model.modules())) and set(compared) == {"_modules"}, compared
+
+
+def test_the_world_repair_does_not_open_a_module_the_left_over_pass_found_clean(monkeypatch) -> None:
+    """The world repair after a capture (clear_fakes) skips each module the left-over pass's whole walk went through
+    without finding a traced value (nothing since stored one): it lists no module's attributes again. A module that
+    holds one is still opened and put right (test_world_restored)."""
+    program = importlib.import_module("stampout.capture.program")
+    world = importlib.import_module("stampout.watch.world")
+    opened = []
+    repairing = []
+    restore, public = program.restore_world, world.public_names
+    monkeypatch.setattr(program, "restore_world", lambda *a, **k: repairing.append(1) or restore(*a, **k))
+    monkeypatch.setattr(world, "public_names", lambda keys: (repairing and opened.append(keys)) or public(keys))
+    model = Stack(4)
+    x = torch.randn(2, 8)
+    cap = stampout.capture(model, x)
+    monkeypatch.undo()
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 3) and repairing
+    torch.testing.assert_close(cap(x), model(x))
+    assert not opened, len(opened)
