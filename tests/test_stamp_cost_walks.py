@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import importlib
+import logging
 
 import pytest
 import torch
@@ -286,3 +287,86 @@ def test_a_config_every_layer_holds_is_not_asked_its_class_per_layer() -> None:
         assert (cap.stats.traces, cap.stats.reuses) == (1, n - 1)
         torch.testing.assert_close(cap(x), model(x))
     assert reads[1] == reads[0], reads
+
+
+_LOGGER = logging.getLogger("stampout_test_stamp_cost_walks")
+
+
+class LoggingLayer(nn.Module):
+    """Reads its module's logger, as a Hugging Face layer does (`logger.warning_once`), and with `keep`, stores the
+    traced result on it."""
+
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.keep = keep
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.lin(x)
+        if _LOGGER.disabled:
+            out = out + 1
+        if self.keep:
+            _LOGGER.__dict__["last"] = out  # (behind any __setattr__)
+        return out
+
+
+def test_the_walk_for_fakes_opens_a_logger_the_program_reads_but_not_the_logging_registry(monkeypatch) -> None:
+    """A logger the program reads is opened by the walk for what the program left behind; the process's logger
+    registry it points to (`logging.Manager`: every logger by name, ~400 of them under transformers, ~1.7 ms a
+    capture) is left shut, as the import system is. A traced value stored on the logger itself is still found (and
+    made real, as eager leaves it)."""
+    others = [logging.getLogger(f"stampout_test_walks.{i}") for i in range(20)]  # (in the registry only)
+    model = RegionStack([LoggingLayer(), LoggingLayer()])
+    x = torch.randn(2, 8)
+    opened = count_opened(monkeypatch, id)
+    cap = stampout.capture(model, x)
+    monkeypatch.undo()
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 1)
+    assert opened[id(_LOGGER)] >= 1 and opened[id(_LOGGER.manager.loggerDict)] == 0
+    assert not any(opened[id(other)] for other in others)
+    torch.testing.assert_close(cap(x), model(x))
+    keeping = LoggingLayer(keep=True)
+    try:
+        out = stampout.capture(keeping, x)(x)
+        assert type(_LOGGER.last) is torch.Tensor
+        torch.testing.assert_close(_LOGGER.last, out)
+    finally:
+        _LOGGER.__dict__.pop("last", None)
+
+
+def test_a_capture_compares_only_the_submodule_registries_after_the_run(monkeypatch) -> None:
+    """What a capture asks of the registries after the run is which modules the program made (registered in a
+    `_modules`): the parameter and buffer dicts, two of a module's three, are not compared (compile's plan, which
+    replays their changes, compares them all)."""
+    effects = importlib.import_module("stampout.capture.effects")
+    model = Stack(4)
+    kinds = {id(m.__dict__[name]): name for m in model.modules() for name in ("_parameters", "_buffers", "_modules")}
+    compared: collections.Counter = collections.Counter()
+    same = effects._same_registry
+    monkeypatch.setattr(effects, "_same_registry", lambda d, old: compared.update([kinds.get(id(d))]) or same(d, old))
+    x = torch.randn(2, 8)
+    cap = stampout.capture(model, x)
+    monkeypatch.undo()
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 3)
+    torch.testing.assert_close(cap(x), model(x))
+    assert compared["_modules"] == len(list(model.modules())) and set(compared) == {"_modules"}, compared
+
+
+def test_the_world_repair_does_not_open_a_module_the_left_over_pass_found_clean(monkeypatch) -> None:
+    """The world repair after a capture (clear_fakes) skips each module the left-over pass's whole walk went through
+    without finding a traced value (nothing since stored one): it lists no module's attributes again. A module that
+    holds one is still opened and put right (test_world_restored)."""
+    program = importlib.import_module("stampout.capture.program")
+    world = importlib.import_module("stampout.watch.world")
+    opened = []
+    repairing = []
+    restore, public = program.restore_world, world.public_names
+    monkeypatch.setattr(program, "restore_world", lambda *a, **k: repairing.append(1) or restore(*a, **k))
+    monkeypatch.setattr(world, "public_names", lambda keys: (repairing and opened.append(keys)) or public(keys))
+    model = Stack(4)
+    x = torch.randn(2, 8)
+    cap = stampout.capture(model, x)
+    monkeypatch.undo()
+    assert (cap.stats.traces, cap.stats.reuses) == (1, 3) and repairing
+    torch.testing.assert_close(cap(x), model(x))
+    assert not opened, len(opened)

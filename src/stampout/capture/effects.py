@@ -308,8 +308,9 @@ class Registries:
     def made_modules(self, changed: list | None = None) -> list[str]:
         """`Owner.name` of each submodule registered during the call that was not in the tree before (its
         parameters were initialized on fakes: a capture cannot give them eager's values). `changed`: self.changed(),
-        where taken already."""
-        changed = [c for c in (self.changed() if changed is None else changed) if c[1] == "_modules"]
+        where taken already; else only the `_modules` dicts are compared (a capture's one question after the run)."""
+        changed = [c for c in changed if c[1] == "_modules"] if changed is not None else [
+            c for c in self.before if c[1] == "_modules" and not _same_registry(c[2], c[3])]
         if not changed:  # (no submodule registry changed: nothing made)
             return []
         known = {id(m) for m, *_ in self.before}

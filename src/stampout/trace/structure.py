@@ -14,6 +14,7 @@ import enum
 import functools
 import gc
 import importlib.abc
+import logging
 import types
 from collections.abc import Callable
 from typing import Any
@@ -626,9 +627,9 @@ _INTERNAL = ("torch._", "torch.fx.", "stampout.")  # (objects: a torch.distribut
 # A module's registries, hook dicts and `_non_persistent_buffers_set`: empty, they hold nothing to walk
 _EMPTIES = frozenset((dict, collections.OrderedDict, set))
 # The import system's loaders and finders (a module's globals name its `__loader__`; pytest's loader reaches its
-# whole session) and the builtins' namespace (`__builtins__`): no program state. A module's `__spec__` is opened (its
-# names and paths; its loader, shut): a program's store on it (`mod.__spec__.h = h`) is found.
-_IMPORT_SYSTEM = (importlib.abc.Loader, importlib.abc.MetaPathFinder, importlib.abc.PathEntryFinder)
+# session), the logging registry (a logger's `manager`: every logger, ~400 under transformers) and `__builtins__`: no
+# program state (a logger is opened). A module's `__spec__` is opened: a store on it (`mod.__spec__.h = h`) is found.
+_IMPORT_SYSTEM = (importlib.abc.Loader, importlib.abc.MetaPathFinder, importlib.abc.PathEntryFinder, logging.Manager)
 _BUILTINS = vars(builtins)
 
 
@@ -637,7 +638,7 @@ _SHUT: dict[type, bool] = caches.register({}, "structure classes the whole walk 
 
 def _shut(t: type) -> bool:
     """Whether the whole walk leaves objects of class `t` shut: torch's and stampout's internal ones, and the
-    import system's."""
+    import system's (and the logging system's registry)."""
     shut = _SHUT.get(t)
     if shut is None:
         shut = _SHUT[t] = t.__module__.startswith(_INTERNAL) or issubclass(t, _IMPORT_SYSTEM)

@@ -129,7 +129,7 @@ def clear_fakes(objects: list[Any], cleared: dict[int, Any] | None = None,
     before = FieldsBefore({}, {}) if before is None else before
     for obj in objects:
         fields = getattr(obj, "__dict__", None)
-        if type(fields) is not dict or id(obj) in cleared:
+        if type(fields) is not dict or id(obj) in cleared or id(obj) in clean:  # (clean: reaches no traced value)
             continue
         cleared[id(obj)] = obj
         dirty = []
