@@ -67,8 +67,8 @@ SWITCHES: tuple[Switch, ...] = (
            "are built as one library (kernel_batch.py)"),
     Switch("background_recompile", True, "inductor: a new size's symbolic recapture compiles on a thread while its "
            "calls run eagerly (background.py)", "STAMPOUT_BACKGROUND_RECOMPILE", lambda raw: raw != "0"),
-    Switch("overlap_builds", True, "inductor: a static recapture's C++ build runs on a thread: the capturing call "
-           "runs eagerly, the entry's next call waits for it (background.py)", "STAMPOUT_OVERLAP_BUILDS",
+    Switch("overlap_builds", True, "inductor: a static recapture's C++ build runs on a thread while its calls run "
+           "eagerly (background.py)", "STAMPOUT_OVERLAP_BUILDS",
            lambda raw: raw != "0"),
     Switch("overlap_first_build", False, "inductor: a first capture's C++ build too runs on a thread as a static "
            "recapture's does (the first call returns before it is built: its cost moves to the entry's next call)",

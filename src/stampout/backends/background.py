@@ -16,16 +16,17 @@ eager runner in place (a warning says so).
 
 What goes this way (`deferrable`): an inference graph (no input requires grad with grad on) compiled inside
 `recompiling()`, which compile/function.py opens only when the function already holds a compiled program (a
-recapture, not a first call: a first call, `dynamic=True`'s symbolic one too, compiles at once), in one of two ways:
-- with symbolic sizes (`config.background_recompile`): calls run eagerly until the build is done, as above;
-- with static sizes (`config.overlap_builds`): the capturing call runs the graph eagerly, and the entry's next call
-  waits for the build (it never runs eagerly again). In a generate with a dynamic cache, the first decode step's
-  static capture is called once per generate: its build (~10 s of C++ on 2 cores) then overlaps the next step's
-  symbolic capture and lowering instead of stalling the first generate; a program that calls the recaptured entry
-  again at once waits as it would have inside the compile.
-A first compile goes the second way only with `config.overlap_first_build` (off: a first call returns compiled,
-and cold first-call figures stay the compile's cost): in a generate, the prefill's build would then overlap the
-first decode step's capture and lowering.
+recapture, not a first call: a first call, `dynamic=True`'s symbolic one too, compiles at once):
+- with symbolic sizes (`config.background_recompile`) and with static sizes (`config.overlap_builds`) alike, calls
+  run the captured graph eagerly until the build is done, as above (EAGER). In a generate with a static cache the
+  decode step is such a recapture: its build (~10 s of C++ on 2 cores) no longer stalls the first generate's second
+  step; the steps run eagerly until it is done (a few ms each), and the first generate ends meanwhile. With a
+  dynamic cache the first decode step's static capture, called once per generate, overlaps the next step's
+  symbolic capture and lowering.
+A first compile is deferred only with `config.overlap_first_build` (off: a first call returns compiled, and cold
+first-call figures stay the compile's cost), the other way (WAIT): its capturing call runs the graph eagerly, and
+the entry's next call waits for the build (it never runs eagerly again). In a generate, the prefill's build would
+then overlap the first decode step's capture and lowering.
 `wait_all()` waits for every such compile (benchmarks: when the compiled program is ready); the thread is not a
 daemon, so a process that exits meanwhile finishes it.
 """
@@ -52,15 +53,15 @@ _started: list[Deferred] = []  # compiles still finishing (each removes itself w
 STATS = {"deferred": 0, "ready": 0, "failed": 0}
 
 
-EAGER = "eager"  # calls run eagerly until the build is done (a symbolic graph)
-WAIT = "wait"  # the capturing call runs eagerly; later calls wait for the build (a static graph)
+EAGER = "eager"  # calls run eagerly until the build is done (a recapture)
+WAIT = "wait"  # the capturing call runs eagerly; later calls wait for the build (a first compile, if deferred)
 
 
 @contextlib.contextmanager
 def recompiling(allowed: bool) -> Iterator[None]:
     """Inside (when `allowed`, a recapture): an inference graph this thread hands Inductor finishes its compile in
     the background, where the switch for its kind is on (see the module docstring); otherwise (a first compile)
-    only with `config.overlap_first_build`, as a static recapture does."""
+    only with `config.overlap_first_build`, its next call waiting for the build."""
     outer = getattr(_local, "allowed", None)
     _local.allowed = allowed
     try:
@@ -78,7 +79,7 @@ def deferrable(example_inputs: list[Any]) -> str | None:
         return WAIT if config.overlap_first_build else None
     if split.symbolic(example_inputs):
         return EAGER if config.background_recompile else None
-    return WAIT if config.overlap_builds else None
+    return EAGER if config.overlap_builds else None
 
 
 def eager_runner(gm: fx.GraphModule) -> Callable[..., Any]:

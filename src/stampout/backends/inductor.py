@@ -300,7 +300,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         eager = background.eager_runner(gm)  # (before the compile changes gm)
         finish_later: list[Callable[[], Any]] = []
         compiled = _compile_graph(gm, example_inputs, finish_later)
-        what = "symbolic graph" if mode == background.EAGER else "recaptured graph"
+        what = "symbolic graph" if split.symbolic(example_inputs) else "recaptured graph"
         return background.Deferred(eager, compiled, finish_later, what, mode)
     return _compile_graph(gm, example_inputs)
 
