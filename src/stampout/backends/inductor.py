@@ -298,11 +298,16 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     mode = background.deferrable(example_inputs)  # (a recapture: its C++ build in the background, background.py)
     if mode is not None:
         eager = background.eager_runner(gm)  # (before the compile changes gm)
+        if mode == background.EAGER and background.lowers_later():  # (its lowering too: background.Lowering)
+            return background.Lowering(eager, lambda finish: _compile_graph(gm, example_inputs, finish),
+                                       example_inputs, "symbolic graph")
         finish_later: list[Callable[[], Any]] = []
-        compiled = _compile_graph(gm, example_inputs, finish_later)
+        with background.lowering():
+            compiled = _compile_graph(gm, example_inputs, finish_later)
         what = "symbolic graph" if mode == background.EAGER else "recaptured graph"
         return background.Deferred(eager, compiled, finish_later, what, mode)
-    return _compile_graph(gm, example_inputs)
+    with background.lowering():
+        return _compile_graph(gm, example_inputs)
 
 
 def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any],
