@@ -153,3 +153,33 @@ def test_a_new_length_runs_eagerly_while_it_lowers_then_compiled_for_every_lengt
             if i >= 2:
                 assert sum(direct_call.calls.values()) > calls  # (compiled)
     assert fn.stats.captures == 2
+
+
+@pytest.mark.inductor
+def test_a_background_lowering_changes_none_of_torchs_process_wide_flags():
+    """While Inductor lowers a symbolic graph on the thread, the calling thread sees torch's process-wide flags (those
+    every fingerprint holds: anomaly detection, deterministic algorithms, ...) as they were: otherwise its guards
+    miss (a capture more) and its eager code runs under the lowering's settings."""
+    import copy
+
+    import stampout
+    from stampout.tools.models import make_input, make_model
+    from stampout.torch_internals import global_flags
+
+    model = make_model("llama", regions=True, layers=2, hidden=32, intermediate=64)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="inductor")
+    flags, seen = global_flags(), set()
+    lowered = background.LOWERING_STATS["lowered"]
+    with torch.no_grad():
+        for i, t in enumerate((8, 13)):
+            (ids,) = make_input("llama", seq=t, model=model, seed=i)
+            torch.testing.assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
+        while background.LOWERING_STATS["lowered"] == lowered and background._started:  # (lowering)
+            seen.add(global_flags())
+        background.wait_all()
+        for i, t in enumerate((21, 34)):
+            (ids,) = make_input("llama", seq=t, model=model, seed=i)
+            torch.testing.assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
+    assert seen <= {flags} and len(seen) == 1
+    assert fn.stats.captures == 2

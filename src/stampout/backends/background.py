@@ -164,8 +164,10 @@ def wait_all(timeout: float | None = None) -> None:
 #   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode;
 #   a caller under autocast, inference mode or a torch function or dispatch mode lowers on its own thread (`lowers_later`).
 # - AOTAutograd and Inductor's codegen restore the global RNG state on exit (`preserve_rng_state`), which would rewind
-#   the random draws the calling thread made meanwhile: on the lowering thread they leave it alone (they trace fakes,
-#   which draw nothing).
+#   the random draws the calling thread made meanwhile, and AOTAutograd traces with anomaly detection on, a
+#   process-wide flag the calling thread's guards read (every call would miss and capture again) and its autograd
+#   obeys: on the lowering thread they leave both alone (they trace fakes, which draw nothing; anomaly detection
+#   there only adds stack traces to a backward's nodes, and an inference graph has none).
 
 
 def lowers_later() -> bool:
@@ -254,7 +256,7 @@ class Lowering(Deferred):
 
     def _finish_now(self) -> None:
         try:
-            _install_rng_patch()
+            _install_patches()
             with lowering(), torch.set_grad_enabled(self._grad), _lowering_here():
                 self._compiled = self._lower(self._finish)
                 self.admits = self._assumed.grown()
@@ -285,35 +287,48 @@ def _lowering_here() -> Iterator[None]:
         _local.lowering = False
 
 
-_rng_patched: list[Any] = []
+_patched: list[Any] = []
 
 
-def _install_rng_patch() -> None:
-    """AOTAutograd's and Inductor's `preserve_rng_state` leave the global RNG state alone on a lowering thread (see
-    Note: a symbolic graph's lowering in the background); elsewhere they are torch's."""
+def _install_patches() -> None:
+    """On a lowering thread, AOTAutograd's and Inductor's `preserve_rng_state` leave the global RNG state alone, and
+    AOTAutograd's tracing does not switch on anomaly detection, a process-wide flag (see Note: a symbolic graph's
+    lowering in the background); elsewhere they are torch's."""
     from ..torch_internals import aot_autograd_module, dynamo_utils_module
 
-    with _rng_lock:
-        if _rng_patched:
+    with _patch_lock:
+        if _patched:
             return
         for module, target in ((aot_autograd_module, "torch._functorch.aot_autograd.preserve_rng_state"),
                                (dynamo_utils_module, "torch._dynamo.utils.preserve_rng_state")):
-            original = getattr(module, "preserve_rng_state")
-            patch_permanently(module, "preserve_rng_state", _preserving(original), target,
-                              "a background lowering leaves the global RNG state to the calling thread")
-            _rng_patched.append(original)
+            _patched.append(patch_permanently(module, "preserve_rng_state", _elsewhere(module.preserve_rng_state),
+                                              target, "a background lowering leaves the global RNG state to the "
+                                              "calling thread"))
+        detect_anomaly = torch.autograd.anomaly_mode.detect_anomaly
+        for name in ("__enter__", "__exit__"):
+            _patched.append(patch_permanently(detect_anomaly, name, _not_here(getattr(detect_anomaly, name)),
+                                              f"torch.autograd.anomaly_mode.detect_anomaly.{name}", "a background "
+                                              "lowering leaves anomaly detection (process-wide) to the calling thread"))
 
 
-_rng_lock = threading.Lock()
+_patch_lock = threading.Lock()
 
 
-def _preserving(original: Callable[[], Any]) -> Callable[[], Any]:
-    @contextlib.contextmanager
-    def preserve_rng_state() -> Iterator[None]:
-        if getattr(_local, "lowering", False):
-            yield
-            return
-        with original():
-            yield
+def _elsewhere(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original(...)` (a context manager), except on a lowering thread: a context manager that does nothing."""
 
-    return preserve_rng_state
+    def context(*args: Any, **kwargs: Any) -> Any:
+        return contextlib.nullcontext() if getattr(_local, "lowering", False) else original(*args, **kwargs)
+
+    context.__wrapped__ = original  # type: ignore[attr-defined]
+    return context
+
+
+def _not_here(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method`, except on a lowering thread: nothing."""
+
+    def on_this_thread(self: Any, *args: Any) -> Any:
+        return None if getattr(_local, "lowering", False) else method(self, *args)
+
+    on_this_thread.__wrapped__ = method  # type: ignore[attr-defined]
+    return on_this_thread
