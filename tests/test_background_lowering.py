@@ -183,3 +183,38 @@ def test_a_background_lowering_changes_none_of_torchs_process_wide_flags():
             torch.testing.assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
     assert seen <= {flags} and len(seen) == 1
     assert fn.stats.captures == 2
+
+
+@pytest.mark.inductor
+def test_a_size_outside_what_the_background_lowering_assumed_captures_again(monkeypatch):
+    """Where the lowering assumes more about the sizes than the capture did (here, made to: the sequence at most 20),
+    the entry's guards take that in once it is done: a longer sequence captures again instead of being served by a
+    program compiled for shorter ones (or running eagerly for good). Values are eager's throughout."""
+    import copy
+
+    import stampout
+    from stampout.backends import inductor
+    from stampout.tools.models import make_input, make_model
+
+    compile_graph = inductor._compile_graph
+
+    def assuming_at_most_20(gm, example_inputs, finish_later=None):
+        compiled = compile_graph(gm, example_inputs, finish_later)
+        sizes = [t.shape[-1] for t in example_inputs if isinstance(t, torch.Tensor) and t.dim() == 2
+                 and isinstance(t.shape[-1], torch.SymInt)]
+        if sizes:
+            bool(sizes[0] <= 20)  # (a guard in the ShapeEnv, as Inductor's are)
+        return compiled
+
+    monkeypatch.setattr(inductor, "_compile_graph", assuming_at_most_20)
+    model = make_model("llama", regions=True, layers=2, hidden=32, intermediate=64)
+    reference = copy.deepcopy(model)
+    fn = stampout.compile(model, backend="inductor")
+    assumed = background.LOWERING_STATS["assumed_more"]
+    with torch.no_grad():
+        for i, t in enumerate((8, 13, 16, 21)):
+            (ids,) = make_input("llama", seq=t, model=model, seed=i)
+            torch.testing.assert_close(fn(ids), reference(ids), rtol=1e-4, atol=1e-4)
+            background.wait_all()
+            assert fn.stats.captures == {8: 1, 13: 2, 16: 2, 21: 3}[t]
+    assert background.LOWERING_STATS["assumed_more"] >= assumed + 1

@@ -158,7 +158,8 @@ def wait_all(timeout: float | None = None) -> None:
 # - Lowering may assume more about the sizes than the capture did (Inductor's guards, added to the ShapeEnv after the
 #   capture). What the ShapeEnv assumes about the graph's symbolic inputs is compared before and after the lowering
 #   (`_Assumptions`); where it grew, the compiled program serves only the calls that meet the new assumptions, and the
-#   others keep running eagerly (`admits`).
+#   others keep running eagerly (`admits`), until the caller's guards take the new assumptions in (`assumed_more`,
+#   set by compile/function.py: the entry's shape guards made again, so a size outside them captures again).
 # - Lowering changes process-wide state (Inductor's and functorch's config patches, fx's node-meta globals) and
 #   captures patch process-wide torch hooks: the thread lowers holding CAPTURE_LOCK, which captures hold, and so does
 #   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode;
@@ -233,6 +234,7 @@ class Lowering(Deferred):
         self._lower, self._grad = lower, torch.is_grad_enabled()
         self._assumed = _Assumptions(examples)  # (on the calling thread, before anything lowers)
         self.admits: Callable[[tuple], bool] | None = None  # set before the compiled program serves
+        self.assumed_more: Callable[[], Any] | None = None  # (the caller's: called on the thread where admits is set)
         self._begun = threading.Lock()
         super().__init__(eager, _unset, [], what, EAGER, start=False)
 
@@ -260,6 +262,8 @@ class Lowering(Deferred):
             with lowering(), torch.set_grad_enabled(self._grad), _lowering_here():
                 self._compiled = self._lower(self._finish)
                 self.admits = self._assumed.grown()
+                if self.admits is not None and self.assumed_more is not None:
+                    self.assumed_more()
             LOWERING_STATS["lowered"] += 1
             LOWERING_STATS["assumed_more"] += self.admits is not None
         except Exception as error:  # noqa: BLE001 - the eager runner stays: right, only slower
