@@ -111,7 +111,8 @@ def test_inductor_compiles_once_for_all_lengths():
 def test_inductor_a_new_length_compiles_each_distinct_region_once_more_as_one_cpp_module(monkeypatch):
     """dynamic=None: the second length recaptures with the sequence symbolic, and that compiles the one distinct
     region once more, with the C++ wrapper (one C++ module serving every later length, not a Python wrapper with
-    a module per kernel), in the background (the second length's call runs eagerly meanwhile); the third length
+    a module per kernel), in the background, lowering included (the second length's call runs eagerly meanwhile;
+    Inductor assumes nothing about the sizes beyond the capture's guards); the third length
     compiles nothing and is served by that module. Values are eager's throughout."""
     from torch._dynamo.utils import counters
 
@@ -133,7 +134,7 @@ def test_inductor_a_new_length_compiles_each_distinct_region_once_more_as_one_cp
         return counters["inductor"]["fxgraph_cache_miss"] + counters["inductor"]["fxgraph_cache_hit"]
 
     compiled = []
-    stats = dict(background.STATS)
+    stats, lowering = dict(background.STATS), dict(background.LOWERING_STATS)
     for i, t in enumerate((8, 13, 21)):
         before = graphs()
         (ids,) = make_input("llama", seq=t, model=model, seed=i)
@@ -143,6 +144,7 @@ def test_inductor_a_new_length_compiles_each_distinct_region_once_more_as_one_cp
         compiled.append(graphs() - before)
     assert fn.stats.captures == 2 and compiled == [1, 1, 0]
     assert {k: background.STATS[k] - stats[k] for k in stats} == {"deferred": 1, "ready": 1, "failed": 0}
+    assert {k: background.LOWERING_STATS[k] - lowering[k] for k in lowering} == {"lowered": 1, "assumed_more": 0}
     assert [p.get("cpp_wrapper") for p in patches] == [True, True]  # (the static region's, the symbolic one's)
 
 

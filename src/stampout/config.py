@@ -67,6 +67,9 @@ SWITCHES: tuple[Switch, ...] = (
            "are built as one library (kernel_batch.py)"),
     Switch("background_recompile", True, "inductor: a new size's symbolic recapture compiles on a thread while its "
            "calls run eagerly (background.py)", "STAMPOUT_BACKGROUND_RECOMPILE", lambda raw: raw != "0"),
+    Switch("background_lowering", True, "inductor: with background_recompile, the symbolic recapture's AOTAutograd "
+           "and lowering run on that thread too, not only its C++ builds (background.Lowering)",
+           "STAMPOUT_BACKGROUND_LOWERING", lambda raw: raw != "0"),
     Switch("overlap_builds", True, "inductor: a static recapture's C++ build runs on a thread while its calls run "
            "eagerly (background.py)", "STAMPOUT_OVERLAP_BUILDS",
            lambda raw: raw != "0"),
@@ -106,6 +109,7 @@ thin_glue: float
 cpp_wrapper: bool
 batch_kernels: bool
 background_recompile: bool
+background_lowering: bool
 overlap_builds: bool
 overlap_first_build: bool
 parallel_regions: int

@@ -3,10 +3,11 @@
 After a compiled function has run at one sequence length, the first call at another captures again with that
 dimension symbolic (compile/automatic_dynamic.py), and Inductor compiles the symbolic graph: AOTAutograd and
 lowering (Python, ~2 s for a decoder layer on 2 cores), then the C++ compiler (~3 s CPU, 3-6 s wall: one C++
-module per distinct region), which was a third to a half of the first call. The lowering still runs on the calling
-thread, inside the call, as every compile does (it flips process-wide torch state, such as anomaly mode during
-AOTAutograd's tracing, that other threads and the guards would see), and so Inductor's size assumptions are in
-the ShapeEnv before the caller makes the capture's guards. What goes to the background is only what
+module per distinct region), which was a third to a half of the first call. A symbolic graph's lowering goes to
+the thread as well (`Lowering`; see Note: a symbolic graph's lowering in the background, for how its guards and
+torch's process-wide state stay right). Any other lowering runs on the calling thread, inside the call, as every
+compile does, so Inductor's size assumptions are in the ShapeEnv before the caller makes the capture's guards;
+what goes to the background there is only what
 pipeline.overlapped() already defers: the compiler runs, on Inductor's pool, and the waits and module loads
 after them (`pipeline.overlapped(finish_later)`), on a thread of their own. Until those are done, calls run the
 captured graph eagerly (the eager backend's runner: each region's subgraph called as a module), as torch's own
@@ -39,18 +40,24 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from .. import config
+from ..context import CAPTURE_LOCK
+from ..torch_internals import dispatch_modes, function_modes, patch_permanently
 from . import split
 from .runner import as_call_modules
 
 log = logging.getLogger("stampout.backends")
 
-_local = threading.local()  # .allowed: inside recompiling() on this thread (True: a recapture; False: a first compile)
+_local = threading.local()  # .allowed: inside recompiling() on this thread (True: a recapture; False: a first compile);
+# .lowering: this thread lowers a symbolic graph in the background (Lowering)
 _started: list[Deferred] = []  # compiles still finishing (each removes itself when done)
 # This process: compiles whose C++ half went to the background, that finished and serve calls, that failed.
 STATS = {"deferred": 0, "ready": 0, "failed": 0}
+# Of those, symbolic graphs lowered there too, and those whose lowering assumed more about the sizes (Lowering).
+LOWERING_STATS = {"lowered": 0, "assumed_more": 0}
 
 
 EAGER = "eager"  # calls run eagerly until the build is done (a recapture)
@@ -92,7 +99,7 @@ class Deferred:
     run `eager`."""
 
     def __init__(self, eager: Callable[..., Any], compiled: Callable[..., Any],
-                 finish: list[Callable[[], Any]], what: str, mode: str = EAGER) -> None:
+                 finish: list[Callable[[], Any]], what: str, mode: str = EAGER, start: bool = True) -> None:
         self._eager, self._compiled, self._finish, self.what = eager, compiled, list(finish), what
         self._run: Callable[..., Any] | None = None  # the compiled program, once ready
         self._waits = mode == WAIT  # (after its first call, each call waits for the build)
@@ -101,7 +108,8 @@ class Deferred:
         STATS["deferred"] += 1
         self._thread = threading.Thread(target=self._finish_now, name="stampout-c++", daemon=False)
         _started.append(self)
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the compile; whether the compiled program serves calls now."""
@@ -140,3 +148,192 @@ def wait_all(timeout: float | None = None) -> None:
     """Wait for every background compile started so far."""
     for deferred in list(_started):
         deferred.wait(timeout)
+
+
+# Note: a symbolic graph's lowering in the background
+# A new size's symbolic recapture (EAGER above) hands its AOTAutograd and lowering to the thread too, not only its
+# C++ builds (`Lowering`): the calling thread captures, and its calls run the captured graph eagerly, which is right
+# for every size the capture's guards admit. Four things make that sound:
+# - The thread starts at the graph's first call, after the caller has made the entry's shape guards from the
+#   ShapeEnv, so nothing on the calling thread reads the ShapeEnv while the lowering adds to it.
+# - Lowering may assume more about the sizes than the capture did (Inductor's guards, added to the ShapeEnv after the
+#   capture). What the ShapeEnv assumes about the graph's symbolic inputs is compared before and after the lowering
+#   (`_Assumptions`); where it grew, the compiled program serves only the calls that meet the new assumptions, and the
+#   others keep running eagerly (`admits`), until the caller's guards take the new assumptions in (`assumed_more`,
+#   set by compile/function.py: the entry's shape guards made again, so a size outside them captures again).
+# - Lowering changes process-wide state (Inductor's and functorch's config patches, fx's node-meta globals) and
+#   captures patch process-wide torch hooks: the thread lowers holding CAPTURE_LOCK, which captures hold, and so does
+#   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode;
+#   a caller under autocast, inference mode or a torch function or dispatch mode lowers on its own thread (`lowers_later`).
+# - AOTAutograd and Inductor's codegen restore the global RNG state on exit (`preserve_rng_state`), which would rewind
+#   the random draws the calling thread made meanwhile, and AOTAutograd traces with anomaly detection on, a
+#   process-wide flag the calling thread's guards read (every call would miss and capture again) and its autograd
+#   obeys: on the lowering thread they leave both alone (they trace fakes, which draw nothing; anomaly detection
+#   there only adds stack traces to a backward's nodes, and an inference graph has none).
+
+
+def lowers_later() -> bool:
+    """Whether a symbolic graph compiled now on this thread may be lowered on another (its thread state is plain)."""
+    return (config.background_lowering and not torch.is_inference_mode_enabled()
+            and not any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
+            and not function_modes() and not dispatch_modes())
+
+
+@contextlib.contextmanager
+def lowering() -> Iterator[None]:
+    """One lowering at a time in this process (see Note: a symbolic graph's lowering in the background)."""
+    with CAPTURE_LOCK:
+        yield
+
+
+class _Assumptions:
+    """What a ShapeEnv assumes about the symbolic inputs among a graph's example inputs, as guard code over those
+    inputs; `grown()`: after a compile, a check over the compiled program's arguments where it assumes more, else None."""
+
+    def __init__(self, examples: list[Any]) -> None:
+        self.positions = [i for i, value in enumerate(examples) if split.symbolic([value])]
+        self.inputs = [examples[i] for i in self.positions]
+        self.shape_env = next((_shape_env(v) for v in self.inputs if _shape_env(v) is not None), None)
+        self.before = self._code()
+
+    def _code(self) -> str | None:
+        if self.shape_env is None:
+            return None
+        return self.shape_env.produce_guards_expression(self.inputs, ignore_static=False)
+
+    def grown(self) -> Callable[[tuple], bool] | None:
+        after = self._code()
+        if after == self.before:
+            return None
+        from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+        code = compile(after, "<stampout lowering's shape guards>", "eval")
+        positions, names = self.positions, [f"t{i}" for i in range(len(self.positions))]
+        log.info("inductor: lowering the symbolic graph assumed more about its sizes (%s); calls outside that run "
+                 "eagerly", after[:300])
+
+        def admits(args: tuple) -> bool:
+            return bool(eval(code, SYMPY_INTERP, {"L": {n: args[i] for n, i in zip(names, positions)}}))  # noqa: S307
+
+        return admits
+
+
+def _shape_env(value: Any) -> Any:
+    if isinstance(value, torch.SymInt):
+        return value.node.shape_env
+    fake_mode = getattr(value, "fake_mode", None)
+    return getattr(fake_mode, "shape_env", None)
+
+
+class Lowering(Deferred):
+    """A symbolic graph whose AOTAutograd and lowering (`lower(finish)`: the compiled program, its builds appended to
+    `finish`) run on the thread as well, before its builds; the thread starts at its first call (or `wait`). Until
+    it is done, and for calls outside what the lowering assumed (`admits`), calls run `eager`."""
+
+    def __init__(self, eager: Callable[..., Any], lower: Callable[[list[Callable[[], Any]]], Callable[..., Any]],
+                 examples: list[Any], what: str) -> None:
+        self._lower, self._grad = lower, torch.is_grad_enabled()
+        self._assumed = _Assumptions(examples)  # (on the calling thread, before anything lowers)
+        self.admits: Callable[[tuple], bool] | None = None  # set before the compiled program serves
+        self.assumed_more: Callable[[], Any] | None = None  # (the caller's: called on the thread where admits is set)
+        self._begun = threading.Lock()
+        super().__init__(eager, _unset, [], what, EAGER, start=False)
+
+    def _begin(self) -> None:
+        if self._thread.ident is None:
+            with self._begun:
+                if self._thread.ident is None:
+                    self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._begin()
+        return super().wait(timeout)
+
+    def __call__(self, *args: Any) -> Any:
+        run = self._run
+        if run is None:
+            self._begin()
+            return self._eager(*args)
+        admits = self.admits
+        return run(*args) if admits is None or admits(args) else self._eager(*args)
+
+    def _finish_now(self) -> None:
+        try:
+            _install_patches()
+            with lowering(), torch.set_grad_enabled(self._grad), _lowering_here():
+                self._compiled = self._lower(self._finish)
+                self.admits = self._assumed.grown()
+                if self.admits is not None and self.assumed_more is not None:
+                    self.assumed_more()
+            LOWERING_STATS["lowered"] += 1
+            LOWERING_STATS["assumed_more"] += self.admits is not None
+        except Exception as error:  # noqa: BLE001 - the eager runner stays: right, only slower
+            self._finish = [_raise(error)]
+        super()._finish_now()
+
+
+def _unset(*args: Any) -> Any:
+    raise AssertionError("a background lowering's program was called before it was compiled")
+
+
+def _raise(error: BaseException) -> Callable[[], None]:
+    def again() -> None:
+        raise error
+
+    return again
+
+
+@contextlib.contextmanager
+def _lowering_here() -> Iterator[None]:
+    _local.lowering = True
+    try:
+        yield
+    finally:
+        _local.lowering = False
+
+
+_patched: list[Any] = []
+
+
+def _install_patches() -> None:
+    """On a lowering thread, AOTAutograd's and Inductor's `preserve_rng_state` leave the global RNG state alone, and
+    AOTAutograd's tracing does not switch on anomaly detection, a process-wide flag (see Note: a symbolic graph's
+    lowering in the background); elsewhere they are torch's."""
+    from ..torch_internals import aot_autograd_module, dynamo_utils_module
+
+    with _patch_lock:
+        if _patched:
+            return
+        for module, target in ((aot_autograd_module, "torch._functorch.aot_autograd.preserve_rng_state"),
+                               (dynamo_utils_module, "torch._dynamo.utils.preserve_rng_state")):
+            _patched.append(patch_permanently(module, "preserve_rng_state", _elsewhere(module.preserve_rng_state),
+                                              target, "a background lowering leaves the global RNG state to the "
+                                              "calling thread"))
+        detect_anomaly = torch.autograd.anomaly_mode.detect_anomaly
+        for name in ("__enter__", "__exit__"):
+            _patched.append(patch_permanently(detect_anomaly, name, _not_here(getattr(detect_anomaly, name)),
+                                              f"torch.autograd.anomaly_mode.detect_anomaly.{name}", "a background "
+                                              "lowering leaves anomaly detection (process-wide) to the calling thread"))
+
+
+_patch_lock = threading.Lock()
+
+
+def _elsewhere(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original(...)` (a context manager), except on a lowering thread: a context manager that does nothing."""
+
+    def context(*args: Any, **kwargs: Any) -> Any:
+        return contextlib.nullcontext() if getattr(_local, "lowering", False) else original(*args, **kwargs)
+
+    context.__wrapped__ = original  # type: ignore[attr-defined]
+    return context
+
+
+def _not_here(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`method`, except on a lowering thread: nothing."""
+
+    def on_this_thread(self: Any, *args: Any) -> Any:
+        return None if getattr(_local, "lowering", False) else method(self, *args)
+
+    on_this_thread.__wrapped__ = method  # type: ignore[attr-defined]
+    return on_this_thread

@@ -298,11 +298,17 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
     mode = background.deferrable(example_inputs)  # (a recapture: its C++ build in the background, background.py)
     if mode is not None:
         eager = background.eager_runner(gm)  # (before the compile changes gm)
+        symbolic = split.symbolic(example_inputs)
+        if mode == background.EAGER and symbolic and background.lowers_later():  # (its lowering too: Lowering)
+            return background.Lowering(eager, lambda finish: _compile_graph(gm, example_inputs, finish),
+                                       example_inputs, "symbolic graph")
         finish_later: list[Callable[[], Any]] = []
-        compiled = _compile_graph(gm, example_inputs, finish_later)
-        what = "symbolic graph" if split.symbolic(example_inputs) else "recaptured graph"
+        with background.lowering():
+            compiled = _compile_graph(gm, example_inputs, finish_later)
+        what = "symbolic graph" if symbolic else "recaptured graph"
         return background.Deferred(eager, compiled, finish_later, what, mode)
-    return _compile_graph(gm, example_inputs)
+    with background.lowering():
+        return _compile_graph(gm, example_inputs)
 
 
 def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any],

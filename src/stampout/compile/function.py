@@ -278,6 +278,8 @@ class CompiledFunction:
                 "and report it with STAMPOUT_LOGS=+regions output",
             )) from error
         if cap.shapes is not None:
+            if isinstance(compiled, background.Lowering):  # (lowered later: what it assumes beyond the capture
+                compiled.assumed_more = cap.shapes.freeze  # becomes the entry's guards then)
             try:
                 cap.shapes.freeze()  # after the backend: it may have assumed more about the sizes
                 lifted_now = cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):]

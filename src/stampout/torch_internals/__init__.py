@@ -106,6 +106,7 @@ NAMES = {
     "detect_fake_mode": "torch._guards.detect_fake_mode",
     "disabled_torch_function_impl": "torch._C._disabled_torch_function_impl",
     "dynamo_counters": "torch._dynamo.utils.counters",
+    "dynamo_utils_module": "torch._dynamo.utils",
     "dynamo_reset": "torch._dynamo.reset",
     "enter_autocast": "torch.amp.autocast_mode._enter_autocast",
     "enter_inference_mode": "torch.autograd.grad_mode._enter_inference_mode",

@@ -30,6 +30,8 @@ PATCH_TARGETS = (
     "torch._inductor.codecache._worker_compile_cpp",
     "torch._inductor.codecache.write",
     "torch._inductor.compile_fx.aot_export_module",
+    "torch._functorch.aot_autograd.preserve_rng_state",
+    "torch._dynamo.utils.preserve_rng_state",
     "torch._inductor.cpu_vec_isa.VecISA.check_build",
     "torch._inductor.cpu_vec_isa.valid_vec_isa_list",
     "torch.distributed.fsdp._fully_shard._fsdp_param.unsafe_setattr_param",
