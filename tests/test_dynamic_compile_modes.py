@@ -19,26 +19,32 @@ from stampout.tools.models import make_input, make_model
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_dynamic_none_captures_twice_over_eight_lengths(backend):
+    """Under aot_eager the calls run without grad: its static, sequence-symbolic and batch-and-sequence-symbolic
+    graphs are inference graphs (a symbolic training graph costs AOTAutograd's joint trace and partition, 3x the
+    time); the symbolic training graphs through aot_eager are test_dynamic_true_captures_once_and_trains' (a
+    symbolic sequence and batch) and zoo_checks.check_trains' (dynamic=None's second size, Hugging Face models)."""
     model = make_model("llama", regions=True, layers=2)
     reference = copy.deepcopy(model)
     fn = stampout.compile(model, backend=backend)
-    for i, t in enumerate(LENGTHS):
-        (ids,) = make_input("llama", seq=t, model=model, seed=i)
-        tree_assert_close(fn(ids), reference(ids))
-        assert fn.last_capture.stats.traces == 1  # the repeated layer traced once per capture
-    assert fn.stats.captures == 2
-    for b in (3, 5):  # a second batch size: one more capture, symbolic in both dims
-        (ids,) = make_input("llama", batch=b, seq=7, model=model)
-        tree_assert_close(fn(ids), reference(ids))
-    assert fn.stats.captures == 3
+    with torch.set_grad_enabled(backend == "eager"):
+        for i, t in enumerate(LENGTHS):
+            (ids,) = make_input("llama", seq=t, model=model, seed=i)
+            tree_assert_close(fn(ids), reference(ids))
+            assert fn.last_capture.stats.traces == 1  # the repeated layer traced once per capture
+        assert fn.stats.captures == 2
+        for b in (3, 5):  # a second batch size: one more capture, symbolic in both dims
+            (ids,) = make_input("llama", batch=b, seq=7, model=model)
+            tree_assert_close(fn(ids), reference(ids))
+        assert fn.stats.captures == 3
 
 
 def test_dynamic_true_captures_once_and_trains():
     model = make_model("llama", regions=True, layers=2)
     reference = copy.deepcopy(model)
     fn = stampout.compile(model, backend="aot_eager", dynamic=True)
-    for i, t in enumerate(LENGTHS[:5]):
-        (ids,) = make_input("llama", seq=t, model=model, seed=i)
+    batches = (2, 2, 2, 2, 3)  # (the last: another batch size, the same symbolic training graph)
+    for i, (b, t) in enumerate(zip(batches, LENGTHS[:5])):
+        (ids,) = make_input("llama", batch=b, seq=t, model=model, seed=i)
         out, ref = fn(ids), reference(ids)
         tree_assert_close(out, ref)
         out.square().mean().backward()

@@ -204,28 +204,31 @@ def test_hugging_face_llama_vmap_masks_and_grad_sections():
     torch.testing.assert_close(got.logits, model(input_ids=x, use_cache=False).logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dim_range"])
-def test_save_and_load_in_a_fresh_process_without_stampout(tmp_path, dynamic):
-    model, x = llama(3), ids()
-    ep = stampout.export(model, x, dynamic_shapes={"input_ids": {1: Dim("t", max=32)}} if dynamic else None)
-    if dynamic:
-        x = ids(seq=13)  # another length than the example's
-    torch.export.save(ep, tmp_path / "model.pt2")
-    torch.save(x, tmp_path / "x.pt")
+def test_save_and_load_in_a_fresh_process_without_stampout(tmp_path):
+    """A static program and one with a dim range (run at another length than the example's), saved, then loaded
+    and run in one fresh process that never imports stampout (one interpreter for both: its start is the cost)."""
+    model = llama(3)
+    cases = {}
+    for name, dynamic in (("static", False), ("dim_range", True)):
+        ep = stampout.export(model, ids(), dynamic_shapes={"input_ids": {1: Dim("t", max=32)}} if dynamic else None)
+        torch.export.save(ep, tmp_path / f"{name}.pt2")
+        cases[name] = ids(seq=13) if dynamic else ids()  # (the dim range: another length than the example's)
+        torch.save(cases[name], tmp_path / f"{name}_x.pt")
     script = textwrap.dedent(f"""
         import sys, torch
-        ep = torch.export.load({str(tmp_path / "model.pt2")!r})
-        calls = ep.graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)
-        assert len(calls) == 3 and len({{c.args[0].target for c in calls}}) == 1, calls
-        out = ep.module()(torch.load({str(tmp_path / "x.pt")!r}))
+        for name in {list(cases)!r}:
+            ep = torch.export.load(f"{{name}}.pt2")
+            calls = ep.graph.find_nodes(op="call_function", target=torch.ops.higher_order.invoke_subgraph)
+            assert len(calls) == 3 and len({{c.args[0].target for c in calls}}) == 1, (name, calls)
+            torch.save(ep.module()(torch.load(f"{{name}}_x.pt")), f"{{name}}_out.pt")
         assert "stampout" not in sys.modules
-        torch.save(out, {str(tmp_path / "out.pt")!r})
     """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), model(x), rtol=0, atol=0)
+    for name, x in cases.items():
+        torch.testing.assert_close(torch.load(tmp_path / f"{name}_out.pt"), model(x), rtol=0, atol=0, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------- errors
