@@ -7,6 +7,7 @@ that fits none of these makes the trace ineligible for reuse.
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 import weakref
@@ -320,6 +321,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             return
         if type(value) not in (list, tuple, dict):
             self._guard_protocol(value, source, where)
+            if isinstance(value, collections.defaultdict):  # (a C field: what reading a missing key stores)
+                self.adopt(value.default_factory, Attr(source, "default_factory"), where=where)
         if len(value) > config.guard_max_items:
             self.guard(source, Kind.ID, value, where)
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
