@@ -21,7 +21,7 @@ _THROUGH_AOT = {
     "forward_ad_dual_input", "torch_generator_on_module",
 }
 # Known wrong, not fixed yet (strict xfails): (program, backend); see README's Limitations.
-_KNOWN_WRONG: set[tuple[str, str]] = {("eval_expression_in_forward", "eager")}
+_KNOWN_WRONG: set[tuple[str, str]] = set()
 _CASES = [pytest.param(name, backend, marks=pytest.mark.xfail(strict=True, reason="known wrong"))
           if (name, backend) in _KNOWN_WRONG else (name, backend)
           for name, backend in [(name, "eager") for name in PROGRAMS]

@@ -49,7 +49,8 @@ _PURE_MODULES = frozenset({
 })
 # Builtins with effects a compiled call would not repeat (I/O) or that read the outside world.
 _IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint", "id",  # (id: an address, not a value)
-                              "__import__"})  # (what it returns is read from sys.modules: see IMPORTS_BY_NAME)
+                              "__import__",  # (what it returns is read from sys.modules: see IMPORTS_BY_NAME)
+                              "eval", "exec"})  # (code of `<string>`, which no frame watches: the globals it reads)
 _PURE_POSIX = frozenset({"fspath", "getpid", "fsencode", "fsdecode"})
 _PURE_TYPES = frozenset({
     object, type, int, bool, float, complex, str, bytes, bytearray, memoryview, tuple, list, dict, set, frozenset,
