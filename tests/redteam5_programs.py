@@ -1668,3 +1668,158 @@ def module_getattr_patched(wrap):
             nn.Module.__getattr__ = original
 
     return run
+
+
+# ---- C functions that change what they are given ------------------------------------------------------------------
+
+
+@program
+def thread_started_in_forward(wrap):
+    """forward hands a statistic to a background thread per call (an async logger) and waits for it."""
+    import threading
+
+    l = lin()
+    log = []
+
+    def record(v):
+        log.append(v)
+
+    def fwd(x):
+        y = l(x)
+        t = threading.Thread(target=record, args=(tuple(y.shape),))
+        t.start()
+        t.join()
+        return y
+
+    f = wrap(fwd)
+
+    def run(i):
+        with torch.no_grad():
+            return [f(inp(i)), list(log)]
+
+    return run
+
+
+@program
+def heapq_held_queue(wrap):
+    """forward pushes the batch size onto a heap the model keeps (heapq, C), and scales by the smallest."""
+    import heapq
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.heap = [5]
+
+        def forward(s, x):
+            heapq.heappush(s.heap, x.shape[0])
+            return s.l(x) * s.heap[0]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        with torch.no_grad():
+            return [f(inp(i, n=[3, 2, 4, 2, 1][i])), list(m.heap)]
+
+    return run
+
+
+@program
+def bisect_insort_held(wrap):
+    """forward inserts the batch size into a sorted list the model keeps (bisect.insort, C) and reads its median."""
+    import bisect
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.sizes = []
+
+        def forward(s, x):
+            bisect.insort(s.sizes, x.shape[0])
+            return s.l(x) * s.sizes[len(s.sizes) // 2]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        with torch.no_grad():
+            return [f(inp(i, n=[3, 2, 4, 2, 1][i])), list(m.sizes)]
+
+    return run
+
+
+@program
+def operator_setitem_held(wrap):
+    """forward counts calls in a held dict through operator.setitem and operator.iadd (C)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.stats = {"calls": 0}
+            s.seen = []
+
+        def forward(s, x):
+            operator.setitem(s.stats, "calls", s.stats["calls"] + 1)
+            operator.iadd(s.seen, [x.shape[0]])
+            return s.l(x) * s.stats["calls"]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        with torch.no_grad():
+            return [f(inp(i)), dict(m.stats), list(m.seen)]
+
+    return run
+
+
+@program
+def list_sort_held_in_place(wrap):
+    """forward appends to a held list and sorts it in place (reverse), reading its head."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.vals = [1.0]
+
+        def forward(s, x):
+            s.vals.append(float(x.shape[0]))
+            s.vals.sort(reverse=True)
+            return s.l(x) * s.vals[0]
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        with torch.no_grad():
+            return [f(inp(i, n=[3, 2, 4, 2, 1][i])), list(m.vals)]
+
+    return run
+
+
+@program
+def gc_disabled_in_forward(wrap):
+    """forward turns Python's garbage collector off (a speed trick); the caller turns it back on between calls."""
+    import gc
+
+    l = lin()
+
+    def fwd(x):
+        gc.disable()
+        return l(x)
+
+    f = wrap(fwd)
+
+    def run(i):
+        try:
+            with torch.no_grad():
+                y = f(inp(i))
+            return [y, gc.isenabled()]
+        finally:
+            gc.enable()
+
+    return run
