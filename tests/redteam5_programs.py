@@ -1823,3 +1823,93 @@ def gc_disabled_in_forward(wrap):
             gc.enable()
 
     return run
+
+
+_RT5_CLIP = 1.0
+
+
+class _ClipToGlobal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clamp(-_RT5_CLIP, _RT5_CLIP)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+@program
+def function_forward_reads_global(wrap):
+    """A custom autograd.Function whose forward reads a module global the caller changes (inference)."""
+    l = lin()
+
+    def fwd(x):
+        return _ClipToGlobal.apply(l(x))
+
+    f = wrap(fwd)
+
+    def run(i):
+        global _RT5_CLIP
+        _RT5_CLIP = [1.0, 1.0, 0.25, 0.25, 2.0][i]
+        with torch.no_grad():
+            return [f(inp(i))]
+
+    return run
+
+
+@program
+def forward_hook_bound_method_state(wrap):
+    """A child's forward hook is a bound method of a scaler object whose scale the caller changes."""
+
+    class Scaler:
+        def __init__(self):
+            self.scale = 1.0
+            self.calls = 0
+
+        def hook(self, mod, args, out):
+            self.calls += 1
+            return out * self.scale
+
+    scaler = Scaler()
+    m = nn.Sequential(lin(0), nn.Tanh(), lin(1))
+    m[0].register_forward_hook(scaler.hook)
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            scaler.scale = 3.0
+        with torch.no_grad():
+            return [f(inp(i)), scaler.calls]
+
+    return run
+
+
+@program
+def buffer_updated_in_forward_aot(wrap):
+    """A running mean buffer updated in place in forward under no_grad (training stats), read by the caller."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.register_buffer("mean", torch.zeros(4))
+            s.momentum = 0.5
+
+        def forward(s, x):
+            y = s.l(x)
+            with torch.no_grad():
+                s.mean.mul_(1 - s.momentum).add_(y.mean(0) * s.momentum)
+            return y - s.mean
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 3:
+            m.momentum = 0.1
+        m.zero_grad()
+        y = f(inp(i))
+        y.sum().backward()
+        return [y.detach(), m.mean.clone(), grads(m)]
+
+    return run

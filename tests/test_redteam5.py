@@ -18,7 +18,8 @@ UNCHECKED_ONLY = ("test_an_ordinary_program_matches_eager",)
 # aot_eager.
 _THROUGH_AOT = {
     "grad_reversal_global_lambda", "grad_scale_read_in_backward", "multi_grad_hook", "branch_on_grad_present",
-    "forward_ad_dual_input", "torch_generator_on_module",
+    "forward_ad_dual_input", "torch_generator_on_module", "function_forward_reads_global",
+    "buffer_updated_in_forward_aot",
 }
 # Known wrong, not fixed yet (strict xfails): (program, backend); see README's Limitations.
 _KNOWN_WRONG: set[tuple[str, str]] = set()
