@@ -47,6 +47,9 @@ _ORIGINAL_CALL = nn.Module.__call__
 _LOCAL = threading.local()  # .table: {id(module): compiled function} of the piecewise call running here
 _INSTALL_LOCK = threading.Lock()
 _users = 0
+# what `nn.Module.__call__` was when the first running piecewise call replaced it (torch's, or a patch of the user's:
+# put back after the last, and the call of every module meanwhile)
+_found: list[Any] = [_ORIGINAL_CALL]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,9 @@ class GraphBreak:
 
 def _redirecting_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     table = getattr(_LOCAL, "table", None)
+    found = _found[0]
+    if found is not _ORIGINAL_CALL:  # (the user's own `nn.Module.__call__`, installed before: every module call
+        return found(self, *args, **kwargs)  # runs through it, as in eager; no child runs compiled meanwhile)
     if table is not None:
         piece = table.get(id(self))
         if piece is not None and not _recomputed_later():
@@ -91,14 +97,15 @@ def _installed() -> Iterator[None]:
     with _INSTALL_LOCK:
         _users += 1
         if _users == 1:
+            _found[0] = nn.Module.__call__
             nn.Module.__call__ = _redirecting_call
     try:
         yield
     finally:
         with _INSTALL_LOCK:
             _users -= 1
-            if _users == 0:
-                nn.Module.__call__ = _ORIGINAL_CALL
+            if _users == 0 and nn.Module.__call__ is _redirecting_call:  # (else the program set its own: kept)
+                nn.Module.__call__ = _found[0]
 
 
 @contextlib.contextmanager

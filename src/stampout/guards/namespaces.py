@@ -79,16 +79,31 @@ def patched_tensor_methods() -> list[str]:
 class NamespaceReads:
     """(namespace dict, name) -> the object a trace found there; `unchanged()` is the per-call check."""
 
-    __slots__ = ("_reads", "_labels", "_whole", "sentinel")  # (sentinel: read by the generated guard code)
+    __slots__ = ("_reads", "_labels", "_whole", "_lookups", "sentinel")  # (sentinel: read by the generated guard code)
 
     def __init__(self) -> None:
         self._reads: dict[int, tuple[dict, dict[str, Any]]] = {}
         self._labels: dict[int, str] = {}
         self._whole: dict[int, tuple[dict, dict]] = {}  # namespaces guarded item by item (a class's methods)
+        # names checked by a key lookup each per call, not by their namespace's version: where other writes to it do
+        # not matter, or happen on every call (a module's globals, which a script's loop writes on every step;
+        # nn.Module's class dict, whose `__call__` piecewise runs swap)
+        self._lookups: dict[int, tuple[dict, dict[str, Any]]] = {}
         self.sentinel: Callable[[], bool] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self._reads or self._whole)
+        return bool(self._reads or self._whole or self._lookups)
+
+    def note_lookup(self, namespace: dict, label: str, name: str, value: Any) -> None:
+        """`namespace[name]` must stay the object `value` (ABSENT_NAME: stay absent), checked by its key alone:
+        `nn.Module.__call__` as a module call finds it, a global that would shadow the builtin the code loaded."""
+        entry = self._lookups.get(id(namespace))
+        if entry is None:
+            entry = self._lookups[id(namespace)] = (namespace, {})
+            self._labels.setdefault(id(namespace), label)
+        if name not in entry[1]:
+            entry[1][name] = value
+            self.sentinel = None
 
     def note(self, namespace: dict, label: str, name: str, value: Any) -> None:
         entry = self._reads.get(id(namespace))
@@ -111,7 +126,8 @@ class NamespaceReads:
             return True
         if self.first_change() is not None:
             return False
-        self.sentinel = dict_sentinel([d for d, _ in (*self._reads.values(), *self._whole.values())])
+        self.sentinel = dict_sentinel([d for d, _ in (*self._reads.values(), *self._whole.values())],
+                                      list(self._lookups.values()), _MISSING)
         return True
 
     def first_change(self) -> str | None:
@@ -119,6 +135,10 @@ class NamespaceReads:
         for key, (namespace, names) in self._reads.items():
             for name, value in names.items():
                 if not same_constant(namespace.get(name, _MISSING), value):  # (a constant: by its value)
+                    return f"{self._labels[key]}.{name}"
+        for key, (namespace, names) in self._lookups.items():
+            for name, value in names.items():
+                if namespace.get(name, _MISSING) is not value:
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, before) in self._whole.items():
             if len(namespace) != len(before) or any(namespace.get(k, _MISSING) is not v for k, v in before.items()):
@@ -137,6 +157,17 @@ class NamespaceReads:
                 elif namespace.get(name, _MISSING) is not value:
                     namespace[name] = value
                     written = True
+            if written:
+                _modified(namespace)
+        for namespace, names in self._lookups.values():
+            written = False
+            for name, value in names.items():
+                if namespace.get(name, _MISSING) is not value:
+                    written = True
+                    if value is _MISSING:
+                        del namespace[name]
+                    else:
+                        namespace[name] = value
             if written:
                 _modified(namespace)
         for namespace, before in self._whole.values():

@@ -7,6 +7,7 @@ that fits none of these makes the trace ineligible for reuse.
 
 from __future__ import annotations
 
+import collections
 import functools
 import types
 import weakref
@@ -23,7 +24,7 @@ from ..torch_internals import FakeTensor
 from ..trace.code import user_hashed_key
 from ..trace.frames import user_location
 from ..trace.shapes import SIZES, size_key
-from ..watch.classpatch import PATCHED_NAMES
+from ..watch.classpatch import PATCHED_NAMES, shimmed
 from ..watch.tracking import Watch, original_class
 from .cache import LiftedInput
 from .events import Ineligible
@@ -71,6 +72,7 @@ def _by_identity(key: Any) -> bool:
 
 # (how a container's class reads its items: see _guard_protocol)
 _CONTAINER_PROTOCOL = ("__iter__", "__len__", "__getitem__", "__contains__")
+_MODULE_SLOTS = ("__call__", "__getattr__")  # (how `m(x)` reaches the module's forward, `m.l` its children)
 
 class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
     """Reads recorded while one region call is traced, and why its trace may not be reusable.
@@ -99,6 +101,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self.ineligible: list[Ineligible] = []
         self.reads_requires_grad = False
         self._classes: set[type] = set()
+        self._slot_classes: set[tuple[type, tuple[str, ...]]] = set()  # (see _guard_class_names)
         self.states: list[tuple[Any, Any]] = []  # (object, getstate()) of opaque objects the trace read
         self.lifted: list[LiftedInput] = []
         self.cache_misses: dict[int, int] = {}  # functools caches known when the trace began: misses then
@@ -223,8 +226,32 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self._objects.append((value, source))
         self.watch.watch(value)
         self._adopt_class(original_class(value), where)
+        # (`m(x)` and `for layer in self.layers` go through type slots, with no attribute read to guard: what the
+        # module's class, library classes included, finds for them by name; `nn.Module.__call__ = ...` between calls)
+        self._guard_class_names(original_class(value), _MODULE_SLOTS + (
+            _CONTAINER_PROTOCOL if isinstance(value, CONTAINERS) else ()))
         if isinstance(value, CONTAINERS):
             self._adopt_children(value, source, where)
+
+    def _guard_class_names(self, cls: type, names: tuple[str, ...]) -> None:
+        """Each of `names` as `cls`'s MRO finds it, in the NamespaceReads (a key lookup each per call: nn.Module's
+        dict is written by piecewise runs): the object in the class that defines it, absent from those before."""
+        if (cls, names) in self._slot_classes:
+            return
+        self._slot_classes.add((cls, names))
+        for name in names:
+            for klass in cls.__mro__:
+                if klass is object:
+                    break
+                patched, own = shimmed(klass, name)
+                if patched:  # (stampout's attribute watch, there during captures: what it calls is the rest of the MRO,
+                    if own is MISSING:  # looked up when the capture patches the class)
+                        continue
+                    break  # (the user's own method, guarded with the class's, _adopt_class)
+                fields = class_dict(klass)
+                self.namespaces.note_lookup(fields, klass.__qualname__, name, fields.get(name, ABSENT_NAME))
+                if name in fields:
+                    break
 
     def _adopt_class(self, cls: type, where: str) -> None:
         """What a user class defines (defaults, methods, classmethods' data): a class attribute changed
@@ -294,6 +321,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             return
         if type(value) not in (list, tuple, dict):
             self._guard_protocol(value, source, where)
+            if isinstance(value, collections.defaultdict):  # (a C field: what reading a missing key stores)
+                self.adopt(value.default_factory, Attr(source, "default_factory"), where=where)
         if len(value) > config.guard_max_items:
             self.guard(source, Kind.ID, value, where)
             self.mark_ineligible(f"reads {source.name()}, a {type(value).__name__} of {len(value)} items")
@@ -391,6 +420,8 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
             self.guard(Item(Attr(base, "__dict__"), name), Kind.NO_OVERRIDE, MISSING, where)
             entry = ClassAttr(TypeOf(base), name)
             self.adopt(raw, entry, where=where)
+        else:  # a library class's (`self._call_impl`, as nn.Module.__call__ reads it): what its MRO finds
+            self._guard_class_names(original_class(obj), (name,))
 
     def _guard_tree(self, module: torch.nn.Module, source: Source, walk: str, where: str) -> None:
         """The program walks a module's registries (`self.children()`, `self.named_parameters()`): the names in

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..guards.guard import Kind
-from ..guards.namespaces import TENSOR_DICT, NamespaceReads
+from ..guards.namespaces import ABSENT_NAME, TENSOR_DICT, NamespaceReads
 from ..guards.values import immutable_constant
 from ..sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
 from ..trace.code import code_facts, is_user_file, is_user_module
@@ -202,8 +202,10 @@ class FrameCode:
                         self._note_user_namespace(value)
                 elif own or not self.note_by_identity(g, label, name, value, source):  # (a helper's global)
                     self.adopt(value, source, where=where)
-            elif name in builtin:  # (a builtin as found: `builtins.GAIN = 3` changes what the code loads)
+            elif name in builtin:  # (a builtin as found: `builtins.GAIN = 3` changes what the code loads, and so
+                # does a global of that name defined later: `abs = my_abs` in the code's module)
                 self.namespaces.note(builtin, "builtins", name, builtin[name])
+                self.namespaces.note_lookup(g, label, name, ABSENT_NAME)
         for local, name, level, taken in facts.imports:
             self._adopt_import(local, name, level, taken, g, facts.import_chains, f"import in {code.co_qualname}")
         for chain in facts.attribute_stores:  # neither a stamped nor a compiled call would store it again

@@ -5,6 +5,7 @@ that makes one it cannot replay is ineligible (see RegionFrame); `undo` puts the
 
 from __future__ import annotations
 
+import functools
 import operator
 import types
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from ..guards.guard import Kind, is_constant
 from ..guards.hook_keys import HOOK_DICTS, hooks_key
 from ..sources import MISSING, Arg, Attr, Item, Source
 from ..torch_internals import FakeTensor
-from ..trace.code import user_hashed_key
+from ..trace.code import is_user_code, user_hashed_key
 from ..trace.frames import user_location
 from ..watch.classpatch import peek
 from ..watch.tracking import Watch
@@ -144,6 +145,9 @@ class FrameWrites:
             for key, hook in list(dict.items(held)) if isinstance(held, dict) else ():
                 if type(hook) is types.FunctionType:
                     self._defer(hook, Item(Attr(source, name), key))
+                elif _user_hook(hook):  # (a bound method, a partial, a callable object of the user's: what it
+                    # reads and writes is watched: `scaler.calls += 1`, `out * scaler.scale`)
+                    self.adopt(hook, Item(Attr(source, name), key), where=f"a hook of {source.name()}")
 
     def _close_hooks(self) -> None:
         """A hook registered or removed on a module the trace read (`self.lin.register_forward_hook(..)` in
@@ -230,6 +234,14 @@ def undo(program: Any) -> None:
             setattr(obj, name, old)
         elif peek(obj, name) is not MISSING:
             delattr(obj, name)
+
+
+def _user_hook(hook: Any) -> bool:
+    """Whether a hook that is not a plain function runs the user's code (not torch's: FSDP's, parametrizations')."""
+    fn = hook.__func__ if isinstance(hook, types.MethodType) else \
+        hook.func if isinstance(hook, functools.partial) else getattr(type(hook), "__call__", None)
+    code = getattr(fn, "__code__", None)
+    return code is not None and is_user_code(code)
 
 
 def _hook_copies(module: Any) -> tuple:

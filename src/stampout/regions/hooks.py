@@ -23,6 +23,7 @@ from .frame import RegionFrame
 from .purity import (
     IMPORTS_BY_NAME,
     impure_call,
+    interpreter_state_call,
     location,
     python_setter,
     torch_state_call,
@@ -116,16 +117,17 @@ class CallHooks:
             previous(frame, event, arg)
         if event != "c_call" or not self.frames:
             return
-        if watched_file(frame.f_code.co_filename):
+        state = interpreter_state_call(arg)
+        if watched_file(frame.f_code.co_filename) or state:
             what = impure_call(arg)
-            caller = user_caller(frame) if what is not None else None
+            caller = user_caller(frame, quiet_too=state) if what is not None else None
         else:  # (torch's Python reseeding its generator or setting autograd hooks for the user)
             what = torch_state_call(arg, frame)
             caller = caller_outside_torch(frame) if what is not None else None
         if caller is not None:
             reason = f"calls {what}, which is not known to be pure (at {location(caller)})"
             for f in self.frames:
-                if watched_file(frame.f_code.co_filename):
+                if watched_file(frame.f_code.co_filename) or state:
                     f.mark_ineligible(reason)
                 else:  # (torch's own Python sets its state: stopping it halfway would leave the state set)
                     f.ineligible.append(Ineligible(reason, location(caller)))

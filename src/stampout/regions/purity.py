@@ -49,7 +49,8 @@ _PURE_MODULES = frozenset({
 })
 # Builtins with effects a compiled call would not repeat (I/O) or that read the outside world.
 _IMPURE_BUILTINS = frozenset({"print", "input", "open", "breakpoint", "id",  # (id: an address, not a value)
-                              "__import__"})  # (what it returns is read from sys.modules: see IMPORTS_BY_NAME)
+                              "__import__",  # (what it returns is read from sys.modules: see IMPORTS_BY_NAME)
+                              "eval", "exec"})  # (code of `<string>`, which no frame watches: the globals it reads)
 _PURE_POSIX = frozenset({"fspath", "getpid", "fsencode", "fsdecode"})
 _PURE_TYPES = frozenset({
     object, type, int, bool, float, complex, str, bytes, bytearray, memoryview, tuple, list, dict, set, frozenset,
@@ -89,7 +90,28 @@ def global_setter(module: str, name: str) -> bool:
             and not any(word in name for word in _KEPT_OR_PLUMBING))
 
 
+# The interpreter's own state that functions of the pure modules above set or start, which outlives the call (a
+# compiled call would not set it again): the garbage collector switched off, a thread started, a recursion limit.
+_INTERPRETER_STATE = {
+    "gc": frozenset({"enable", "disable", "freeze", "unfreeze", "set_threshold", "set_debug"}),
+    "_thread": frozenset({"start_new_thread", "start_joinable_thread", "interrupt_main"}),
+}
+
+
+def _sets_interpreter_state(module: str, name: str) -> bool:
+    return name in _INTERPRETER_STATE.get(module, ()) or module == "sys" and name.startswith(("set", "_set"))
+
+
+def interpreter_state_call(fn: Any) -> bool:
+    """Whether the C callable `fn` sets or starts interpreter state (see _INTERPRETER_STATE): checked from the quiet
+    standard library too (`threading.Thread.start` starts its thread from threading.py)."""
+    module = getattr(fn, "__module__", None)
+    return isinstance(module, str) and _sets_interpreter_state(module, getattr(fn, "__name__", ""))
+
+
 def _pure_module(module: str, name: str) -> bool:
+    if _sets_interpreter_state(module, name):
+        return False
     root = module.split(".")[0]
     if root == "torch":
         return not global_setter(module, name)
@@ -254,15 +276,19 @@ def watched_file(filename: str) -> bool:
     return watched
 
 
-def user_caller(frame: types.FrameType) -> types.FrameType | None:
+def user_caller(frame: types.FrameType, quiet_too: bool = False) -> types.FrameType | None:
     """The user frame that called the standard library's code running in `frame` (None: torch or stampout
-    called it, as when FX names a temporary file)."""
+    called it, as when FX names a temporary file). `quiet_too`: through the quiet standard library as well."""
     f: types.FrameType | None = frame
     while f is not None and not is_user_file(f.f_code.co_filename):
-        if not watched_file(f.f_code.co_filename):
+        if not watched_file(f.f_code.co_filename) and not (quiet_too and _in_stdlib(f.f_code.co_filename)):
             return None
         f = f.f_back
     return f
+
+
+def _in_stdlib(filename: str) -> bool:
+    return any(filename.startswith(d) for d in _STDLIB) and "-packages" not in filename
 
 
 def location(frame: types.FrameType) -> str:

@@ -72,17 +72,29 @@ def tensor_guards(tensors: list[torch.Tensor]) -> Any:
     )
 
 
-def dict_sentinel(dicts: list[dict]) -> Callable[[], bool]:
+def dict_sentinel(dicts: list[dict], lookups: list[tuple[dict, dict[str, Any]]] = (),
+                  missing: Any = None) -> Callable[[], bool]:
     """A C++ check that none of `dicts` was written since now (CPython's per-dict version tags): catches
-    writes that bypass `__setattr__` (`m.__dict__[k] = v`, `object.__setattr__(m, k, v)`)."""
+    writes that bypass `__setattr__` (`m.__dict__[k] = v`, `object.__setattr__(m, k, v)`); and that each dict of
+    `lookups` still holds the very objects of its names (`missing`: the name is absent), a key lookup each, whatever
+    else is written there."""
     from torch._C._dynamo.guards import RootGuardManager
     from torch._dynamo.guards import GuardManagerType
 
+    kind = GuardManagerType.GUARD_MANAGER
     root = RootGuardManager()
-    holder = tuple(dicts)  # (a tuple's items are read by index in C: half a dict lookup's cost per dict)
-    for i, d in enumerate(holder):
-        manager = root.tuple_getitem_manager(i, f"dicts[{i}]", d, GuardManagerType.GUARD_MANAGER)
+    holder = (*dicts, *(d for d, _ in lookups))  # (a tuple's items are read by index in C: half a dict lookup's cost)
+    for i, d in enumerate(dicts):
+        manager = root.tuple_getitem_manager(i, f"dicts[{i}]", d, kind)
         manager.add_dict_version_guard(d, [f"dict_version(dicts[{i}])"], None)
+    for i, (d, names) in enumerate(lookups, len(dicts)):
+        manager = root.tuple_getitem_manager(i, f"dicts[{i}]", d, kind)
+        for name, value in names.items():
+            if value is missing:
+                manager.add_dict_contains_guard(False, name, [f"{name!r} not in dicts[{i}]"], None)
+            else:
+                item = manager.dict_getitem_manager(name, f"dicts[{i}][{name!r}]", value, kind)
+                item.add_id_match_guard(id(value), [f"dicts[{i}][{name!r}] is the object read"], None)
     return functools.partial(root.check, holder)
 
 

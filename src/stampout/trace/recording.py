@@ -26,6 +26,7 @@ from ..torch_internals import (
 )
 from .builder import Builder, has_tensor, map_tensors, node_target
 from .caught_kernel_errors import check_not_caught
+from .code import is_user_file
 from .frames import user_frame, user_location
 from .memory import CapturedMemory
 from .names import identifier
@@ -60,6 +61,9 @@ def _function_apply(cls: type) -> Callable:
 
         apply.__name__ = f"{cls.__name__}_apply"
         apply.__qualname__ = f"{cls.__qualname__}.apply"
+        backward = getattr(getattr(cls, "backward", None), "__code__", None)  # (the user's Python runs in backward:
+        # what it reads at run time, AOTAutograd would read once while it traces; see backends.python_backwards)
+        apply.__stampout_python_backward__ = backward is not None and is_user_file(backward.co_filename)
         target = apply
         type.__setattr__(cls, "__stampout_apply__", apply)
     return target

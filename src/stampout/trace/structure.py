@@ -95,8 +95,9 @@ def flatten_inputs(args: tuple, kwargs: dict, names: tuple[str, ...] = ()) -> tu
         if t is tuple or t is list or _is_namedtuple(value):
             return (t, tuple([walk(v, f"{label}[{i}]") for i, v in enumerate(value)]))
         if isinstance(value, dict) and opened_dict(value):  # OrderedDict and Hugging Face ModelOutput too: their
-            # items are inputs
-            return (t, tuple([(k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()]))
+            # items are inputs; a defaultdict's factory (a C field: what a missing key reads) by identity
+            kind = (t, value.default_factory) if isinstance(value, collections.defaultdict) else t
+            return (kind, tuple([(k, walk(v, f"{label}[{k!r}]")) for k, v in value.items()]))
         leaves.append(value)
         labels.append(label)
         return None

@@ -135,6 +135,14 @@ def original(cls: type, name: str) -> Any:
     return None
 
 
+def shimmed(cls: type, name: str) -> tuple[bool, Any]:
+    """(True, what `cls`'s own dict held before) while stampout's patch holds `cls.name` (MISSING: nothing)."""
+    patch = _PATCHES.get(cls)
+    if patch is not None and name in patch.saved:
+        return True, patch.saved[name]
+    return False, None
+
+
 def wrappers(cls: type) -> dict[str, Any]:
     orig_getattribute = original(cls, "__getattribute__")
     orig_getattr = original(cls, "__getattr__")
