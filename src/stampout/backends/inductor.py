@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -300,7 +301,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         eager = background.eager_runner(gm)  # (before the compile changes gm)
         symbolic = split.symbolic(example_inputs)
         if mode == background.EAGER and symbolic and background.lowers_later():  # (its lowering too: Lowering)
-            return background.Lowering(eager, lambda finish: _compile_graph(gm, example_inputs, finish),
+            return background.Lowering(eager, functools.partial(_compile_graph, gm, example_inputs),
                                        example_inputs, "symbolic graph")
         finish_later: list[Callable[[], Any]] = []
         with background.lowering():
