@@ -58,3 +58,38 @@ def test_a_tensor_attribute_of_a_module_argument_is_read_by_its_path(shape):
     assert any(name.endswith("lin.shift") for name in _names(cap)), _names(cap)
     inner.lin.shift = torch.full((4,), 2.0)
     torch.testing.assert_close(cap(given, x), f(given, x))
+
+
+
+class _CountedGlobals(dict):
+    """A module's globals that count how often they are listed (`items()`), as the names walk lists them."""
+
+    listed = 0
+
+    def items(self):
+        type(self).listed += 1
+        return super().items()
+
+
+def _module_of_functions(count: int) -> dict:
+    """A user module's globals: `count` functions calling the next, the last scaling by a global tensor."""
+    lines = ["import torch", "SCALE = torch.full((4,), 3.0)"]
+    lines += [f"def f{i}(x):\n    return f{i + 1}(x)" for i in range(count - 1)]
+    lines.append(f"def f{count - 1}(x):\n    return x * SCALE")
+    namespace = _CountedGlobals(__name__="user_functions")
+    exec(compile("\n".join(lines), "user_functions.py", "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+def test_a_modules_globals_are_listed_once_however_many_functions_share_them():
+    """The names walk lists a module's globals once per capture, not once per function found there (a module's
+    functions share its globals dict: F functions x G globals before); the global tensor is still found by its
+    global name, and each call reads it again."""
+    namespace = _module_of_functions(30)
+    _CountedGlobals.listed = 0
+    fn = namespace["f0"]
+    cap = stampout.capture(fn, torch.ones(4))
+    assert _CountedGlobals.listed == 1
+    assert "globals['SCALE']" in _names(cap)
+    namespace["SCALE"] = torch.full((4,), 5.0)
+    assert torch.equal(cap(torch.ones(4)), torch.full((4,), 5.0))

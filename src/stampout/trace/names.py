@@ -119,6 +119,7 @@ class TensorNames:
             elif not isinstance(leaf, torch.Tensor):
                 self._walk_object(leaf, label, Arg(i + 1, label), "", 0)
         self._functions: set[int] = set()
+        self._globals: dict[tuple[int, Any], int] = {}  # (id of a globals dict, module) walked -> least depth
         self._walk_function(getattr(fn, "__func__", fn), 0)
 
     def _add(self, value: Any, name: str, root: Source, path: str) -> None:
@@ -141,9 +142,19 @@ class TensorNames:
             return
         self._functions.add(id(func))
         g = func.__globals__
-        for key, value in list(g.items()):
-            if isinstance(value, (torch.Tensor, torch.nn.Module)) or (
-                    isinstance(value, types.FunctionType) and value.__module__ == func.__module__):
+        # A module's functions share its globals: the dict is walked again only from a shallower depth (from which
+        # its functions reach further); a module of F functions and G globals costs G per capture, not F x G. Its
+        # tensors and modules are named before the functions found there are walked (their closures' names second).
+        module = func.__module__
+        if self._globals.get((id(g), module), depth + 1) > depth:
+            self._globals[id(g), module] = depth
+            functions = []
+            for key, value in list(g.items()):
+                if isinstance(value, (torch.Tensor, torch.nn.Module)):
+                    self._add_root(value, key, Item(Absolute(g, "globals"), key), depth)
+                elif isinstance(value, types.FunctionType) and value.__module__ == module:
+                    functions.append((key, value))
+            for key, value in functions:
                 self._add_root(value, key, Item(Absolute(g, "globals"), key), depth)
         for var, cell in zip(func.__code__.co_freevars, func.__closure__ or ()):
             with contextlib.suppress(ValueError):
