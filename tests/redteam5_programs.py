@@ -1980,3 +1980,45 @@ def sizes_logged_under_dynamic(wrap):
         return [y, list(m.sizes), [type(v).__name__ for v in m.sizes], dict(m.by_size), m.last]
 
     return run
+
+
+@program
+def rg_call_impl_patched(wrap):
+    """Repeated layers (regions="auto") while nn.Module._call_impl is wrapped for calls 2-3 (each Linear's output
+    doubled), then put back."""
+
+    class Block(nn.Module):
+        def __init__(s, i):
+            super().__init__()
+            s.l = lin(i)
+
+        def forward(s, x):
+            return torch.tanh(s.l(x))
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.layers = nn.ModuleList(Block(i) for i in range(3))
+
+        def forward(s, x):
+            for layer in s.layers:
+                x = layer(x)
+            return x
+
+    f = wrap(M())
+    original = nn.Module._call_impl
+
+    def scaled(self, *a, **k):
+        out = original(self, *a, **k)
+        return out * 2 if isinstance(self, nn.Linear) else out
+
+    def run(i):
+        try:
+            if i in (2, 3):
+                nn.Module._call_impl = scaled
+            with torch.no_grad():
+                return [f(inp(i))]
+        finally:
+            nn.Module._call_impl = original
+
+    return run
