@@ -1913,3 +1913,112 @@ def buffer_updated_in_forward_aot(wrap):
         return [y.detach(), m.mean.clone(), grads(m)]
 
     return run
+
+
+@program
+def hook_objects_between_calls(wrap):
+    """A callable-object pre-hook on the root and a functools.partial forward hook on a child, added between calls,
+    each reading and counting state of the user's."""
+    import functools
+
+    class Shift:
+        def __init__(self):
+            self.by = 0.5
+            self.n = 0
+
+        def __call__(self, mod, args):
+            self.n += 1
+            return (args[0] + self.by,)
+
+    def gain(table, mod, args, out):
+        table["n"] += 1
+        return out * table["g"]
+
+    shift, table = Shift(), {"g": 2.0, "n": 0}
+    m = nn.Sequential(lin(0), nn.Tanh(), lin(1))
+    f = wrap(m)
+
+    def run(i):
+        if i == 1:
+            m.register_forward_pre_hook(shift)
+        if i == 2:
+            m[2].register_forward_hook(functools.partial(gain, table))
+        if i == 3:
+            shift.by, table["g"] = -1.0, 0.5
+        with torch.no_grad():
+            return [f(inp(i)), shift.n, dict(table)]
+
+    return run
+
+
+@program
+def sizes_logged_under_dynamic(wrap):
+    """forward logs each batch size to a held list and a dict keyed by size, and stores the last one, while the
+    sizes change (dynamic capture)."""
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.sizes = []
+            s.by_size = {}
+            s.last = None
+
+        def forward(s, x):
+            n = x.shape[0]
+            s.sizes.append(n)
+            s.by_size[n] = s.by_size.get(n, 0) + 1
+            s.last = (n, n * 2)
+            return s.l(x) * len(s.sizes)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        with torch.no_grad():
+            y = f(inp(i, n=[2, 3, 5, 3, 7][i]))
+        return [y, list(m.sizes), [type(v).__name__ for v in m.sizes], dict(m.by_size), m.last]
+
+    return run
+
+
+@program
+def rg_call_impl_patched(wrap):
+    """Repeated layers (regions="auto") while nn.Module._call_impl is wrapped for calls 2-3 (each Linear's output
+    doubled), then put back."""
+
+    class Block(nn.Module):
+        def __init__(s, i):
+            super().__init__()
+            s.l = lin(i)
+
+        def forward(s, x):
+            return torch.tanh(s.l(x))
+
+    class M(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.layers = nn.ModuleList(Block(i) for i in range(3))
+
+        def forward(s, x):
+            for layer in s.layers:
+                x = layer(x)
+            return x
+
+    f = wrap(M())
+    original = nn.Module._call_impl
+
+    def scaled(self, *a, **k):
+        out = original(self, *a, **k)
+        return out * 2 if isinstance(self, nn.Linear) else out
+
+    def run(i):
+        try:
+            if i in (2, 3):
+                nn.Module._call_impl = scaled
+            with torch.no_grad():
+                return [f(inp(i))]
+        finally:
+            nn.Module._call_impl = original
+
+    return run
