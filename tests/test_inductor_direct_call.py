@@ -135,3 +135,28 @@ def test_sizes_that_vary_give_eagers_results() -> None:
         for n in (2, 3, 5, 3, 2):
             x = torch.randn(n, 8)
             torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_the_compile_records_its_own_metrics_not_the_first_compiled_call(monkeypatch, tmp_path) -> None:
+    """Inductor's timed phases outside a Dynamo compile count as this thread's runtime metrics, which torch records
+    (config copies, a metrics record) at the next CompiledFxGraph call through its wrappers: after a recapture, the
+    new program's first call, in a later step of a generate. The compile records them itself: none are left when it
+    returns, and calling the compiled program records none. (A cache hit may time no phase: one is added as torch
+    adds them.)"""
+    import torch.fx as fx
+
+    from stampout.backends import inductor
+    from stampout.torch_internals import runtime_metrics_context
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    recorded = []
+    metrics = runtime_metrics_context()
+    monkeypatch.setattr(metrics, "_on_exit", lambda *args: recorded.append(args[2]))
+    metrics.increment("inductor_cumulative_compile_time_us", 1)
+    gm = fx.symbolic_trace(lambda x: (torch.nn.functional.gelu(x * 2 + 1),))
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        compiled = inductor.compile_graph(gm, [x])
+        assert len(recorded) == 1
+        torch.testing.assert_close(compiled(x)[0], gm(x)[0])
+    assert len(recorded) == 1

@@ -296,6 +296,8 @@ def _first_run_timed(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    from ..torch_internals import runtime_metrics_context
+
     mode = background.deferrable(example_inputs)  # (a recapture: its C++ build in the background, background.py)
     if mode is not None:
         eager = background.eager_runner(gm)  # (before the compile changes gm)
@@ -307,9 +309,16 @@ def compile_graph(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[...
         with background.lowering():
             compiled = _compile_graph(gm, example_inputs, finish_later)
         what = "symbolic graph" if symbolic else "recaptured graph"
-        return background.Deferred(eager, compiled, finish_later, what, mode)
-    with background.lowering():
-        return _compile_graph(gm, example_inputs)
+        compiled = background.Deferred(eager, compiled, finish_later, what, mode)
+    else:
+        with background.lowering():
+            compiled = _compile_graph(gm, example_inputs)
+    # Inductor's timed phases outside a Dynamo compile are this thread's *runtime* metrics, recorded (config copies,
+    # a metrics record: ~5 ms here) by the next CompiledFxGraph call through its wrappers: after a recapture, the
+    # first compiled call of the new program, in a later decode step (the first timed generate). Recorded now, with
+    # the compile they measure.
+    runtime_metrics_context().finish()
+    return compiled
 
 
 def _compile_graph(gm: fx.GraphModule, example_inputs: list[Any],

@@ -144,6 +144,7 @@ NAMES = {
     "profiler_module": "torch.autograd.profiler",
     "replace_autocast_with_hop_pass": "torch._export.passes.replace_autocast_with_hop_pass.replace_autocast_with_hop_pass",  # noqa: E501
     "replace_set_grad_with_hop_pass": "torch._export.passes.replace_set_grad_with_hop_pass.replace_set_grad_with_hop_pass",  # noqa: E501
+    "runtime_metrics_context": "torch._dynamo.utils.get_runtime_metrics_context",
     "runtime_wrappers_module": "torch._functorch._aot_autograd.runtime_wrappers",
     "set_default_dtype": "torch._C._set_default_dtype",
     "set_deterministic_algorithms": "torch._C._set_deterministic_algorithms",
