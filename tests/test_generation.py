@@ -88,38 +88,6 @@ def test_generate_dynamic_cache_matches_eager(name):
     _assert_one_trace_per_capture(fn, name)
 
 
-def test_dynamic_cache_decode_steps_try_the_entry_that_served_the_last_step_first(monkeypatch):
-    """A dynamic cache's later decode steps are served by the symbolic entry; the first decode step's entry, older,
-    fails their guards (its cache length). Looked up oldest first, each later step failed that check before the
-    symbolic entry admitted it; the entry that served the last call goes first: one failed check per generate (the
-    second decode step's, after the first's entry served). Tokens and logits are eager's."""
-    from stampout.compile import entries
-
-    model = build("llama")
-    steps = 7
-    with torch.no_grad():
-        run = lambda: model.generate(PROMPT, max_new_tokens=steps, do_sample=False, cache_implementation="dynamic",  # noqa: E731
-                                     output_logits=True, return_dict_in_generate=True, pad_token_id=0)
-        expected = run()
-        fn = _compiled_forward(model)
-        run()
-        failed = []
-        admits = entries.Entry.admits
-
-        def counted(self, ctx):
-            lifted = admits(self, ctx)
-            if lifted is None:
-                failed.append(self)
-            return lifted
-
-        monkeypatch.setattr(entries.Entry, "admits", counted)
-        got = run()
-    assert torch.equal(got.sequences, expected.sequences)
-    for a, b in zip(got.logits, expected.logits, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert fn.stats.captures == 3 and len(failed) == 1
-
-
 @pytest.mark.inductor
 def test_generate_static_cache_inductor():
     model = build("llama", layers=2)

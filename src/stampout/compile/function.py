@@ -91,7 +91,6 @@ class CompiledFunction:
         self._sharded = is_sharded(fn)  # fully_shard'ed: its hooks run eagerly, its forward is a region
         self._arg_names = argument_names(fn)  # labels in messages: `input_ids`, not `args[0]`
         self._entries: tuple[Entry | EagerEntry, ...] = ()  # replaced whole (threads read it unlocked)
-        self._last_hit: Entry | None = None  # the compiled entry that served the last call it was looked up for
         self._lock = threading.Lock()  # one recapture at a time; calls that only check guards never take it
         self._cache = RegionCache()
         self._watch = WriteWatch()
@@ -175,26 +174,23 @@ class CompiledFunction:
         return entry.outputs(outputs, leaves)
 
     def _lookup(self, key: CallKey, ctx: CallContext, leaves: list[Any]) -> tuple[Any, tuple] | None:
-        """An entry that admits the call: the compiled entry that served the last call is tried first, then the
-        others, oldest first. In a generate with a dynamic cache the first decode step's entry (its cache length is
-        checked by its guards, not its key) comes before the symbolic entry that serves every later step: tried in
-        order, it failed its full check once per step; now once per generate. Any entry that admits a call is right
-        for it; an eager entry is never tried first (an older compiled one may admit the call again)."""
         masked_keys: dict[frozenset[int], CallKey] = {}
-        entries = self._entries
-        last = self._last_hit
-        if last is not None and any(entry is last for entry in entries):  # (not one dropped since)
-            hit = _try(last, key, ctx, leaves, masked_keys)
-            if hit is not None:
-                return hit
-        for entry in entries:
-            if entry is last:
-                continue
-            hit = _try(entry, key, ctx, leaves, masked_keys)
-            if hit is not None:
-                if isinstance(entry, Entry):
-                    self._last_hit = entry
-                return hit
+        for entry in self._entries:
+            masked = entry.masked
+            if masked is None:
+                entry_key = key
+            else:  # a symbolic capture: the sizes of its dynamic inputs are for its shape guards
+                entry_key = masked_keys.get(masked)
+                if entry_key is None:
+                    entry_key = masked_keys[masked] = entry.key_for(key, leaves)
+            if entry.key == entry_key:
+                if isinstance(entry, EagerEntry):
+                    if entry.admits(ctx):
+                        return entry, ()
+                    continue
+                lifted = entry.admits(ctx)
+                if lifted is not None:
+                    return entry, lifted
         return None
 
     def _recapture(self, args: tuple, kwargs: dict, key: CallKey, ctx: CallContext) -> tuple[Any, tuple]:
@@ -300,7 +296,6 @@ class CompiledFunction:
         # generate it (in a generate: the first prefill and decode step after the compile, ~40 ms each).
         entry.full_check()
         self._add(entry)
-        self._last_hit = entry
         lifted = entry.admits(ctx)
         if lifted is None:  # the capture itself changed what it read (a side effect the guards see)
             lifted = tuple(cap.placeholders_for(args, kwargs)[len(cap.input_tensor_leaves):])
@@ -376,24 +371,6 @@ class CompiledFunction:
                     if source is not None:
                         protection.path(source)
         EPOCH.bump()
-
-
-def _try(entry: Any, key: CallKey, ctx: CallContext, leaves: list[Any],
-         masked_keys: dict[frozenset[int], CallKey]) -> tuple[Any, tuple] | None:
-    """(entry, its lifted inputs) where `entry` admits the call, else None."""
-    masked = entry.masked
-    if masked is None:
-        entry_key = key
-    else:  # a symbolic capture: the sizes of its dynamic inputs are for its shape guards
-        entry_key = masked_keys.get(masked)
-        if entry_key is None:
-            entry_key = masked_keys[masked] = entry.key_for(key, leaves)
-    if entry.key != entry_key:
-        return None
-    if isinstance(entry, EagerEntry):
-        return (entry, ()) if entry.admits(ctx) else None
-    lifted = entry.admits(ctx)
-    return None if lifted is None else (entry, lifted)
 
 
 def _name(fn: Any) -> str:
