@@ -20,7 +20,9 @@ from typing import Any
 import torch
 
 from ..torch_internals import TensorBase, dict_sentinel
+from ..sources import MISSING
 from ..trace.code import is_user_file
+from ..watch.classpatch import patched_classes, shimmed
 from .values import same_constant
 
 _MISSING = object()
@@ -74,6 +76,17 @@ def patched_tensor_methods() -> list[str]:
     return [name for name, value in TENSOR_DICT.items()
             if hasattr(base, name) and callable(value) and is_user_file(getattr(getattr(value, "__code__", None),
                                                                                 "co_filename", "<torch"))]
+
+
+def _beneath_shim(namespace: dict, name: str) -> Any:
+    """What `namespace[name]` holds beneath stampout's own attribute watch, where `namespace` is the dict of a class
+    it patches now (a class noted before the watch patched it, later in the same capture: `nn.Linear.__getattr__`
+    once a plain Linear is watched after a subclass's lookups were noted), else what it holds."""
+    for cls in patched_classes():
+        patched, own = shimmed(cls, name)
+        if patched and class_dict(cls) is namespace:
+            return _MISSING if own is MISSING else own
+    return namespace.get(name, _MISSING)
 
 
 class NamespaceReads:
@@ -138,7 +151,7 @@ class NamespaceReads:
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, names) in self._lookups.items():
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value:
+                if namespace.get(name, _MISSING) is not value and _beneath_shim(namespace, name) is not value:
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, before) in self._whole.items():
             if len(namespace) != len(before) or any(namespace.get(k, _MISSING) is not v for k, v in before.items()):
@@ -162,7 +175,7 @@ class NamespaceReads:
         for namespace, names in self._lookups.values():
             written = False
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value:
+                if namespace.get(name, _MISSING) is not value and _beneath_shim(namespace, name) is not value:
                     written = True
                     if value is _MISSING:
                         del namespace[name]

@@ -248,10 +248,16 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                     if own is MISSING:  # looked up when the capture patches the class)
                         continue
                     break  # (the user's own method, guarded with the class's, _adopt_class)
-                fields = class_dict(klass)
-                self.namespaces.note_lookup(fields, klass.__qualname__, name, fields.get(name, ABSENT_NAME))
-                if name in fields:
+                if self._guard_class_lookups(klass, (name,)):
                     break
+
+    def _guard_class_lookups(self, klass: type, names: tuple[str, ...]) -> bool:
+        """Each of `names` in `klass`'s own dict as it holds it now (present or absent), by key per call, in the
+        NamespaceReads; whether it holds any of them."""
+        fields = class_dict(klass)
+        for name in names:
+            self.namespaces.note_lookup(fields, klass.__qualname__, name, fields.get(name, ABSENT_NAME))
+        return any(name in fields for name in names)
 
     def _adopt_class(self, cls: type, where: str) -> None:
         """What a user class defines (defaults, methods, classmethods' data): a class attribute changed

@@ -17,6 +17,7 @@ from ..guards.namespaces import ABSENT_NAME, TENSOR_DICT, NamespaceReads
 from ..guards.values import immutable_constant
 from ..sources import MISSING, Absolute, Attr, Closure, FnAttr, Global, Item, Source
 from ..trace.code import code_facts, is_user_file, is_user_module
+from ..watch.classpatch import PATCHED_NAMES
 from .objects import by_name, ours
 
 
@@ -37,6 +38,7 @@ class FrameCode:
         self._functions: set[types.CodeType] = set()  # codes whose globals (and cells, if known) are guarded
         self._local_codes: set[types.CodeType] = set()  # functions defined while tracing (closures over locals)
         self._guarded_code: set[tuple[types.CodeType, int]] = set()
+        self._super_mros: set[tuple[types.CodeType, tuple]] = set()  # (see _guard_super_reads)
         self._ran: set[types.CodeType] = set()  # user code that ran in this trace
         self._adopted: dict[int, Callable] = {}  # functions whose cells and defaults are guarded
         self.cells_read: list[tuple[Any, Callable, Any]] = []  # (closure cell, its function, what it held when
@@ -170,11 +172,13 @@ class FrameCode:
             found = running  # (none: the one running was found otherwise, or its cells are refused below)
         for f, source in found:  # (guarded by identity so far: it runs, so all of it)
             self._defer(f, source)
+        facts = code_facts(code)
+        if facts.super_reads:  # (less the names stampout's attribute watch patches: as _adopt_class leaves them)
+            self._guard_super_reads(code, tuple(n for n in facts.super_reads if n not in PATCHED_NAMES), frame, fn)
         key = (code, id(g))
         if key in self._guarded_code:
             return
         self._guarded_code.add(key)
-        facts = code_facts(code)
         self._local_codes.update(facts.nested)
         free = [v for v in code.co_freevars if v != "__class__"]
         if free and code not in self._functions and code not in self._local_codes:
@@ -219,6 +223,33 @@ class FrameCode:
             self.global_stores.append((g, name))
             self.writes.append(f"global {name} (assigned by {code.co_qualname})")
             self.mark_ineligible(f"assigns the global {name} (a Python side effect stampout does not replay)")
+
+    def _guard_super_reads(self, code: types.CodeType, names: tuple[str, ...], frame: types.FrameType | None,
+                           fn: Callable | None) -> None:
+        """`super().forward(x)` looks `forward` up along the MRO past the class whose method runs, through no watch
+        (the super object's own lookup; nn.Linear's `forward` is not a user class's, whose dicts are guarded whole):
+        each such name in every class of that MRO (the running instance's type's, where the frame shows it, and the
+        method's class's, its `__class__` cell) as it holds it now, present or absent, checked by key per call."""
+        mros = []
+        if frame is not None and code.co_argcount:
+            me = frame.f_locals.get(code.co_varnames[0])
+            mros.append(me.__mro__ if isinstance(me, type) else type(me).__mro__)  # (a classmethod's cls too)
+        if "__class__" in code.co_freevars:
+            owner = frame.f_locals.get("__class__") if frame is not None else None
+            cells = getattr(fn, "__closure__", None)
+            if owner is None and cells:
+                try:
+                    owner = cells[code.co_freevars.index("__class__")].cell_contents
+                except ValueError:
+                    owner = None
+            if isinstance(owner, type):
+                mros.append(owner.__mro__)
+        for mro in mros:
+            if (code, mro) not in self._super_mros:
+                self._super_mros.add((code, mro))
+                for klass in mro:
+                    if klass is not object:
+                        self._guard_class_lookups(klass, names)
 
     def on_library_code(self, code: types.CodeType, g: dict) -> None:
         """torch.nn's module code is about to run (`nn.GELU.forward` calls `F.gelu`): the functions, classes and

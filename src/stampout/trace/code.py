@@ -44,6 +44,8 @@ class CodeFacts:
     # imported, level, the name taken from it or None): `import a.b` binds sys.modules["a"], `import a.b as c` and
     # `from a import b` (a module or a value) what FrameCode._adopt_import resolves
     import_chains: tuple[tuple[str, ...], ...] = ()  # `m.a.b` loads from a local an import bound
+    super_reads: tuple[str, ...] = ()  # attributes loaded from what a `super(...)` call returned (a superset: any
+    # attribute loaded right after a call made between loading `super` and the end of that expression)
 
 
 _FACTS: dict[types.CodeType, CodeFacts] = caches.register({}, "trace.code facts")
@@ -187,7 +189,16 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     taken: str | None = None  # the name its last IMPORT_FROM took
     previous = None
     augmented: tuple[list, tuple[str, ...]] | None = None  # (`g.a.n += 1`: COPY of the chain, then its store)
+    super_reads: list[str] = []
+    in_super: bool | str = False  # (after `super` loaded, to the end of its expression; "called": after a call)
     for ins in dis.get_instructions(code):
+        if in_super == "called" and ins.opname in _LOADS_ATTR:
+            super_reads.append(ins.argval)
+        if in_super:
+            in_super = ("called" if ins.opname == "CALL" else
+                        False if ins.opname.startswith(("STORE_", "RETURN_", "POP_TOP")) else True)
+        if ins.opname == "LOAD_GLOBAL" and ins.argval == "super":
+            in_super = True
         if ins.opname == "LOAD_CONST":
             consts = [consts[-1], ins.argval]
         elif ins.opname == "IMPORT_NAME":
@@ -250,7 +261,7 @@ def _analyse(code: types.CodeType) -> CodeFacts:
     return CodeFacts(tuple(dict.fromkeys(code.co_names)), tuple(dict.fromkeys(chains)), tuple(stores),
                      tuple(dict.fromkeys(attribute_stores)), nested, tuple(dict.fromkeys(escapes)),
                      tuple(dict.fromkeys(imported_stores)), tuple(dict.fromkeys(cell_chains)), tuple(imports),
-                     tuple(dict.fromkeys(import_chains)))
+                     tuple(dict.fromkeys(import_chains)), tuple(dict.fromkeys(super_reads)))
 
 
 def user_hashed(key: Any) -> bool:

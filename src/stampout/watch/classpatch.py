@@ -143,6 +143,12 @@ def shimmed(cls: type, name: str) -> tuple[bool, Any]:
     return False, None
 
 
+def patched_classes() -> list[type]:
+    """The classes stampout's patch holds now (its attribute watch: during captures, and while compiled functions
+    watch writes)."""
+    return list(_PATCHES)
+
+
 def wrappers(cls: type) -> dict[str, Any]:
     orig_getattribute = original(cls, "__getattribute__")
     orig_getattr = original(cls, "__getattr__")
