@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import torch
 from torch import nn
@@ -98,21 +99,30 @@ def test_symbolic_capture_kept_where_text_is_not_user_code() -> None:
 
 def test_other_threads_see_the_symbol() -> None:
     """The text is eager's on the capturing thread only; another thread meanwhile sees SymInt's own repr, and after
-    the capture the class is as torch made it."""
-    seen = {}
+    the capture the class is as torch made it. (The other thread runs beside the call: a thread started in the
+    traced code makes it run eagerly, regions/purity.)"""
+    seen, box = {}, {}
     original = torch.SymInt.__repr__
+
+    def watcher() -> None:
+        while "n" not in box:
+            time.sleep(0.001)
+        seen["other"] = repr(box["n"])
 
     def program(x: torch.Tensor):
         n = x.shape[0]
-        if isinstance(n, torch.SymInt):
-            worker = threading.Thread(target=lambda: seen.setdefault("other", repr(n)))
-            worker.start()
-            worker.join()
+        if isinstance(n, torch.SymInt) and "n" not in box:
+            box["n"] = n
+            while "other" not in seen:  # (until the other thread has read it, during this capture)
+                pass
             seen["here"] = repr(n)
         return x + 1
 
     compiled = stampout.compile(program, backend="eager")
     compiled(torch.ones(2))
+    worker = threading.Thread(target=watcher, daemon=True)
+    worker.start()
     compiled(torch.ones(3))
+    worker.join(timeout=60)
     assert seen["here"] == "3" and seen["other"] != "3"
     assert torch.SymInt.__repr__ is original and "__format__" not in vars(torch.SymInt)
