@@ -1,0 +1,26 @@
+"""Review round 5: programs aimed at this round's shortcuts (tests/review5_programs.py), each run through
+`stampout.compile` and compared with eager over ten calls with the changes a user makes between them: outputs,
+gradients, the caller's objects and what the world holds after."""
+
+from __future__ import annotations
+
+import pytest
+import stampout
+from redteam_battery import calls
+from review5_programs import PROGRAMS
+from test_redteam3 import _same
+
+UNCHECKED_ONLY = ("test_a_program_matches_eager",)
+
+_THROUGH_AOT = {"custom_function_backward_reads_closure", "forward_registers_buffer_and_parameter",
+                "alternating_shapes_dtypes_grad", "tensor_attribute_flag_flipped"}
+_CASES = [(name, "eager") for name in PROGRAMS] + [(name, "aot_eager") for name in PROGRAMS if name in _THROUGH_AOT]
+
+
+@pytest.mark.parametrize(("name", "backend"), _CASES)
+def test_a_program_matches_eager(name, backend):
+    with stampout.config.patch(check_world=False):
+        expected = calls(PROGRAMS, name, None, n=10)
+        got = calls(PROGRAMS, name, backend, n=10)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        _same(g, e, f"call {i}")
