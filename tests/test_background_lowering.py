@@ -218,3 +218,27 @@ def test_a_size_outside_what_the_background_lowering_assumed_captures_again(monk
             background.wait_all()
             assert fn.stats.captures == {8: 1, 13: 2, 16: 2, 21: 3}[t]
     assert background.LOWERING_STATS["assumed_more"] >= assumed + 1
+
+
+def test_a_background_lowering_compiles_under_the_callers_inductor_settings(monkeypatch):
+    """mode=/options= (and stampout's own `fallback_random`: eager's random numbers) are Inductor config patches the
+    caller holds around the compile (backends/options.with_patches); the lowering thread runs after they are undone,
+    so it takes them along."""
+    from stampout.backends import inductor, options
+    from stampout.torch_internals import inductor_config
+
+    seen = []
+
+    def compile_graph(gm, example_inputs, finish_later=None):
+        seen.append((inductor_config.fallback_random, inductor_config.max_autotune))
+        return lambda t: t * 3
+
+    monkeypatch.setattr(inductor, "_compile_graph", compile_graph)
+    compile_with = options.with_patches(inductor.compile_graph,
+                                        options.inductor_patches("inductor", None, {"max_autotune": True}))
+    with background.recompiling(True):
+        deferred = compile_with(fx.symbolic_trace(lambda x: x + 1), [_symbolic_input()])
+    assert isinstance(deferred, background.Lowering)
+    assert deferred(torch.ones(4)).tolist() == [2.0] * 4  # (lowering: eager)
+    assert deferred.wait(30) and seen == [(True, True)]
+    assert (inductor_config.fallback_random, inductor_config.max_autotune) == (False, False)  # (the caller's, again)

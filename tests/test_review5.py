@@ -24,3 +24,29 @@ def test_a_program_matches_eager(name, backend):
         got = calls(PROGRAMS, name, backend, n=10)
     for i, (g, e) in enumerate(zip(got, expected)):
         _same(g, e, f"call {i}")
+
+
+@pytest.mark.inductor
+def test_a_background_lowering_draws_eagers_random_numbers():
+    """A new length's symbolic recapture lowers on the background thread; its random ops must still run torch's own
+    kernels (`fallback_random`, patched around the caller's compile only): the noise and the generator's state after
+    each call are eager's."""
+    import torch
+    from stampout.backends import background
+
+    def noisy(x):
+        return (x * 2 + torch.randn_like(x)).sum(-1)
+
+    f = stampout.compile(noisy, backend="inductor")
+    for n in (8, 13, 16):
+        if n == 16:
+            background.wait_all(300)
+        x = torch.ones(2, n)
+        torch.manual_seed(n)
+        with torch.no_grad():
+            got, after = f(x), torch.rand(3)
+        torch.manual_seed(n)
+        expected, expected_after = noisy(x), torch.rand(3)
+        torch.testing.assert_close(got, expected, msg=lambda m: f"length {n}: {m}")
+        torch.testing.assert_close(after, expected_after)
+    assert background.LOWERING_STATS["lowered"] >= 1

@@ -163,7 +163,8 @@ def wait_all(timeout: float | None = None) -> None:
 #   set by compile/function.py: the entry's shape guards made again, so a size outside them captures again).
 # - Lowering changes process-wide state (Inductor's and functorch's config patches, fx's node-meta globals) and
 #   captures patch process-wide torch hooks: the thread lowers holding CAPTURE_LOCK, which captures hold, and so does
-#   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode;
+#   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode
+#   and Inductor settings (mode=/options= and `fallback_random`, patched around the caller's compile: undone by then);
 #   a caller under autocast, inference mode or a torch function or dispatch mode lowers on its own thread (`lowers_later`).
 # - AOTAutograd and Inductor's codegen restore the global RNG state on exit (`preserve_rng_state`), which would rewind
 #   the random draws the calling thread made meanwhile, and AOTAutograd traces with anomaly detection on, a
@@ -232,7 +233,10 @@ class Lowering(Deferred):
 
     def __init__(self, eager: Callable[..., Any], lower: Callable[[list[Callable[[], Any]]], Callable[..., Any]],
                  examples: list[Any], what: str) -> None:
+        from ..torch_internals import inductor_config
+
         self._lower, self._grad = lower, torch.is_grad_enabled()
+        self._settings = inductor_config.get_config_copy()  # (mode=/options=, fallback_random: the caller's patches)
         self._assumed = _Assumptions(examples)  # (on the calling thread, before anything lowers)
         self.admits: Callable[[tuple], bool] | None = None  # set before the compiled program serves
         self.assumed_more: Callable[[], Any] | None = None  # (the caller's: called on the thread where admits is set)
@@ -259,8 +263,11 @@ class Lowering(Deferred):
 
     def _finish_now(self) -> None:
         try:
+            from ..torch_internals import inductor_config
+
             _install_patches()
-            with lowering(), torch.set_grad_enabled(self._grad), _lowering_here():
+            with lowering(), torch.set_grad_enabled(self._grad), inductor_config.patch(self._settings), \
+                    _lowering_here():
                 self._compiled = self._lower(self._finish)
                 self.admits = self._assumed.grown()
                 if self.admits is not None and self.assumed_more is not None:
