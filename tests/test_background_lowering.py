@@ -242,3 +242,25 @@ def test_a_background_lowering_compiles_under_the_callers_inductor_settings(monk
     assert deferred(torch.ones(4)).tolist() == [2.0] * 4  # (lowering: eager)
     assert deferred.wait(30) and seen == [(True, True)]
     assert (inductor_config.fallback_random, inductor_config.max_autotune) == (False, False)  # (the caller's, again)
+
+
+def test_a_default_dtype_changed_by_the_caller_while_it_lowers_leaves_the_calls_eager():
+    """The default dtype is process-wide and AOTAutograd traces the graph again on the lowering thread (a
+    `torch.ones(n)` of the graph takes it): changed by the caller meanwhile, no compiled program serves."""
+    entered, release = threading.Event(), threading.Event()
+
+    def lower(finish):
+        entered.set()
+        release.wait(30)
+        return lambda t: t * 3
+
+    deferred = background.Lowering(_eager_plus_one(), lower, [_symbolic_input()], "test graph")
+    deferred(torch.ones(2))
+    assert entered.wait(30)
+    torch.set_default_dtype(torch.float64)
+    try:
+        release.set()
+        assert not deferred.wait(30)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert deferred(torch.ones(4)).tolist() == [2.0] * 4  # (eager)

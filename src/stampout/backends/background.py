@@ -45,7 +45,7 @@ import torch.fx as fx
 
 from .. import config
 from ..context import CAPTURE_LOCK
-from ..torch_internals import dispatch_modes, function_modes, patch_permanently
+from ..torch_internals import dispatch_modes, function_modes, global_flags, patch_permanently
 from . import split
 from .runner import as_call_modules
 
@@ -165,6 +165,8 @@ def wait_all(timeout: float | None = None) -> None:
 #   captures patch process-wide torch hooks: the thread lowers holding CAPTURE_LOCK, which captures hold, and so does
 #   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode
 #   and Inductor settings (mode=/options= and `fallback_random`, patched around the caller's compile: undone by then);
+#   the default dtype and torch's process-wide flags, which it cannot set for itself, are the caller's before and after
+#   it, else no compiled program serves (AOTAutograd traces the graph again: `torch.ones(n)` takes the default dtype);
 #   a caller under autocast, inference mode or a torch function or dispatch mode lowers on its own thread (`lowers_later`).
 # - AOTAutograd and Inductor's codegen restore the global RNG state on exit (`preserve_rng_state`), which would rewind
 #   the random draws the calling thread made meanwhile, and AOTAutograd traces with anomaly detection on, a
@@ -237,6 +239,7 @@ class Lowering(Deferred):
 
         self._lower, self._grad = lower, torch.is_grad_enabled()
         self._settings = inductor_config.get_config_copy()  # (mode=/options=, fallback_random: the caller's patches)
+        self._torch_state = _torch_state()  # (process-wide: read by the lowering, not the caller's to keep)
         self._assumed = _Assumptions(examples)  # (on the calling thread, before anything lowers)
         self.admits: Callable[[tuple], bool] | None = None  # set before the compiled program serves
         self.assumed_more: Callable[[], Any] | None = None  # (the caller's: called on the thread where admits is set)
@@ -268,7 +271,9 @@ class Lowering(Deferred):
             _install_patches()
             with lowering(), torch.set_grad_enabled(self._grad), inductor_config.patch(self._settings), \
                     _lowering_here():
+                self._same_torch_state("before")
                 self._compiled = self._lower(self._finish)
+                self._same_torch_state("after")
                 self.admits = self._assumed.grown()
                 if self.admits is not None and self.assumed_more is not None:
                     self.assumed_more()
@@ -277,6 +282,18 @@ class Lowering(Deferred):
         except Exception as error:  # noqa: BLE001 - the eager runner stays: right, only slower
             self._finish = [_raise(error)]
         super()._finish_now()
+
+
+    def _same_torch_state(self, when: str) -> None:
+        """The default dtype and torch's process-wide flags as the caller had them: AOTAutograd traces the graph
+        again (`torch.ones(n)` takes the default dtype), and the caller may change them meanwhile: then the compiled
+        program is not made (its calls stay eager: right, only slower)."""
+        if _torch_state() != self._torch_state:
+            raise RuntimeError(f"torch's default dtype or process-wide flags changed {when} the lowering")
+
+
+def _torch_state() -> tuple:
+    return torch.get_default_dtype(), global_flags()
 
 
 def _unset(*args: Any) -> Any:
