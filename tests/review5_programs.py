@@ -784,6 +784,31 @@ def compile_builtin_in_forward(wrap):
     return run
 
 
+RV5_SCALE = 2.0
+
+
+@program
+def eval_handed_to_a_c_caller(wrap):
+    """`eval` called by C code the forward calls (`map(eval, exprs)`, `operator.call(eval, expr)`): the expression
+    reads a module global the caller changes between calls."""
+    import operator
+
+    l = lin()
+
+    def fwd(x):
+        h = l(x)
+        return h * list(map(eval, ["RV5_SCALE * 2"]))[0] + operator.call(eval, "RV5_SCALE")
+
+    f = wrap(fwd)
+
+    def run(i):
+        globals()["RV5_SCALE"] = 2.0 + (i // 3)
+        with torch.no_grad():
+            return [f(inp(i))]
+
+    return run
+
+
 @program
 def getattr_builtin_dynamic_name(wrap):
     """`getattr(self, name)` with a name from a config the caller changes; the attribute values change too."""

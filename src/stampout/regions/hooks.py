@@ -159,6 +159,11 @@ class CallHooks:
             for f in self.frames:
                 f.mark_ineligible(f"imports a module by name (at {location(frame.f_back)}): what it returns is read "
                                   "from sys.modules, which no guard sees")
+        elif (event == "call" and self.frames and code.co_name == "<module>" and code.co_filename.startswith("<")
+              and not code.co_filename.startswith("<frozen") and watched_file(frame.f_back.f_code.co_filename)):
+            for f in self.frames:  # (eval/exec handed to a C caller, `map(eval, exprs)`: no c_call of them is seen)
+                f.mark_ineligible(f"runs code made from a string (eval or exec, at {location(frame.f_back)}): it "
+                                  "reads globals no frame watches")
         elif (event == "call" and self.frames and code in REGISTRY_LOOKUPS
               and watched_file(frame.f_back.f_code.co_filename)):
             for f in self.frames:
