@@ -636,6 +636,29 @@ def submodule_attribute_set_by_caller_between_calls(wrap):
 
 
 @program
+def library_function_patched_for_the_first_calls(wrap):
+    """`F.gelu` replaced by the user's function for the first calls (through nn.GELU: library code calls it), then
+    put back; the last-serving entry is the patched one."""
+    import torch.nn.functional as F
+
+    m = nn.Sequential(lin(), nn.GELU())
+    f = wrap(m)
+    original = F.gelu
+    mine = lambda t, approximate="none": t * 0.5
+
+    def run(i):
+        try:
+            if i < 3 or i == 6:
+                F.gelu = mine
+            with torch.no_grad():
+                return [f(inp(i))]
+        finally:
+            F.gelu = original
+
+    return run
+
+
+@program
 def alternating_shapes_dtypes_grad(wrap):
     """Calls alternate between shapes, dtypes and requires_grad (entries whose guards overlap), outputs and grads
     compared at each call."""
