@@ -353,6 +353,34 @@ def leaf_only_object_arguments(wrap):
     return run
 
 
+@program
+def leaf_only_kwargs_order_and_aliasing(wrap):
+    """Leaf-only calls: keyword order swapped, the same tensor passed twice (aliased, written in place through one
+    name), a Parameter passed where a tensor was."""
+    l = lin()
+
+    def fwd(x, a=None, b=None):
+        a.add_(1.0)
+        return l(x) + a * 2 + b
+
+    f = wrap(fwd)
+
+    def run(i):
+        x = inp(i)
+        t = torch.ones(4)
+        u = torch.zeros(4)
+        with torch.no_grad():
+            if i % 3 == 0:
+                out = f(x, a=t, b=u)
+            elif i % 3 == 1:
+                out = f(x, b=t, a=t)
+            else:
+                out = f(x, b=u, a=nn.Parameter(t, requires_grad=False))
+        return [out, t, u]
+
+    return run
+
+
 # ---- 3. the left-over walk past logging.Manager ----------------------------------------------------------------------
 
 _log = logging.getLogger("rv5.model")
