@@ -264,3 +264,27 @@ def test_a_default_dtype_changed_by_the_caller_while_it_lowers_leaves_the_calls_
     finally:
         torch.set_default_dtype(torch.float32)
     assert deferred(torch.ones(4)).tolist() == [2.0] * 4  # (eager)
+
+
+def test_a_background_lowering_holds_torch_compiles_lock():
+    """Inductor's config is process-wide and a lowering patches it: a torch.compile of another function on the
+    calling thread meanwhile (Dynamo compiles under its `compile_lock`) waits for the lowering."""
+    from stampout.torch_internals import dynamo_compile_lock
+
+    entered, release = threading.Event(), threading.Event()
+
+    def lower(finish):
+        entered.set()
+        release.wait(30)
+        return lambda t: t * 3
+
+    deferred = background.Lowering(_eager_plus_one(), lower, [_symbolic_input()], "test graph")
+    deferred(torch.ones(2))
+    assert entered.wait(30)
+    try:
+        assert not dynamo_compile_lock.acquire(timeout=0.2)
+    finally:
+        release.set()
+    assert deferred.wait(30)
+    assert dynamo_compile_lock.acquire(timeout=5)
+    dynamo_compile_lock.release()

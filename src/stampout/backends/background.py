@@ -163,7 +163,9 @@ def wait_all(timeout: float | None = None) -> None:
 #   set by compile/function.py: the entry's shape guards made again, so a size outside them captures again).
 # - Lowering changes process-wide state (Inductor's and functorch's config patches, fx's node-meta globals) and
 #   captures patch process-wide torch hooks: the thread lowers holding CAPTURE_LOCK, which captures hold, and so does
-#   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode
+#   every compile of `compile_graph` (one lowering at a time, as on one thread), and torch.compile's own lock (a
+#   torch.compile of another function on the calling thread meanwhile would lower under these config patches, and
+#   patch the config under this lowering). It runs with the caller's grad mode
 #   and Inductor settings (mode=/options= and `fallback_random`, patched around the caller's compile: undone by then);
 #   the default dtype and torch's process-wide flags, which it cannot set for itself, are the caller's before and after
 #   it, else no compiled program serves (AOTAutograd traces the graph again: `torch.ones(n)` takes the default dtype);
@@ -266,11 +268,11 @@ class Lowering(Deferred):
 
     def _finish_now(self) -> None:
         try:
-            from ..torch_internals import inductor_config
+            from ..torch_internals import dynamo_compile_lock, inductor_config
 
             _install_patches()
-            with lowering(), torch.set_grad_enabled(self._grad), inductor_config.patch(self._settings), \
-                    _lowering_here():
+            with lowering(), dynamo_compile_lock, torch.set_grad_enabled(self._grad), \
+                    inductor_config.patch(self._settings), _lowering_here():
                 self._same_torch_state("before")
                 self._compiled = self._lower(self._finish)
                 self._same_torch_state("after")
