@@ -230,18 +230,18 @@ def test_a_background_lowering_compiles_under_the_callers_inductor_settings(monk
     seen = []
 
     def compile_graph(gm, example_inputs, finish_later=None):
-        seen.append((inductor_config.fallback_random, inductor_config.max_autotune))
+        seen.append((inductor_config.fallback_random, inductor_config.epilogue_fusion))
         return lambda t: t * 3
 
     monkeypatch.setattr(inductor, "_compile_graph", compile_graph)
     compile_with = options.with_patches(inductor.compile_graph,
-                                        options.inductor_patches("inductor", None, {"max_autotune": True}))
+                                        options.inductor_patches("inductor", None, {"epilogue_fusion": False}))
     with background.recompiling(True):
         deferred = compile_with(fx.symbolic_trace(lambda x: x + 1), [_symbolic_input()])
     assert isinstance(deferred, background.Lowering)
     assert deferred(torch.ones(4)).tolist() == [2.0] * 4  # (lowering: eager)
-    assert deferred.wait(30) and seen == [(True, True)]
-    assert (inductor_config.fallback_random, inductor_config.max_autotune) == (False, False)  # (the caller's, again)
+    assert deferred.wait(30) and seen == [(True, False)]
+    assert (inductor_config.fallback_random, inductor_config.epilogue_fusion) == (False, True)  # (the caller's, again)
 
 
 def test_a_default_dtype_changed_by_the_caller_while_it_lowers_leaves_the_calls_eager():
@@ -288,3 +288,15 @@ def test_a_background_lowering_holds_torch_compiles_lock():
     assert deferred.wait(30)
     assert dynamo_compile_lock.acquire(timeout=5)
     dynamo_compile_lock.release()
+
+
+def test_settings_that_benchmark_kernels_lower_on_the_calling_thread():
+    """Autotuning (mode='max-autotune', options={'max_autotune': True}) benchmarks kernels on example inputs drawn
+    from torch's global generator (select_algorithm's rand_strided): on a lowering thread those draws would rewind
+    or advance what the calling thread draws meanwhile."""
+    from stampout.torch_internals import inductor_config
+
+    assert background.lowers_later()
+    for name in ("max_autotune", "coordinate_descent_tuning"):
+        with inductor_config.patch({name: True}):
+            assert not background.lowers_later()

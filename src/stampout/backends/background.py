@@ -178,10 +178,22 @@ def wait_all(timeout: float | None = None) -> None:
 
 
 def lowers_later() -> bool:
-    """Whether a symbolic graph compiled now on this thread may be lowered on another (its thread state is plain)."""
+    """Whether a symbolic graph compiled now on this thread may be lowered on another (its thread state is plain, and
+    the Inductor settings make the lowering benchmark no kernel: autotuning draws its example inputs from torch's
+    global generator, which the calling thread draws from meanwhile)."""
     return (config.background_lowering and not torch.is_inference_mode_enabled()
             and not any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
-            and not function_modes() and not dispatch_modes())
+            and not function_modes() and not dispatch_modes() and not _benchmarks())
+
+
+_BENCHMARKS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning",
+               "benchmark_kernel", "benchmark_fusion")
+
+
+def _benchmarks() -> bool:
+    from ..torch_internals import inductor_config
+
+    return any(getattr(inductor_config, name, False) for name in _BENCHMARKS)
 
 
 @contextlib.contextmanager
