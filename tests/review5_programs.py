@@ -269,6 +269,56 @@ def tensor_input_attribute(wrap):
     return run
 
 
+LONG = {"memo_settled_then_changed": 45}  # (programs run for more calls: the per-call memo settles first)
+
+
+@program
+def memo_settled_then_changed(wrap):
+    """Twenty calls that settle the guard memo, then: a buffer's Python attribute written (setattr, `__dict__` item,
+    `__dict__` replaced, deleted), a base class's `__bases__` assigned, a held tensor's `__class__` swapped and back,
+    the buffer replaced."""
+
+    class Mid(_Base):
+        pass
+
+    class M(nn.Module, Mid):
+        def __init__(s):
+            super().__init__()
+            s.l = lin()
+            s.register_buffer("buf", torch.ones(4))
+            s.buf.scale = 1.0
+            s.w = torch.ones(4)
+
+        def forward(s, x):
+            k = getattr(s.buf, "scale", 5.0)
+            return s.l(x) * k * s.gain() + s.buf + (0.0 if type(s.w) is torch.Tensor else 10.0)
+
+    m = M()
+    f = wrap(m)
+
+    def run(i):
+        if i == 20:
+            m.buf.scale = 2.0
+        if i == 23:
+            m.buf.__dict__["scale"] = 3.0
+        if i == 26:
+            m.buf.__dict__ = {"scale": 4.0}
+        if i == 29:
+            del m.buf.scale
+        if i == 32:
+            Mid.__bases__ = (_MixA,)
+        if i == 35:
+            m.w.__class__ = _Half
+        if i == 38:
+            m.w.__class__ = torch.Tensor
+        if i == 41:
+            m.buf = torch.full((4,), 2.0)
+        with torch.no_grad():
+            return [f(inp(i % 3)).as_subclass(torch.Tensor)]
+
+    return run
+
+
 # ---- 2. flatten_inputs' leaf path ---------------------------------------------------------------------------------
 
 _Pair = collections.namedtuple("_Pair", "a b")
