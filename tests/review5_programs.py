@@ -989,3 +989,103 @@ def forward_pre_hook_partial(wrap):
             return [f(inp(i)), cfg["n"]]
 
     return run
+
+
+RV5_FILL = 0.0
+
+
+class _Filling(dict):
+    def __missing__(self, key):
+        value = torch.full((4,), RV5_FILL)
+        self[key] = value
+        return value
+
+
+class _FillingDD(collections.defaultdict):
+    def __missing__(self, key):
+        value = torch.full((4,), RV5_FILL + 1)
+        self[key] = value
+        return value
+
+
+@program
+def dict_subclass_missing_reads_global(wrap):
+    """Input dicts whose class's `__missing__` (a dict subclass, a defaultdict subclass) reads a module global the
+    caller changes; forward reads a missing key (stored, as eager stores it)."""
+    l = lin()
+
+    def fwd(x, d, dd):
+        return l(x) + d["b"] + dd["c"]
+
+    f = wrap(fwd)
+
+    def run(i):
+        globals()["RV5_FILL"] = float(i // 3)
+        d, dd = _Filling(a=torch.ones(4)), _FillingDD(list)
+        with torch.no_grad():
+            out = f(inp(i), d, dd)
+        return [out, sorted(d), d["b"], sorted(dd), dd["c"]]
+
+    return run
+
+
+@program
+def hooks_of_callable_objects_with_state(wrap):
+    """A forward hook that is a callable object (its `__call__` reads and counts), a with_kwargs forward pre-hook that
+    is a bound method, and a forward hook on the compiled module itself; the objects' state changes between calls."""
+
+    class Gate:
+        def __init__(self):
+            self.k, self.n = 1.0, 0
+
+        def __call__(self, mod, args, out):
+            self.n += 1
+            return out * self.k
+
+    class Shift:
+        def __init__(self):
+            self.b = 0.0
+
+        def pre(self, mod, args, kwargs):
+            return (args[0] + self.b,), kwargs
+
+    gate, shift, top = Gate(), Shift(), Gate()
+    m = nn.Sequential(lin(0), nn.Tanh(), lin(1))
+    m[0].register_forward_hook(gate)
+    m[2].register_forward_pre_hook(shift.pre, with_kwargs=True)
+    m.register_forward_hook(top)
+    f = wrap(m)
+
+    def run(i):
+        if i == 2:
+            gate.k = 3.0
+        if i == 4:
+            shift.b = 1.5
+        if i == 6:
+            top.k = -1.0
+        with torch.no_grad():
+            return [f(inp(i)), gate.n, top.n]
+
+    return run
+
+
+@program
+def library_class_methods_patched(wrap):
+    """nn.Sequential.forward and nn.Linear.forward patched on the classes between calls (then put back)."""
+    m = nn.Sequential(lin(0), nn.ReLU(), lin(1))
+    f = wrap(m)
+    seq_forward, lin_forward = nn.Sequential.forward, nn.Linear.forward
+
+    def run(i):
+        try:
+            if i in (2, 3):
+                nn.Sequential.forward = lambda self, x: seq_forward(self, x) * 2
+            if i in (5, 6):
+                nn.Linear.forward = lambda self, x: lin_forward(self, x) - 1
+            with torch.no_grad():
+                return [f(inp(i))]
+        finally:
+            nn.Sequential.forward, nn.Linear.forward = seq_forward, lin_forward
+
+    return run
+
