@@ -1089,3 +1089,44 @@ def library_class_methods_patched(wrap):
 
     return run
 
+
+RV5_GRAD_K = 1.0
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * RV5_GRAD_K
+
+
+@program
+def custom_function_inside_regions(wrap):
+    """A custom autograd.Function whose backward reads a module global, called inside a region layer of a stack
+    (its subgraph shared by the layers); the global changes between calls."""
+    import stampout
+
+    class Layer(nn.Module):
+        def __init__(s, seed):
+            super().__init__()
+            s.l = lin(seed)
+
+        @stampout.region
+        def forward(s, x):
+            return _ScaleGrad.apply(s.l(x)).tanh()
+
+    m = nn.Sequential(Layer(0), Layer(1), Layer(2))
+    f = wrap(m)
+
+    def run(i):
+        globals()["RV5_GRAD_K"] = 1.0 if i < 2 else -2.0
+        m.zero_grad()
+        y = f(inp(i))
+        y.sum().backward()
+        return [y.detach(), grads(m)]
+
+    return run
+
