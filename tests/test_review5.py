@@ -50,3 +50,23 @@ def test_a_background_lowering_draws_eagers_random_numbers():
         torch.testing.assert_close(got, expected, msg=lambda m: f"length {n}: {m}")
         torch.testing.assert_close(after, expected_after)
     assert background.LOWERING_STATS["lowered"] >= 1
+
+
+def test_a_class_the_attribute_watch_patches_after_its_names_were_noted_is_no_change():
+    """A subclass of nn.Linear adopted first notes nn.Linear's `__getattr__` as absent (found on nn.Module); a plain
+    nn.Linear adopted next makes the capture's attribute watch patch nn.Linear: not a change the program made (was:
+    the program ran eagerly, as in the Hugging Face Falcon decoder)."""
+    import torch
+    from torch import nn
+
+    class MyLinear(nn.Linear):
+        pass
+
+    torch.manual_seed(0)
+    m = nn.Sequential(MyLinear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    f = stampout.compile(m, backend="eager")
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(f(x), m(x))
+    assert f.breaks == [] and f.stats.captures == 1

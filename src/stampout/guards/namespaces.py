@@ -130,15 +130,18 @@ class NamespaceReads:
                                       list(self._lookups.values()), _MISSING)
         return True
 
-    def first_change(self) -> str | None:
-        """`label.name` of the first name that no longer holds the object the trace found; None if all hold."""
+    def first_change(self, under: Callable[[dict, str], Any] | None = None) -> str | None:
+        """`label.name` of the first name that no longer holds the object the trace found; None if all hold.
+        `under(namespace, name)`: what a looked-up name holds under a patch of stampout's own, else `_MISSING`
+        (a capture's attribute watch patches classes whose names were noted before it did)."""
         for key, (namespace, names) in self._reads.items():
             for name, value in names.items():
                 if not same_constant(namespace.get(name, _MISSING), value):  # (a constant: by its value)
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, names) in self._lookups.items():
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value:
+                held = namespace.get(name, _MISSING)
+                if held is not value and (under is None or under(namespace, name) is not value):
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, before) in self._whole.items():
             if len(namespace) != len(before) or any(namespace.get(k, _MISSING) is not v for k, v in before.items()):

@@ -102,6 +102,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self.reads_requires_grad = False
         self._classes: set[type] = set()
         self._slot_classes: set[tuple[type, tuple[str, ...]]] = set()  # (see _guard_class_names)
+        self._class_dicts: dict[int, type] = {}  # id(class dict) -> the class (see _under_patch)
         self.states: list[tuple[Any, Any]] = []  # (object, getstate()) of opaque objects the trace read
         self.lifted: list[LiftedInput] = []
         self.cache_misses: dict[int, int] = {}  # functools caches known when the trace began: misses then
@@ -249,9 +250,17 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
                         continue
                     break  # (the user's own method, guarded with the class's, _adopt_class)
                 fields = class_dict(klass)
+                self._class_dicts[id(fields)] = klass
                 self.namespaces.note_lookup(fields, klass.__qualname__, name, fields.get(name, ABSENT_NAME))
                 if name in fields:
                     break
+
+    def _under_patch(self, fields: dict, name: str) -> Any:
+        """What class dict `fields` held for `name` before stampout's attribute watch patched its class during this
+        capture (ABSENT_NAME: nothing), or None where no patch of ours holds it (see _guard_class_names)."""
+        klass = self._class_dicts.get(id(fields))
+        patched, own = shimmed(klass, name) if klass is not None else (False, None)
+        return (ABSENT_NAME if own is MISSING else own) if patched else None
 
     def _adopt_class(self, cls: type, where: str) -> None:
         """What a user class defines (defaults, methods, classmethods' data): a class attribute changed
@@ -459,7 +468,7 @@ class RegionFrame(FrameWrites, FrameCode, FrameIndices, FrameNested):
         self._close_hooks()
         self._close_instance_reads()
         self._close_held_tensor_fields()
-        change = self.namespaces.first_change() if self.namespaces else None
+        change = self.namespaces.first_change(self._under_patch) if self.namespaces else None
         if change is not None:  # (`setattr(cfg_module, "N", ..)`, `vars(cfg_module).update(..)`: no bytecode shows it)
             self.mark_ineligible(f"changes {change} in a namespace it reads (a Python side effect stampout does not "
                                  "replay)")
