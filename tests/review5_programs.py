@@ -1130,3 +1130,33 @@ def custom_function_inside_regions(wrap):
 
     return run
 
+
+@program
+def anomaly_mode_and_default_dtype_in_forward(wrap):
+    """Forward enters torch.autograd.detect_anomaly around part of its work and reads the process-wide flag; the
+    caller switches anomaly detection on for some calls; gradients, the flag after each call."""
+    import warnings
+
+    l = lin()
+
+    def fwd(x):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autograd.detect_anomaly(check_nan=False):
+                h = l(x).tanh()
+        return h * (2.0 if torch.is_anomaly_enabled() else 1.0)
+
+    f = wrap(fwd)
+
+    def run(i):
+        torch.autograd.set_detect_anomaly(i in (2, 3))
+        try:
+            l.zero_grad()
+            y = f(inp(i))
+            y.sum().backward()
+            return [y.detach(), grads(l), torch.is_anomaly_enabled()]
+        finally:
+            torch.autograd.set_detect_anomaly(False)
+
+    return run
+

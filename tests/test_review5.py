@@ -12,7 +12,7 @@ from test_redteam3 import _same
 
 UNCHECKED_ONLY = ("test_a_program_matches_eager",)
 
-_THROUGH_AOT = {"custom_function_backward_reads_closure", "custom_function_inside_regions", "forward_registers_buffer_and_parameter",
+_THROUGH_AOT = {"custom_function_backward_reads_closure", "anomaly_mode_and_default_dtype_in_forward", "custom_function_inside_regions", "forward_registers_buffer_and_parameter",
                 "alternating_shapes_dtypes_grad", "tensor_attribute_flag_flipped"}
 _CASES = [(name, "eager") for name in PROGRAMS] + [(name, "aot_eager") for name in PROGRAMS if name in _THROUGH_AOT]
 
