@@ -70,3 +70,28 @@ def test_a_class_the_attribute_watch_patches_after_its_names_were_noted_is_no_ch
         for _ in range(3):
             torch.testing.assert_close(f(x), m(x))
     assert f.breaks == [] and f.stats.captures == 1
+
+
+def test_shape_guards_with_an_or_guard_keep_every_guard():
+    """ShapeEnv.produce_guards_expression joins guards with ' and ' unparenthesized: a guard printed as `a or b`
+    swallowed every guard before it, so a symbolic capture admitted sizes it had baked another value for (a Hugging
+    Face PixArt at 32 after capturing at 24: `(s // 2) / 8 == 1.5`). trace/shapes.guards_expression parenthesizes."""
+    import torch
+    from stampout.torch_internals import FakeTensorMode
+    from stampout.trace.shapes import guard_clauses, guards_expression
+    from torch.fx.experimental.symbolic_shapes import (SYMPY_INTERP, DimDynamic, ShapeEnv,
+                                                       StatelessSymbolicContext, sym_or)
+
+    env = ShapeEnv()
+    fake = FakeTensorMode(shape_env=env).from_tensor(
+        torch.ones(24), symbolic_context=StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC]))
+    s = fake.shape[0]
+    assert bool(s // 2 != 8)
+    assert bool(sym_or(s == 100, s > 3))
+    code = guards_expression(guard_clauses(env, [fake]))
+
+    def admits(n):
+        return eval(code, SYMPY_INTERP, {"L": {"t0": torch.ones(n)}})  # noqa: S307 - guard code
+
+    assert admits(24) and admits(40)
+    assert not admits(16)  # (s // 2 == 8: the first guard fails)

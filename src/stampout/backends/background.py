@@ -46,6 +46,7 @@ import torch.fx as fx
 from .. import config
 from ..context import CAPTURE_LOCK
 from ..torch_internals import dispatch_modes, function_modes, global_flags, patch_permanently
+from ..trace.shapes import guard_clauses, guards_expression
 from . import split
 from .runner import as_call_modules
 
@@ -216,7 +217,7 @@ class _Assumptions:
     def _code(self) -> str | None:
         if self.shape_env is None:
             return None
-        return self.shape_env.produce_guards_expression(self.inputs, ignore_static=False)
+        return guards_expression(guard_clauses(self.shape_env, self.inputs))
 
     def grown(self) -> Callable[[tuple], bool] | None:
         after = self._code()
