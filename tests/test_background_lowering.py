@@ -218,3 +218,85 @@ def test_a_size_outside_what_the_background_lowering_assumed_captures_again(monk
             background.wait_all()
             assert fn.stats.captures == {8: 1, 13: 2, 16: 2, 21: 3}[t]
     assert background.LOWERING_STATS["assumed_more"] >= assumed + 1
+
+
+def test_a_background_lowering_compiles_under_the_callers_inductor_settings(monkeypatch):
+    """mode=/options= (and stampout's own `fallback_random`: eager's random numbers) are Inductor config patches the
+    caller holds around the compile (backends/options.with_patches); the lowering thread runs after they are undone,
+    so it takes them along."""
+    from stampout.backends import inductor, options
+    from stampout.torch_internals import inductor_config
+
+    seen = []
+
+    def compile_graph(gm, example_inputs, finish_later=None):
+        seen.append((inductor_config.fallback_random, inductor_config.epilogue_fusion))
+        return lambda t: t * 3
+
+    monkeypatch.setattr(inductor, "_compile_graph", compile_graph)
+    compile_with = options.with_patches(inductor.compile_graph,
+                                        options.inductor_patches("inductor", None, {"epilogue_fusion": False}))
+    with background.recompiling(True):
+        deferred = compile_with(fx.symbolic_trace(lambda x: x + 1), [_symbolic_input()])
+    assert isinstance(deferred, background.Lowering)
+    assert deferred(torch.ones(4)).tolist() == [2.0] * 4  # (lowering: eager)
+    assert deferred.wait(30) and seen == [(True, False)]
+    assert (inductor_config.fallback_random, inductor_config.epilogue_fusion) == (False, True)  # (the caller's, again)
+
+
+def test_a_default_dtype_changed_by_the_caller_while_it_lowers_leaves_the_calls_eager():
+    """The default dtype is process-wide and AOTAutograd traces the graph again on the lowering thread (a
+    `torch.ones(n)` of the graph takes it): changed by the caller meanwhile, no compiled program serves."""
+    entered, release = threading.Event(), threading.Event()
+
+    def lower(finish):
+        entered.set()
+        release.wait(30)
+        return lambda t: t * 3
+
+    deferred = background.Lowering(_eager_plus_one(), lower, [_symbolic_input()], "test graph")
+    deferred(torch.ones(2))
+    assert entered.wait(30)
+    torch.set_default_dtype(torch.float64)
+    try:
+        release.set()
+        assert not deferred.wait(30)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert deferred(torch.ones(4)).tolist() == [2.0] * 4  # (eager)
+
+
+def test_a_background_lowering_holds_torch_compiles_lock():
+    """Inductor's config is process-wide and a lowering patches it: a torch.compile of another function on the
+    calling thread meanwhile (Dynamo compiles under its `compile_lock`) waits for the lowering."""
+    from stampout.torch_internals import dynamo_compile_lock
+
+    entered, release = threading.Event(), threading.Event()
+
+    def lower(finish):
+        entered.set()
+        release.wait(30)
+        return lambda t: t * 3
+
+    deferred = background.Lowering(_eager_plus_one(), lower, [_symbolic_input()], "test graph")
+    deferred(torch.ones(2))
+    assert entered.wait(30)
+    try:
+        assert not dynamo_compile_lock.acquire(timeout=0.2)
+    finally:
+        release.set()
+    assert deferred.wait(30)
+    assert dynamo_compile_lock.acquire(timeout=5)
+    dynamo_compile_lock.release()
+
+
+def test_settings_that_benchmark_kernels_lower_on_the_calling_thread():
+    """Autotuning (mode='max-autotune', options={'max_autotune': True}) benchmarks kernels on example inputs drawn
+    from torch's global generator (select_algorithm's rand_strided): on a lowering thread those draws would rewind
+    or advance what the calling thread draws meanwhile."""
+    from stampout.torch_internals import inductor_config
+
+    assert background.lowers_later()
+    for name in ("max_autotune", "coordinate_descent_tuning"):
+        with inductor_config.patch({name: True}):
+            assert not background.lowers_later()

@@ -45,7 +45,8 @@ import torch.fx as fx
 
 from .. import config
 from ..context import CAPTURE_LOCK
-from ..torch_internals import dispatch_modes, function_modes, patch_permanently
+from ..torch_internals import dispatch_modes, function_modes, global_flags, patch_permanently
+from ..trace.shapes import guard_clauses, guards_expression
 from . import split
 from .runner import as_call_modules
 
@@ -163,7 +164,12 @@ def wait_all(timeout: float | None = None) -> None:
 #   set by compile/function.py: the entry's shape guards made again, so a size outside them captures again).
 # - Lowering changes process-wide state (Inductor's and functorch's config patches, fx's node-meta globals) and
 #   captures patch process-wide torch hooks: the thread lowers holding CAPTURE_LOCK, which captures hold, and so does
-#   every compile of `compile_graph` (one lowering at a time, as on one thread). It runs with the caller's grad mode;
+#   every compile of `compile_graph` (one lowering at a time, as on one thread), and torch.compile's own lock (a
+#   torch.compile of another function on the calling thread meanwhile would lower under these config patches, and
+#   patch the config under this lowering). It runs with the caller's grad mode
+#   and Inductor settings (mode=/options= and `fallback_random`, patched around the caller's compile: undone by then);
+#   the default dtype and torch's process-wide flags, which it cannot set for itself, are the caller's before and after
+#   it, else no compiled program serves (AOTAutograd traces the graph again: `torch.ones(n)` takes the default dtype);
 #   a caller under autocast, inference mode or a torch function or dispatch mode lowers on its own thread (`lowers_later`).
 # - AOTAutograd and Inductor's codegen restore the global RNG state on exit (`preserve_rng_state`), which would rewind
 #   the random draws the calling thread made meanwhile, and AOTAutograd traces with anomaly detection on, a
@@ -173,10 +179,22 @@ def wait_all(timeout: float | None = None) -> None:
 
 
 def lowers_later() -> bool:
-    """Whether a symbolic graph compiled now on this thread may be lowered on another (its thread state is plain)."""
+    """Whether a symbolic graph compiled now on this thread may be lowered on another (its thread state is plain, and
+    the Inductor settings make the lowering benchmark no kernel: autotuning draws its example inputs from torch's
+    global generator, which the calling thread draws from meanwhile)."""
     return (config.background_lowering and not torch.is_inference_mode_enabled()
             and not any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda"))
-            and not function_modes() and not dispatch_modes())
+            and not function_modes() and not dispatch_modes() and not _benchmarks())
+
+
+_BENCHMARKS = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning",
+               "benchmark_kernel", "benchmark_fusion")
+
+
+def _benchmarks() -> bool:
+    from ..torch_internals import inductor_config
+
+    return any(getattr(inductor_config, name, False) for name in _BENCHMARKS)
 
 
 @contextlib.contextmanager
@@ -199,7 +217,7 @@ class _Assumptions:
     def _code(self) -> str | None:
         if self.shape_env is None:
             return None
-        return self.shape_env.produce_guards_expression(self.inputs, ignore_static=False)
+        return guards_expression(guard_clauses(self.shape_env, self.inputs))
 
     def grown(self) -> Callable[[tuple], bool] | None:
         after = self._code()
@@ -232,7 +250,11 @@ class Lowering(Deferred):
 
     def __init__(self, eager: Callable[..., Any], lower: Callable[[list[Callable[[], Any]]], Callable[..., Any]],
                  examples: list[Any], what: str) -> None:
+        from ..torch_internals import inductor_config
+
         self._lower, self._grad = lower, torch.is_grad_enabled()
+        self._settings = inductor_config.get_config_copy()  # (mode=/options=, fallback_random: the caller's patches)
+        self._torch_state = _torch_state()  # (process-wide: read by the lowering, not the caller's to keep)
         self._assumed = _Assumptions(examples)  # (on the calling thread, before anything lowers)
         self.admits: Callable[[tuple], bool] | None = None  # set before the compiled program serves
         self.assumed_more: Callable[[], Any] | None = None  # (the caller's: called on the thread where admits is set)
@@ -259,9 +281,14 @@ class Lowering(Deferred):
 
     def _finish_now(self) -> None:
         try:
+            from ..torch_internals import dynamo_compile_lock, inductor_config
+
             _install_patches()
-            with lowering(), torch.set_grad_enabled(self._grad), _lowering_here():
+            with lowering(), dynamo_compile_lock, torch.set_grad_enabled(self._grad), \
+                    inductor_config.patch(self._settings), _lowering_here():
+                self._same_torch_state("before")
                 self._compiled = self._lower(self._finish)
+                self._same_torch_state("after")
                 self.admits = self._assumed.grown()
                 if self.admits is not None and self.assumed_more is not None:
                     self.assumed_more()
@@ -270,6 +297,18 @@ class Lowering(Deferred):
         except Exception as error:  # noqa: BLE001 - the eager runner stays: right, only slower
             self._finish = [_raise(error)]
         super()._finish_now()
+
+
+    def _same_torch_state(self, when: str) -> None:
+        """The default dtype and torch's process-wide flags as the caller had them: AOTAutograd traces the graph
+        again (`torch.ones(n)` takes the default dtype), and the caller may change them meanwhile: then the compiled
+        program is not made (its calls stay eager: right, only slower)."""
+        if _torch_state() != self._torch_state:
+            raise RuntimeError(f"torch's default dtype or process-wide flags changed {when} the lowering")
+
+
+def _torch_state() -> tuple:
+    return torch.get_default_dtype(), global_flags()
 
 
 def _unset(*args: Any) -> Any:

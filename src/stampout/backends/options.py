@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import BackendError, message
 from ..trace.frames import user_location
+from . import background
 
 log = logging.getLogger("stampout.backends")
 
@@ -74,14 +75,14 @@ def inductor_patches(backend: Any, mode: str | None, options: dict[str, Any] | N
 
 def with_patches(compile_graph: Callable[..., Any], patches: dict[str, Any]) -> Callable[..., Any]:
     """`compile_graph` run under `torch._inductor.config.patch(patches)` (the backward is lowered with the
-    forward, so it sees them too)."""
+    forward, so it sees them too), patched while no background lowering runs (which takes the patches along)."""
 
     def compile_with_options(gm: Any, example_inputs: list[Any]) -> Any:
         from ..torch_internals import inductor_config as config
 
         if patches.get("triton.cudagraphs") and not any(getattr(t, "is_cuda", False) for t in example_inputs):
             log.info("inductor: CUDA graphs asked for (mode or options), but the inputs are not on CUDA: none used")
-        with config.patch(patches):
+        with background.lowering(), config.patch(patches):  # (process-wide: not while a lowering thread reads it)
             return compile_graph(gm, example_inputs)
 
     compile_with_options.__module__ = getattr(compile_graph, "__module__", __name__)

@@ -262,7 +262,7 @@ class FrameCode:
         label = g.get("__name__", "?")
         for name in facts.names:
             value = g.get(name, MISSING)
-            if value is MISSING or not by_name(value):
+            if value is MISSING or not _library_read(value):
                 continue
             self.namespaces.note(g, label, name, value)
             if isinstance(value, types.ModuleType):
@@ -313,7 +313,7 @@ class FrameCode:
     def _note_chain(self, module: types.ModuleType, attrs: tuple[str, ...]) -> None:
         for attr in attrs:
             found = module.__dict__.get(attr, MISSING)
-            if found is MISSING or not by_name(found):
+            if found is MISSING or not _library_read(found):
                 return
             self.namespaces.note(module.__dict__, module.__name__, attr, found)
             if not isinstance(found, types.ModuleType):
@@ -370,3 +370,10 @@ def _same_cells(fn: types.FunctionType, local: dict) -> bool:
             return False
         compared = True
     return compared
+
+
+def _library_read(value: Any) -> bool:
+    """Whether a name torch.nn's code reads is guarded by identity: what `by_name` guards, and a user's function put
+    in a library function's place (`F.gelu = my_gelu`: traced as user code, but the name itself was left unguarded,
+    so the original put back later ran the user's function's trace)."""
+    return by_name(value) or (isinstance(value, types.FunctionType) and not ours(value))

@@ -22,6 +22,7 @@ from .events import Ineligible
 from .frame import RegionFrame
 from .purity import (
     IMPORTS_BY_NAME,
+    REGISTRY_LOOKUPS,
     impure_call,
     interpreter_state_call,
     location,
@@ -158,6 +159,16 @@ class CallHooks:
             for f in self.frames:
                 f.mark_ineligible(f"imports a module by name (at {location(frame.f_back)}): what it returns is read "
                                   "from sys.modules, which no guard sees")
+        elif (event == "call" and self.frames and code.co_name == "<module>" and code.co_filename.startswith("<")
+              and not code.co_filename.startswith("<frozen") and watched_file(frame.f_back.f_code.co_filename)):
+            for f in self.frames:  # (eval/exec handed to a C caller, `map(eval, exprs)`: no c_call of them is seen)
+                f.mark_ineligible(f"runs code made from a string (eval or exec, at {location(frame.f_back)}): it "
+                                  "reads globals no frame watches")
+        elif (event == "call" and self.frames and code in REGISTRY_LOOKUPS
+              and watched_file(frame.f_back.f_code.co_filename)):
+            for f in self.frames:
+                f.mark_ineligible(f"calls {code.co_qualname} (at {location(frame.f_back)}): what it returns is held by "
+                                  "a process-wide registry, which no guard sees")
         elif event == "call" and self.frames and code in ENVIRON_READS:  # (os.getenv, os.environ.get)
             with DisableTorchFunction(), listeners(None, None):
                 for f in self.frames:

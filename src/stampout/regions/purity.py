@@ -22,6 +22,7 @@ import collections
 import contextvars
 import functools
 import importlib
+import logging
 import os
 import re
 import sysconfig
@@ -148,6 +149,12 @@ def _pure_type(owner: type) -> bool:
 # what it returns is read from `sys.modules`, behind every guard (an `import` statement's binding is guarded where
 # the statement is, see FrameCode._adopt_import).
 IMPORTS_BY_NAME = frozenset({importlib.import_module.__code__, importlib._bootstrap._gcd_import.__code__})
+# Python of the quiet standard library that hands out an object its process-wide registry holds by name or thread
+# (`logging.getLogger("x")`, `threading.current_thread()`): no source names it, so what traced code reads of it
+# (`getLogger("x").factor`) would be baked and what it stores on it (`.last = h`) left a traced value there.
+REGISTRY_LOOKUPS = frozenset({logging.getLogger.__code__, logging.Manager.getLogger.__code__,
+                              logging.Logger.getChild.__code__, threading.current_thread.__code__,
+                              threading.main_thread.__code__, threading.enumerate.__code__})
 
 
 def impure_call(fn: Any) -> str | None:

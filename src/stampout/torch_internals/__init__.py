@@ -100,6 +100,7 @@ NAMES = {
     "codecache_write": "torch._inductor.codecache.write",
     "compilation_time_metrics": "torch._dynamo.utils.compilation_time_metrics",
     "compile_fx": "torch._inductor.compile_fx.compile_fx",
+    "dynamo_compile_lock": "torch._dynamo.convert_frame.compile_lock",
     "compile_fx_inner": "torch._inductor.compile_fx.compile_fx_inner",
     "compiling_state_context": "torch._export.utils._compiling_state_context",
     "cpu_vec_isa": "torch._inductor.cpu_vec_isa",

@@ -277,6 +277,23 @@ class SymbolicValues:
 _CALL_INDEX = re.compile(r"\.(size|stride)\(\)\[(\d+)\]")
 
 
+def guard_clauses(env: Any, placeholders: list[Any]) -> list[str]:
+    """What `env` assumes about `placeholders` (tensors, SymInts), one Python expression over `L['t<i>']` (their
+    values) per guard."""
+    from ..torch_internals import LocalSource
+
+    return env.produce_guards(placeholders, [LocalSource(f"t{i}") for i in range(len(placeholders))],
+                              ignore_static=False)
+
+
+def guards_expression(clauses: list[str]) -> str | None:
+    """The guards as one expression; None: nothing. ShapeEnv.produce_guards_expression joins them with " and "
+    unparenthesized, so a guard printed as `a == b or c > 0` swallowed all the guards before it (a Hugging Face
+    PixArt's `(s // 2) / 8 == 1.5` among them: a symbolic capture ran at sizes it had baked another value for);
+    here each guard is parenthesized."""
+    return " and ".join(f"({clause})" for clause in clauses) if clauses else None
+
+
 class ShapeGuards:
     """What a symbolic capture assumed about its dynamic inputs' sizes (ranges, relations, specializations),
     checked on real inputs; built after the backend ran (it may add assumptions of its own)."""
@@ -286,6 +303,7 @@ class ShapeGuards:
         self.names = names  # per dynamic input, its label
         self._check: Callable[[list[torch.Tensor]], bool] | None = None
         self._code = ""  # the guards as Python over L['t<i>'] (set by freeze)
+        self._clauses: list[str] = []  # each of them
         self._ints: list[int] = []  # the int inputs (attributes captured as symbols), checked by exact type
 
     @property
@@ -311,7 +329,8 @@ class ShapeGuards:
         # is float; `range(3.0)` raises). Dynamo guards such an input's exact type too (TYPE_MATCH).
         ints = [i for i, fake in enumerate(fakes) if isinstance(fake, torch.SymInt)]
         self._ints = ints
-        code = env.produce_guards_expression(fakes, ignore_static=False)
+        self._clauses = guard_clauses(env, fakes)
+        code = guards_expression(self._clauses)
         if code is None:
             if ints:
                 self._check = lambda values: all(type(values[i]) is int for i in ints)
@@ -343,7 +362,7 @@ class ShapeGuards:
     def describe(self) -> str:
         """The assumptions, with the inputs named as the user knows them (`x.size()[1]`)."""
         self._frozen()
-        return self._named(self._code) if self._code else "none"
+        return self._named(" and ".join(self._clauses)) if self._clauses else "none"
 
     def why_not(self, values: list[torch.Tensor]) -> str:
         """The first assumption `values` break, and how many more they do."""
@@ -351,7 +370,7 @@ class ShapeGuards:
         for i in self._ints:
             if type(values[i]) is not int:
                 return f"{self.names[i]} is an int (it is {values[i]!r}, a {type(values[i]).__name__})"
-        clauses = [c.strip() for c in self._code.split(" and ")] if self._code else []
+        clauses = self._clauses
         failed = [c for c in clauses if c and not self._one(c, values)]
         if not failed:
             return "no difference found"
@@ -361,7 +380,7 @@ class ShapeGuards:
     def summary(self, limit: int = 6) -> str:
         """The first `limit` assumptions and how many more there are (for log lines; `describe` has all)."""
         self._frozen()
-        clauses = [c.strip() for c in self._code.split(" and ")] if self._code else []
+        clauses = self._clauses
         if len(clauses) <= limit:
             return self.describe()
         return self._named(" and ".join(clauses[:limit])) + f" and {len(clauses) - limit} more"
