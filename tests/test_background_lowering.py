@@ -300,3 +300,29 @@ def test_settings_that_benchmark_kernels_lower_on_the_calling_thread():
     for name in ("max_autotune", "coordinate_descent_tuning"):
         with inductor_config.patch({name: True}):
             assert not background.lowers_later()
+
+
+def test_the_lowering_thread_starts_after_the_first_eager_call():
+    """The first call of a new size runs eagerly before the lowering thread starts: torch's ops release the
+    interpreter lock and took it back from the lowering's Python only at a switch interval, so the call that
+    made the size symbolic ran ~3x slower beside it. The thread starts when that call returns; later calls serve
+    the compiled program once it is done."""
+    from stampout.backends import background
+
+    started_during_call = []
+    lowering: list = []
+
+    def eager(x):
+        started_during_call.append(lowering[0]._thread.ident is not None)
+        return x + 1
+
+    def lower(finish):
+        return lambda x: x + 1
+
+    lowering.append(background.Lowering(eager, lower, [torch.ones(2)], "symbolic graph"))
+    run = lowering[0]
+    torch.testing.assert_close(run(torch.ones(2)), torch.full((2,), 2.0))
+    assert started_during_call == [False] and run._thread.ident is not None
+    assert run.wait(60)
+    torch.testing.assert_close(run(torch.ones(2)), torch.full((2,), 2.0))
+    assert started_during_call == [False]  # (the compiled program served the second call)

@@ -273,9 +273,11 @@ class Lowering(Deferred):
 
     def __call__(self, *args: Any) -> Any:
         run = self._run
-        if run is None:
-            self._begin()
-            return self._eager(*args)
+        if run is None:  # (the thread starts after this call: torch's ops release the interpreter lock, and each
+            try:  # took it back from the lowering's Python only at a switch interval: the first call ran ~3x slower)
+                return self._eager(*args)
+            finally:
+                self._begin()
         admits = self.admits
         return run(*args) if admits is None or admits(args) else self._eager(*args)
 
