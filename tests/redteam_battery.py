@@ -60,3 +60,23 @@ def calls(programs: dict[str, Callable], name: str, backend: str | None, n: int 
         except Exception as error:  # noqa: BLE001 - compared with eager's
             out.append(f"{type(error).__name__}: {str(error).splitlines()[0]}")
     return out
+
+
+def cases(programs: dict[str, Callable], through_aot: set[str], known_wrong: set) -> list:
+    """(name, backend) for each program under eager, and under aot_eager those in `through_aot`; a case in
+    `known_wrong` (a name, or a (name, backend) pair) is a strict xfail."""
+    import pytest
+
+    pairs = [(name, "eager") for name in programs] + [(name, "aot_eager") for name in programs if name in through_aot]
+    return [pytest.param(name, backend, marks=pytest.mark.xfail(strict=True, reason="known wrong"))
+            if name in known_wrong or (name, backend) in known_wrong else (name, backend) for name, backend in pairs]
+
+
+def matches_eager(programs: dict[str, Callable], name: str, backend: str, same: Callable) -> None:
+    """Outputs, gradients and the caller's objects after each of five calls, with the changes a user makes between
+    them, as eager gives them (`same(got, expected, path)` compares), the world check off as users run."""
+    with stampout.config.patch(check_world=False):
+        expected = calls(programs, name, None)
+        got = calls(programs, name, backend)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        same(g, e, f"call {i}")

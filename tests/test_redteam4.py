@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from redteam4_programs import PROGRAMS
-from redteam_battery import calls
+from redteam_battery import cases, matches_eager
 from test_redteam3 import _same
 
 import stampout
@@ -34,21 +34,14 @@ _THROUGH_AOT = {
 }
 # Known wrong, not fixed yet (strict xfails): see README's Limitations.
 _KNOWN_WRONG: set[str] = set()
-_CASES = [pytest.param(name, backend, marks=pytest.mark.xfail(strict=True, reason="known wrong"))
-          if name in _KNOWN_WRONG else (name, backend)
-          for name, backend in [(name, "eager") for name in PROGRAMS]
-          + [(name, "aot_eager") for name in PROGRAMS if name in _THROUGH_AOT]]
+_CASES = cases(PROGRAMS, _THROUGH_AOT, _KNOWN_WRONG)
 
 
 @pytest.mark.parametrize(("name", "backend"), _CASES)
 def test_an_ordinary_program_matches_eager(name, backend):
     """Outputs, gradients and the caller's objects after each of five calls, with the changes a user makes between
     them, as eager gives them."""
-    with stampout.config.patch(check_world=False):
-        expected = calls(PROGRAMS, name, None)
-        got = calls(PROGRAMS, name, backend)
-    for i, (g, e) in enumerate(zip(got, expected)):
-        _same(g, e, f"call {i}")
+    matches_eager(PROGRAMS, name, backend, _same)
 
 
 def test_a_class_attribute_put_back_is_seen_through_the_type_cache():

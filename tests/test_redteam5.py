@@ -6,9 +6,8 @@ watched objects is guarded, replayed, undone, or makes the program run eagerly."
 from __future__ import annotations
 
 import pytest
-import stampout
 from redteam5_programs import PROGRAMS
-from redteam_battery import calls
+from redteam_battery import cases, matches_eager
 from test_redteam3 import _same
 
 # The battery runs as users run it (STAMPOUT_CHECK_WORLD off: a fake left in user state shows as a wrong result).
@@ -23,18 +22,11 @@ _THROUGH_AOT = {
 }
 # Known wrong, not fixed yet (strict xfails): (program, backend); see README's Limitations.
 _KNOWN_WRONG: set[tuple[str, str]] = set()
-_CASES = [pytest.param(name, backend, marks=pytest.mark.xfail(strict=True, reason="known wrong"))
-          if (name, backend) in _KNOWN_WRONG else (name, backend)
-          for name, backend in [(name, "eager") for name in PROGRAMS]
-          + [(name, "aot_eager") for name in PROGRAMS if name in _THROUGH_AOT]]
+_CASES = cases(PROGRAMS, _THROUGH_AOT, _KNOWN_WRONG)
 
 
 @pytest.mark.parametrize(("name", "backend"), _CASES)
 def test_an_ordinary_program_matches_eager(name, backend):
     """Outputs, gradients and the caller's objects after each of five calls, with the changes a user makes between
     them, as eager gives them."""
-    with stampout.config.patch(check_world=False):
-        expected = calls(PROGRAMS, name, None)
-        got = calls(PROGRAMS, name, backend)
-    for i, (g, e) in enumerate(zip(got, expected)):
-        _same(g, e, f"call {i}")
+    matches_eager(PROGRAMS, name, backend, _same)
