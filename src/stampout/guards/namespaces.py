@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ..torch_internals import TensorBase, dict_sentinel
 from ..sources import MISSING
+from ..torch_internals import TensorBase, dict_sentinel
 from ..trace.code import is_user_file
 from ..watch.classpatch import patched_classes, shimmed
 from .values import same_constant
@@ -89,6 +89,12 @@ def _beneath_shim(namespace: dict, name: str) -> Any:
     return namespace.get(name, _MISSING)
 
 
+def _moved(namespace: dict, name: str, value: Any) -> bool:
+    """Whether a looked-up name no longer holds `value`, beneath stampout's own attribute watch (_beneath_shim, asked
+    only where the plain lookup differs)."""
+    return namespace.get(name, _MISSING) is not value and _beneath_shim(namespace, name) is not value
+
+
 class NamespaceReads:
     """(namespace dict, name) -> the object a trace found there; `unchanged()` is the per-call check."""
 
@@ -151,7 +157,7 @@ class NamespaceReads:
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, names) in self._lookups.items():
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value and _beneath_shim(namespace, name) is not value:
+                if _moved(namespace, name, value):
                     return f"{self._labels[key]}.{name}"
         for key, (namespace, before) in self._whole.items():
             if len(namespace) != len(before) or any(namespace.get(k, _MISSING) is not v for k, v in before.items()):
@@ -175,7 +181,7 @@ class NamespaceReads:
         for namespace, names in self._lookups.values():
             written = False
             for name, value in names.items():
-                if namespace.get(name, _MISSING) is not value and _beneath_shim(namespace, name) is not value:
+                if _moved(namespace, name, value):
                     written = True
                     if value is _MISSING:
                         del namespace[name]
